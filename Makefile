@@ -1,0 +1,98 @@
+# Cellpilot: every developer and CI action is one target here.
+# `make test` and `make run` install whatever is missing first.
+
+PYTHON_BOOT ?= python3
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+STACK_DIR   ?= .cellpilot/stack
+BENCH       ?=
+PYTEST_ARGS ?=
+
+.PHONY: help install proto proto-check lint format typecheck importlint check test test-unit \
+        test-integration test-containers bench run stop stack-up stack-down stack-status images lock clean
+
+help:
+	@echo "make install          create $(VENV) and install pinned dependencies (requirements.lock)"
+	@echo "make run              start the embedded stack and every service (Ctrl-C or make stop ends it)"
+	@echo "make stop             stop everything make run started"
+	@echo "make test             lint, type-check, generated-code check, unit and integration tests"
+	@echo "make test-containers  the compose stack's tests (needs Docker)"
+	@echo "make bench [BENCH=prefix]  run benchmarks, write bench-results.json"
+	@echo "make proto            regenerate libs/cellpilot/api from proto/"
+	@echo "make images           build every image docker-compose.yml needs, with no registry"
+	@echo "make lock             regenerate requirements.lock and requirements-dev.lock"
+
+$(VENV)/.installed: pyproject.toml setup.py requirements.lock requirements-dev.lock
+	@test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(PY) -m pip install --quiet -c requirements-dev.lock -e '.[dev]'
+	@touch $@
+
+install: $(VENV)/.installed
+
+proto: install
+	$(PY) infra/proto/generate.py
+
+proto-check: install
+	$(PY) infra/proto/generate.py --check
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+importlint: install
+	$(VENV)/bin/lint-imports
+
+check: proto-check lint typecheck importlint
+
+test: check
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+test-unit: install
+	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: install
+	$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
+
+test-containers: install
+	$(VENV)/bin/pytest tests/containers -m containers $(PYTEST_ARGS)
+
+bench: install
+	$(PY) -m bench.run --prefix '$(BENCH)'
+
+run: install
+	$(VENV)/bin/cellpilot run --data-dir $(STACK_DIR)
+
+stop: install
+	$(VENV)/bin/cellpilot stop --data-dir $(STACK_DIR)
+
+stack-up: install
+	$(VENV)/bin/cellpilot stack up --data-dir $(STACK_DIR)
+
+stack-down: install
+	$(VENV)/bin/cellpilot stack down --data-dir $(STACK_DIR)
+
+stack-status: install
+	$(VENV)/bin/cellpilot stack status --data-dir $(STACK_DIR)
+
+images: install
+	infra/images/build_images.sh
+
+# Regenerate both lock files from pyproject.toml (needs PyPI).
+lock:
+	rm -rf /tmp/cellpilot-lock && $(PYTHON_BOOT) -m venv /tmp/cellpilot-lock
+	/tmp/cellpilot-lock/bin/pip install --quiet -e . && /tmp/cellpilot-lock/bin/pip freeze --exclude-editable \
+	  | sed '1i # Runtime pins (what the service images install). Regenerate with make lock.' > requirements.lock
+	/tmp/cellpilot-lock/bin/pip install --quiet -e '.[dev]' && /tmp/cellpilot-lock/bin/pip freeze --exclude-editable \
+	  | sed '1i # Every pin, runtime and development (make install uses it as constraints). Regenerate with make lock.' \
+	  > requirements-dev.lock
+
+clean:
+	rm -rf build *.egg-info .pytest_cache .mypy_cache .ruff_cache bench-results.json

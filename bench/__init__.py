@@ -1,0 +1,1 @@
+"""Cellpilot benchmarks: run with ``make bench`` (all) or ``make bench BENCH=prefix``."""

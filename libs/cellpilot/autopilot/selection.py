@@ -1,0 +1,167 @@
+"""Which recommender sizes a job's resource, and the user's bounds (Autopilot §3.2, §5.4).
+
+§3.2: "The Autopilot service chooses the recommender(s) to use for a job according to
+whether the resource being autoscaled is memory or CPU; how tolerant the job is to
+out-of-resource events (latency tolerant or not, OOM-sensitive vs. OOM-tolerant); and
+optional user inputs, which can include an explicit recommender choice, or additional
+parameters ... such as upper and lower bounds on the limits."
+
+* ``AUTO`` resolves through the §3.2.2 policy table (:func:`cellpilot.recommend.policy.statistic_for`):
+  CPU batch -> S_avg, serving -> S_p95 (latency-sensitive) or S_p90; memory by OOM
+  tolerance -> S_p98 / S_max / max(S_p60, 0.5 S_max), the tolerance defaulting by job size
+  (§3.2.2: "low" for large jobs, "minimal" for small ones). With ``auto_uses_ml`` AUTO picks
+  the ML recommender instead.
+* An explicit built-in choice is used as is; ``CUSTOM`` names a registered custom
+  recommender (§5.4) and falls back to AUTO when that name is not registered.
+* Bounds clamp the chosen value (and the largest machine caps it, so a recommendation can
+  always be placed); the reason is kept for the explanation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+from enum import StrEnum
+
+from cellpilot.autopilot.candidates import WINDOW_STATISTICS, CandidateKind
+from cellpilot.recommend.policy import (
+    JobClass,
+    JobProfile,
+    LatencySensitivity,
+    OomTolerance,
+    Statistic,
+    default_oom_tolerance,
+    statistic_for,
+)
+from cellpilot.usage.buckets import Resource
+
+
+class ScalingMode(StrEnum):
+    OFF = "off"
+    DRY_RUN = "dry_run"  # recommendations visible, never actuated (§5.1, §5.2)
+    ON = "on"
+
+
+AUTO = "auto"
+CUSTOM = "custom"
+
+
+@dataclass(frozen=True)
+class RecommenderRef:
+    """``kind`` is ``auto``, ``custom`` or a :class:`CandidateKind` value."""
+
+    kind: str = AUTO
+    custom_name: str = ""
+
+    def __post_init__(self) -> None:
+        known = {AUTO, CUSTOM, *(k.value for k in CandidateKind)}
+        if self.kind not in known:
+            raise ValueError(f"unknown recommender kind {self.kind!r}")
+        if (self.kind == CUSTOM) != bool(self.custom_name):
+            raise ValueError("custom_name is required for, and only for, a custom recommender")
+
+    @classmethod
+    def builtin(cls, kind: CandidateKind) -> RecommenderRef:
+        return cls(kind.value)
+
+    @classmethod
+    def custom(cls, name: str) -> RecommenderRef:
+        return cls(CUSTOM, name)
+
+    @property
+    def label(self) -> str:
+        return f"custom:{self.custom_name}" if self.kind == CUSTOM else self.kind
+
+
+class ClampReason(StrEnum):
+    NONE = "none"
+    MIN_BOUND = "min_bound"
+    MAX_BOUND = "max_bound"
+    LAST_HOUR_MAX = "last_hour_max"
+    MACHINE_SIZE = "machine_size"
+
+
+@dataclass(frozen=True)
+class VerticalConfig:
+    """One resource's Autopilot settings; limits in the resource's unit (millicores, bytes)."""
+
+    mode: ScalingMode = ScalingMode.OFF
+    min_limit: float | None = None
+    max_limit: float | None = None
+    recommender: RecommenderRef = RecommenderRef()
+
+    def __post_init__(self) -> None:
+        if self.min_limit is not None and self.max_limit is not None and self.min_limit > self.max_limit:
+            raise ValueError("min_limit exceeds max_limit")
+
+
+@dataclass(frozen=True)
+class JobTraits:
+    """What the §3.2.2 table looks at; ``oom_tolerance`` None = the size-based default."""
+
+    job_class: JobClass = JobClass.SERVING
+    latency: LatencySensitivity = LatencySensitivity.HIGH
+    oom_tolerance: OomTolerance | None = None
+    footprint_machines: float = 0.0  # the job's total memory limit in machines
+
+
+_KIND_OF_STATISTIC: dict[Statistic, CandidateKind] = {s: k for k, s in WINDOW_STATISTICS.items()}
+
+
+def auto_kind(resource: Resource, traits: JobTraits, auto_uses_ml: bool = False) -> CandidateKind:
+    """The §3.2.2 policy table (or the ML recommender)."""
+    if auto_uses_ml:
+        return CandidateKind.ML
+    tolerance = traits.oom_tolerance or default_oom_tolerance(traits.footprint_machines)
+    profile = JobProfile(resource, traits.job_class, traits.latency, tolerance)
+    return _KIND_OF_STATISTIC[statistic_for(profile)]
+
+
+@dataclass(frozen=True)
+class Selection:
+    ref: RecommenderRef  # concrete: a built-in kind or a registered custom recommender
+    note: str  # why, for the explanation
+
+
+def select_recommender(
+    resource: Resource,
+    config: VerticalConfig,
+    traits: JobTraits,
+    registered_custom: Collection[str] = (),
+    auto_uses_ml: bool = False,
+) -> Selection:
+    choice = config.recommender
+    if choice.kind == CUSTOM:
+        if choice.custom_name in registered_custom:
+            return Selection(choice, f"custom recommender {choice.custom_name!r} chosen by the user")
+        kind = auto_kind(resource, traits, auto_uses_ml)
+        return Selection(
+            RecommenderRef.builtin(kind),
+            f"custom recommender {choice.custom_name!r} is not registered; fell back to {kind.value}",
+        )
+    if choice.kind != AUTO:
+        return Selection(choice, "chosen by the user")
+    kind = auto_kind(resource, traits, auto_uses_ml)
+    tolerance = traits.oom_tolerance or default_oom_tolerance(traits.footprint_machines)
+    if resource is Resource.CPU:
+        why = f"{traits.job_class.value} job, latency sensitivity {traits.latency.value}"
+    else:
+        why = f"OOM tolerance {tolerance.value}"
+    return Selection(RecommenderRef.builtin(kind), f"auto: {why}")
+
+
+def apply_bounds(
+    value: float, config: VerticalConfig, machine_capacity: float | None = None
+) -> tuple[float, ClampReason]:
+    """Clamp to the user's bounds, then to the largest machine; returns (value, why)."""
+    if math.isnan(value):
+        raise ValueError("cannot bound a missing recommendation")
+    out, reason = value, ClampReason.NONE
+    if config.min_limit is not None and out < config.min_limit:
+        out, reason = float(config.min_limit), ClampReason.MIN_BOUND
+    if config.max_limit is not None and out > config.max_limit:
+        out, reason = float(config.max_limit), ClampReason.MAX_BOUND
+    if machine_capacity is not None and out > machine_capacity:
+        out, reason = float(machine_capacity), ClampReason.MACHINE_SIZE
+    return out, reason

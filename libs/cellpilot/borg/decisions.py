@@ -1,0 +1,350 @@
+"""What the elected Borgmaster decides for each client command: mutations to log, or a refusal.
+
+``handle(state, command, now_ms, fit)`` is pure: it reads the state and returns either a
+:class:`Rejection` (naming the field) or the mutations that carry the command out. The
+service appends them to the checkpoint log before applying or acknowledging them (Borg
+§3.1), so a refusal never touches the state and an acceptance survives failover.
+
+* Submit: validation, quota admission through the scheduling core (Borg §2.5: jobs over
+  quota are rejected at submission), and the Autopilot hold for jobs with vertical or
+  horizontal scaling ON or DRY_RUN (Autopilot §3.1: new jobs wait for the first
+  recommendation).
+* Update: a new spec version; scale-down kills the surplus tasks; running tasks change in
+  place when the change needs no restart and still fits their machine, otherwise they
+  are rescheduled, rolling, at most ``max_disruptions`` of the job's tasks down at a time
+  (Borg §2.3: updates are rolling with a cap on disruptions; changes that would exceed it
+  wait — :func:`rollout_step` continues them).
+* Kill, machine registration and draining, quotas.
+
+Requests are idempotent (Borg §4): a request id already applied returns the first answer
+and produces no mutation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from cellpilot.borg.cell_state import AppliedRequest, CellState, JobRecord, TaskRecord, schedule_job
+from cellpilot.borg.lifecycle import JobState, MachineState, TaskEvent, TaskState
+from cellpilot.borg.model import (
+    JobSpec,
+    MachineAvailability,
+    MachineSpec,
+    PriorityBand,
+    needs_restart,
+    runs_same,
+)
+from cellpilot.borg.mutations import (
+    JobKilled,
+    JobSubmitted,
+    JobUpdated,
+    MachineRegistered,
+    MachineStateChanged,
+    Mutation,
+    QuotaSet,
+    TaskStateChanged,
+)
+from cellpilot.borg.rejection import Code, Rejection, invalid
+from cellpilot.borg.validation import NAME, merge_update, validate_job_spec, validate_machine_spec
+from cellpilot.schedule import Rejected, Resources
+
+
+class InPlaceFit(Protocol):
+    """Whether a running task still fits its machine with a new spec (the scheduling view)."""
+
+    def fits_in_place(
+        self, job: JobRecord, task: TaskRecord, new_spec: JobSpec, scratch: dict[tuple[str, int], np.ndarray]
+    ) -> bool: ...
+
+
+# ---------------------------------------------------------------------- commands
+@dataclass(frozen=True)
+class SubmitJob:
+    request_id: str
+    spec: JobSpec
+
+
+@dataclass(frozen=True)
+class UpdateJob:
+    request_id: str
+    job_id: str
+    spec: JobSpec
+    update_mask: tuple[str, ...] = ()
+    expected_spec_version: int = 0
+    fencing_token: int = 0
+    release_hold: bool = False
+    max_disruptions: int = 0
+
+
+@dataclass(frozen=True)
+class KillJob:
+    request_id: str
+    job_id: str
+
+
+@dataclass(frozen=True)
+class RegisterMachine:
+    request_id: str
+    spec: MachineSpec
+
+
+@dataclass(frozen=True)
+class SetMachineState:
+    request_id: str
+    machine_id: str
+    state: MachineAvailability
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class SetQuota:
+    request_id: str
+    user: str
+    band: PriorityBand
+    limit: Resources
+
+
+Command = SubmitJob | UpdateJob | KillJob | RegisterMachine | SetMachineState | SetQuota
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The mutations to commit (possibly none), or the earlier answer to a retried request."""
+
+    mutations: tuple[Mutation, ...]
+    subject: str = ""  # the job or machine the command is about
+    already_applied: AppliedRequest | None = None
+
+
+Result = Accepted | Rejection
+
+
+def handle(state: CellState, command: Command, now_ms: int, fit: InPlaceFit | None = None) -> Result:
+    """Decides a client command against the current state."""
+    del now_ms  # decisions depend on the state only; event time is stamped on the log record
+    if command.request_id:
+        applied = state.applied_requests.get(command.request_id)
+        if applied is not None:
+            return Accepted((), applied.job_id, applied)
+    if isinstance(command, SubmitJob):
+        return _submit(state, command)
+    if isinstance(command, UpdateJob):
+        return _update(state, command, fit)
+    if isinstance(command, KillJob):
+        return _kill(state, command)
+    if isinstance(command, RegisterMachine):
+        return _register(state, command)
+    if isinstance(command, SetMachineState):
+        return _set_machine_state(state, command)
+    return _set_quota(state, command)
+
+
+def _over_quota(verdict: Rejected, field: str) -> Rejection:
+    return Rejection(Code.RESOURCE_EXHAUSTED, field, verdict.reason)
+
+
+def _check_alloc_set(state: CellState, spec: JobSpec) -> Rejection | None:
+    if not spec.alloc_set_job_id:
+        return None
+    target = state.job(spec.alloc_set_job_id)
+    if target is None or not target.live or not target.spec.is_alloc_set:
+        return invalid("spec.alloc_set_job_id", f"{spec.alloc_set_job_id!r} is not a live alloc set")
+    return None
+
+
+def _submit(state: CellState, cmd: SubmitJob) -> Result:
+    spec = cmd.spec
+    problem = validate_job_spec(spec) or _check_alloc_set(state, spec)
+    if problem:
+        return problem
+    existing = state.job(spec.job_id)
+    if existing is not None and existing.live:
+        return Rejection(Code.ALREADY_EXISTS, "spec.name", f"job {spec.job_id} already exists")
+    verdict = state.quota_book.check(schedule_job(spec))
+    if isinstance(verdict, Rejected):
+        return _over_quota(verdict, "spec")
+    held = spec.autopilot.active
+    job_state = JobState.HELD_FOR_AUTOPILOT if held else JobState.PENDING
+    return Accepted((JobSubmitted(spec.job_id, spec, job_state),), spec.job_id)
+
+
+def _update(state: CellState, cmd: UpdateJob, fit: InPlaceFit | None) -> Result:
+    job = state.job(cmd.job_id)
+    if job is None:
+        return Rejection(Code.NOT_FOUND, "job_id", f"no job {cmd.job_id!r}")
+    if not job.live:
+        return Rejection(Code.FAILED_PRECONDITION, "job_id", f"job {cmd.job_id} is dead")
+    if cmd.expected_spec_version and cmd.expected_spec_version != job.spec_version:
+        return Rejection(
+            Code.FAILED_PRECONDITION,
+            "expected_spec_version",
+            f"the job is at spec version {job.spec_version}, not {cmd.expected_spec_version}",
+        )
+    if cmd.fencing_token < 0:
+        return invalid("fencing_token", "must be >= 0")
+    if cmd.fencing_token and cmd.fencing_token < job.fencing_token:
+        return Rejection(
+            Code.FAILED_PRECONDITION,
+            "fencing_token",
+            f"token {cmd.fencing_token} is older than the job's {job.fencing_token} (a deposed actuator)",
+        )
+    if cmd.max_disruptions < 0:
+        return invalid("policy.max_disruptions", "must be >= 0")
+    if not cmd.update_mask and not cmd.release_hold:
+        return invalid("update_mask", "names no field to update (and release_hold is not set)")
+    merged = merge_update(job.spec, cmd.spec, cmd.update_mask)
+    if isinstance(merged, Rejection):
+        return merged
+    problem = validate_job_spec(merged)
+    if problem:
+        return problem
+    release = cmd.release_hold and job.state is JobState.HELD_FOR_AUTOPILOT
+    if merged == job.spec and not release and cmd.fencing_token <= job.fencing_token:
+        return Accepted((), job.job_id)  # nothing would change: no new spec version
+    verdict = state.quota_book.check(schedule_job(merged), replacing=job.job_id)
+    if isinstance(verdict, Rejected):
+        return _over_quota(verdict, "spec")
+    version = job.spec_version + 1
+    mutations: list[Mutation] = [
+        JobUpdated(job.job_id, merged, version, cmd.fencing_token, cmd.max_disruptions, release)
+    ]
+    for task in _live_tasks(job):
+        if task.index >= merged.task_count:
+            mutations.append(_stop(task, TaskState.DEAD, TaskEvent.KILLED, "scaled down"))
+    outdated: list[TaskRecord] = []
+    if not runs_same(job.spec, merged):
+        restart = needs_restart(job.spec, merged)
+        scratch: dict[tuple[str, int], np.ndarray] = {}
+        for task in _running(job, below=merged.task_count):
+            current = task.spec_version == job.spec_version
+            if current and not restart and fit is not None and fit.fits_in_place(job, task, merged, scratch):
+                mutations.append(
+                    TaskStateChanged(
+                        job.job_id, task.index, task.incarnation, TaskState.RUNNING, TaskEvent.UPDATED
+                    )
+                )
+            else:
+                outdated.append(task)
+    else:
+        outdated = [t for t in _running(job, below=merged.task_count) if t.spec_version < job.spec_version]
+    mutations += _roll(job, outdated, cmd.max_disruptions, version, merged.task_count)
+    return Accepted(tuple(mutations), job.job_id)
+
+
+def _live_tasks(job: JobRecord) -> list[TaskRecord]:
+    return [t for t in sorted(job.tasks.values(), key=lambda t: t.index) if t.state is not TaskState.DEAD]
+
+
+def _running(job: JobRecord, below: int) -> list[TaskRecord]:
+    return [t for t in _live_tasks(job) if t.state is TaskState.RUNNING and t.index < below]
+
+
+def _stop(task: TaskRecord, state: TaskState, reason: TaskEvent, detail: str) -> TaskStateChanged:
+    return TaskStateChanged(task.job_id, task.index, task.incarnation, state, reason, detail)
+
+
+def _roll(
+    job: JobRecord, outdated: list[TaskRecord], cap: int, version: int, task_count: int
+) -> list[Mutation]:
+    """Reschedules outdated tasks, keeping at most ``cap`` of the job's tasks down (0: no cap)."""
+    if not outdated:
+        return []
+    budget = len(outdated)
+    if cap > 0:
+        down = sum(
+            1
+            for t in job.tasks.values()
+            if t.index < task_count and t.state is TaskState.PENDING and t.incarnation > 0
+        )
+        budget = max(cap - down, 0)
+    return [
+        _stop(t, TaskState.PENDING, TaskEvent.EVICTED, f"rolling update to spec version {version}")
+        for t in outdated[:budget]
+    ]
+
+
+def rollout_step(state: CellState) -> list[Mutation]:
+    """Continues rolling updates: reschedules outdated tasks while the disruption cap allows."""
+    mutations: list[Mutation] = []
+    for job_id in sorted(state.rolling):
+        job = state.jobs[job_id]
+        if not job.live:
+            continue
+        outdated = [t for t in _running(job, below=job.spec.task_count) if t.spec_version < job.spec_version]
+        mutations += _roll(job, outdated, job.max_disruptions, job.spec_version, job.spec.task_count)
+    return mutations
+
+
+def drain_step(state: CellState, max_evictions: int) -> list[Mutation]:
+    """Evicts tasks from DRAINING machines, a few per call, so they leave gradually."""
+    mutations: list[Mutation] = []
+    for machine_id in sorted(state.machines):
+        machine = state.machines[machine_id]
+        if not machine.draining or machine.state is not MachineState.UP:
+            continue
+        for _, task in state.tasks_on(machine_id):
+            if len(mutations) >= max_evictions:
+                return mutations
+            mutations.append(
+                _stop(task, TaskState.PENDING, TaskEvent.EVICTED, f"machine {machine_id} is draining")
+            )
+    return mutations
+
+
+def _kill(state: CellState, cmd: KillJob) -> Result:
+    job = state.job(cmd.job_id)
+    if job is None:
+        return Rejection(Code.NOT_FOUND, "job_id", f"no job {cmd.job_id!r}")
+    if not job.live:
+        return Accepted((), job.job_id)  # declarative: already dead
+    mutations: list[Mutation] = []
+    if job.spec.is_alloc_set:
+        # The tasks running inside its allocs lose their allocs (Borg §2.4).
+        for other in state.jobs.values():
+            if other.live and other.spec.alloc_set_job_id == job.job_id:
+                mutations += [
+                    _stop(t, TaskState.PENDING, TaskEvent.EVICTED, f"alloc set {job.job_id} killed")
+                    for t in _running(other, below=other.spec.task_count)
+                ]
+    mutations.append(JobKilled(job.job_id))
+    return Accepted(tuple(mutations), job.job_id)
+
+
+def _register(state: CellState, cmd: RegisterMachine) -> Result:
+    problem = validate_machine_spec(cmd.spec)
+    if problem:
+        return problem
+    existing = state.machines.get(cmd.spec.machine_id)
+    if existing is not None and existing.spec == cmd.spec and existing.state is MachineState.UP:
+        return Accepted((), cmd.spec.machine_id)  # nothing changes
+    return Accepted((MachineRegistered(cmd.spec),), cmd.spec.machine_id)
+
+
+def _set_machine_state(state: CellState, cmd: SetMachineState) -> Result:
+    machine = state.machines.get(cmd.machine_id)
+    if machine is None:
+        return Rejection(Code.NOT_FOUND, "machine_id", f"no machine {cmd.machine_id!r}")
+    if cmd.state not in (MachineAvailability.UP, MachineAvailability.DRAINING):
+        return invalid("state", "must be UP or DRAINING (DOWN is the master's call)")
+    if machine.state is MachineState.DOWN:
+        return Rejection(
+            Code.FAILED_PRECONDITION,
+            "machine_id",
+            f"machine {cmd.machine_id} is down; it returns when it answers a poll",
+        )
+    if machine.availability is cmd.state:
+        return Accepted((), cmd.machine_id)
+    return Accepted((MachineStateChanged(cmd.machine_id, cmd.state, cmd.detail),), cmd.machine_id)
+
+
+def _set_quota(state: CellState, cmd: SetQuota) -> Result:
+    if not cmd.user:
+        return invalid("user", "required")
+    if not NAME.match(cmd.user):
+        return invalid("user", "must match [a-z0-9][a-z0-9._-]*")
+    if cmd.band is PriorityBand.UNSPECIFIED:
+        return invalid("band", "required")
+    return Accepted((QuotaSet(cmd.user, cmd.band, cmd.limit),), cmd.user)

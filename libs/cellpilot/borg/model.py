@@ -1,0 +1,267 @@
+"""What the Borgmaster holds, as plain frozen data: job specs, machine specs and their enums.
+
+These mirror the v1 API messages (``job.proto``, ``machine.proto``) field for field so the
+service's ``convert`` module can translate losslessly, but the core never sees a protobuf
+type (DESIGN.md rule 2). Resource vectors are :class:`cellpilot.schedule.Resources`
+(CPU milli-cores, RAM bytes, disk bytes, ports: Borg §2.3 specifies every dimension
+independently). Enum members are named like the API's values without their prefix, and
+``UNSPECIFIED`` is kept so that validation can name the field a client left unset.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from cellpilot.schedule import Band, Resources, band_of
+
+
+class PriorityBand(enum.Enum):
+    UNSPECIFIED = "unspecified"
+    MONITORING = "monitoring"
+    PRODUCTION = "production"
+    BATCH = "batch"
+    BEST_EFFORT = "best-effort"
+
+    @property
+    def schedule_band(self) -> Band:
+        return Band[self.name]
+
+    @classmethod
+    def of_priority(cls, priority: int) -> PriorityBand:
+        """Borg §2.5 bands, with the twelve levels of the public trace (cellpilot.schedule.priority)."""
+        return cls[band_of(priority).name]
+
+
+class AppClass(enum.Enum):
+    UNSPECIFIED = "unspecified"
+    LATENCY_SENSITIVE = "latency-sensitive"
+    BATCH = "batch"
+
+
+class LatencySensitivity(enum.Enum):
+    UNSPECIFIED = "unspecified"
+    HIGH = "high"
+    MODERATE = "moderate"
+
+
+class MemoryLimitKind(enum.Enum):
+    UNSPECIFIED = "unspecified"
+    HARD = "hard"
+    SOFT = "soft"
+
+
+class OomTolerance(enum.Enum):
+    UNSPECIFIED = "unspecified"
+    LOW = "low"
+    INTERMEDIATE = "intermediate"
+    MINIMAL = "minimal"
+
+
+class JobKind(enum.Enum):
+    UNSPECIFIED = "unspecified"
+    JOB = "job"
+    ALLOC_SET = "alloc-set"
+
+
+class ConstraintKind(enum.Enum):
+    UNSPECIFIED = "unspecified"
+    HARD = "hard"
+    SOFT = "soft"
+
+
+class ConstraintOperator(enum.Enum):
+    UNSPECIFIED = "unspecified"
+    EQUAL = "equal"
+    NOT_EQUAL = "not-equal"
+    LESS_THAN = "less-than"
+    GREATER_THAN = "greater-than"
+    EXISTS = "exists"
+    NOT_EXISTS = "not-exists"
+
+
+class ScalingMode(enum.Enum):
+    UNSPECIFIED = "unspecified"
+    OFF = "off"
+    DRY_RUN = "dry-run"
+    ON = "on"
+
+
+class RecommenderKind(enum.Enum):
+    UNSPECIFIED = "unspecified"
+    AUTO = "auto"
+    MOVING_WINDOW_MAX = "moving-window-max"
+    MOVING_WINDOW_AVG = "moving-window-avg"
+    MOVING_WINDOW_P90 = "moving-window-p90"
+    MOVING_WINDOW_P95 = "moving-window-p95"
+    MOVING_WINDOW_P98 = "moving-window-p98"
+    MOVING_WINDOW_P60_HALF_MAX = "moving-window-p60-half-max"
+    ML = "ml"
+    CUSTOM = "custom"
+
+
+class HorizontalSource(enum.Enum):
+    UNSPECIFIED = "unspecified"
+    CPU_UTILIZATION = "cpu-utilization"
+    TARGET_SIZE = "target-size"
+
+
+class HorizontalStatistic(enum.Enum):
+    UNSPECIFIED = "unspecified"
+    MAX = "max"
+    P95 = "p95"
+
+
+class MachineAvailability(enum.Enum):
+    """A machine as the API shows it: UP, DOWN (missed polls, Borg §3.3) or DRAINING."""
+
+    UNSPECIFIED = "unspecified"
+    UP = "up"
+    DOWN = "down"
+    DRAINING = "draining"
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A condition on a machine attribute (Borg §2.3); LESS/GREATER compare as numbers."""
+
+    attribute: str
+    operator: ConstraintOperator
+    value: str = ""
+    kind: ConstraintKind = ConstraintKind.HARD
+
+
+@dataclass(frozen=True)
+class ProcessRuntime:
+    command: str
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class SimulatedRuntime:
+    usage_model: str = ""
+    params: tuple[tuple[str, float], ...] = ()
+    trace_uri: str = ""
+    seed: int = 0
+    duration_seconds: int = 0
+    startup_seconds: int = 0
+
+
+Runtime = ProcessRuntime | SimulatedRuntime | None
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What every task of a job runs and with which limits (Borg §2.3)."""
+
+    limits: Resources
+    memory_limit_kind: MemoryLimitKind = MemoryLimitKind.UNSPECIFIED
+    runtime: Runtime = None
+    package_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class VerticalScaling:
+    mode: ScalingMode = ScalingMode.UNSPECIFIED
+    min_limit: int = 0
+    max_limit: int = 0
+    recommender: RecommenderKind = RecommenderKind.UNSPECIFIED
+    custom_name: str = ""
+
+
+@dataclass(frozen=True)
+class HorizontalScaling:
+    mode: ScalingMode = ScalingMode.UNSPECIFIED
+    min_tasks: int = 0
+    max_tasks: int = 0
+    source: HorizontalSource = HorizontalSource.UNSPECIFIED
+    target_utilization: float = 0.0
+    statistic: HorizontalStatistic = HorizontalStatistic.UNSPECIFIED
+    averaging_window_seconds: int = 0
+    horizon_seconds: int = 0
+    target_size_recommender: str = ""
+    deferred_downscaling_seconds: int = 0
+    slow_decay_half_period_seconds: int = 0
+    small_change_fraction: float = 0.0
+    max_initializing_fraction: float = 0.0
+
+
+ACTIVE_MODES = frozenset({ScalingMode.ON, ScalingMode.DRY_RUN})
+
+
+@dataclass(frozen=True)
+class AutopilotConfig:
+    cpu: VerticalScaling = field(default_factory=VerticalScaling)
+    memory: VerticalScaling = field(default_factory=VerticalScaling)
+    horizontal: HorizontalScaling = field(default_factory=HorizontalScaling)
+
+    @property
+    def active(self) -> bool:
+        """Some scaling is ON or DRY_RUN: the job waits for Autopilot's first recommendation."""
+        modes = (self.cpu.mode, self.memory.mode, self.horizontal.mode)
+        return any(mode in ACTIVE_MODES for mode in modes)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job as its user declares it (Borg §2.3); its id is ``<user>/<name>``."""
+
+    name: str
+    user: str
+    priority: int
+    task: TaskSpec
+    task_count: int = 1
+    band: PriorityBand = PriorityBand.UNSPECIFIED
+    app_class: AppClass = AppClass.UNSPECIFIED
+    latency_sensitivity: LatencySensitivity = LatencySensitivity.UNSPECIFIED
+    oom_tolerance: OomTolerance = OomTolerance.UNSPECIFIED
+    kind: JobKind = JobKind.UNSPECIFIED
+    constraints: tuple[Constraint, ...] = ()
+    autopilot: AutopilotConfig = field(default_factory=AutopilotConfig)
+    alloc_set_job_id: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def job_id(self) -> str:
+        return job_id_of(self.user, self.name)
+
+    @property
+    def effective_band(self) -> PriorityBand:
+        return PriorityBand.of_priority(self.priority)
+
+    @property
+    def is_alloc_set(self) -> bool:
+        return self.kind is JobKind.ALLOC_SET
+
+
+def runs_same(old: JobSpec, new: JobSpec) -> bool:
+    """Running tasks need no change between the two specs (same task spec, priority, placement)."""
+    return (
+        old.task == new.task
+        and old.priority == new.priority
+        and old.constraints == new.constraints
+        and old.app_class == new.app_class
+    )
+
+
+def needs_restart(old: JobSpec, new: JobSpec) -> bool:
+    """Borg §2.3: pushing a new binary (runtime or packages) always restarts the task."""
+    return old.task.runtime != new.task.runtime or old.task.package_ids != new.task.package_ids
+
+
+def job_id_of(user: str, name: str) -> str:
+    return f"{user}/{name}"
+
+
+@dataclass(frozen=True)
+class MachineSpec:
+    """A machine as its Borglet registers it: capacity, attributes and failure domains."""
+
+    machine_id: str
+    borglet_address: str
+    capacity: Resources
+    attributes: tuple[tuple[str, str], ...] = ()
+    rack: str = ""
+    power_domain: str = ""
+    first_port: int = 0

@@ -1,0 +1,152 @@
+"""The Borgmaster's state mutations: one frozen dataclass per checkpoint-log record kind.
+
+Borg §3.1 keeps the Borgmaster's state as a checkpoint: a periodic snapshot plus a change
+log. Each class here mirrors one case of the ``CheckpointRecord.mutation`` oneof of
+``checkpoint.proto``; :func:`kind_of` gives the case name (also the ``checkpoint_log.kind``
+column). A :class:`LogRecord` is one log entry; applying the records in order to an empty
+:class:`cellpilot.borg.cell_state.CellState` rebuilds the state at any position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cellpilot.borg.lifecycle import JobState, TaskEvent, TaskState
+from cellpilot.borg.model import JobSpec, MachineAvailability, MachineSpec, PriorityBand
+from cellpilot.schedule import Resources
+
+
+@dataclass(frozen=True)
+class JobSubmitted:
+    job_id: str
+    spec: JobSpec
+    state: JobState  # PENDING, or HELD_FOR_AUTOPILOT (Autopilot §3.1)
+
+
+@dataclass(frozen=True)
+class JobUpdated:
+    job_id: str
+    spec: JobSpec  # the complete new spec
+    spec_version: int
+    fencing_token: int = 0
+    max_disruptions: int = 0
+    hold_released: bool = False
+
+
+@dataclass(frozen=True)
+class JobKilled:
+    job_id: str
+
+
+@dataclass(frozen=True)
+class JobStateChanged:
+    job_id: str
+    state: JobState
+
+
+@dataclass(frozen=True)
+class TaskScheduled:
+    job_id: str
+    task_index: int
+    incarnation: int
+    machine_id: str
+    ports: tuple[int, ...]
+    limits: Resources
+
+
+@dataclass(frozen=True)
+class TaskStateChanged:
+    """A task transition of Borg Figure 2. ``reason`` FAILED_FOR_GOOD is FAILED -> DEAD on the wire."""
+
+    job_id: str
+    task_index: int
+    incarnation: int
+    state: TaskState
+    reason: TaskEvent
+    detail: str = ""
+    usage: Resources | None = None
+
+
+@dataclass(frozen=True)
+class MachineRegistered:
+    spec: MachineSpec
+
+
+@dataclass(frozen=True)
+class MachineStateChanged:
+    machine_id: str
+    state: MachineAvailability
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class QuotaSet:
+    user: str
+    band: PriorityBand
+    limit: Resources
+
+
+@dataclass(frozen=True)
+class LeaderElected:
+    replica_id: str
+    address: str
+    epoch: int
+
+
+Mutation = (
+    JobSubmitted
+    | JobUpdated
+    | JobKilled
+    | JobStateChanged
+    | TaskScheduled
+    | TaskStateChanged
+    | MachineRegistered
+    | MachineStateChanged
+    | QuotaSet
+    | LeaderElected
+)
+
+KINDS: dict[type, str] = {
+    JobSubmitted: "job_submitted",
+    JobUpdated: "job_updated",
+    JobKilled: "job_killed",
+    JobStateChanged: "job_state_changed",
+    TaskScheduled: "task_scheduled",
+    TaskStateChanged: "task_state_changed",
+    MachineRegistered: "machine_registered",
+    MachineStateChanged: "machine_state_changed",
+    QuotaSet: "quota_set",
+    LeaderElected: "leader_elected",
+}
+
+
+def kind_of(mutation: Mutation) -> str:
+    """The ``CheckpointRecord.mutation`` oneof case this mutation is recorded as."""
+    return KINDS[type(mutation)]
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One checkpoint-log entry: a mutation at a dense sequence, appended by a master's epoch."""
+
+    sequence: int
+    epoch: int
+    event_time_ms: int
+    mutation: Mutation
+    request_id: str = ""
+    cause_id: str = ""
+
+
+def to_records(
+    first_sequence: int,
+    epoch: int,
+    event_time_ms: int,
+    mutations: tuple[Mutation, ...] | list[Mutation],
+    request_id: str = "",
+    cause_id: str = "",
+) -> list[LogRecord]:
+    """Log records for one decision: dense sequences; the request id goes on the first record only."""
+    return [
+        LogRecord(first_sequence + i, epoch, event_time_ms, m, request_id if i == 0 else "", cause_id)
+        for i, m in enumerate(mutations)
+    ]

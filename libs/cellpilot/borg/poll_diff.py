@@ -1,0 +1,194 @@
+"""Borglet polls, as the master sees them: full-state reports diffed into task transitions.
+
+Borg §3.3: the Borgmaster polls each Borglet every few seconds; the Borglet always
+reports its full state and the master keeps only the differences for its state machines.
+A machine that misses several polls is marked down and its tasks are rescheduled; when it
+answers again, the master tells it to kill the tasks that were rescheduled elsewhere.
+
+:func:`diff_report` turns one report into mutations (task started, exited, OOM-killed,
+missing) and lists the duplicates: tasks the Borglet runs with an older incarnation, or
+that are not assigned to that machine at all. :func:`machines_down` marks machines down
+after ``threshold`` consecutive missed polls. :func:`desired_tasks` is the set of tasks
+the master wants on a machine, sent with each poll (its version is the log position of
+its last change, so it grows across failovers too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from cellpilot.borg.cell_state import CellState, JobRecord, TaskRecord
+from cellpilot.borg.lifecycle import MachineState, TaskEvent, TaskState
+from cellpilot.borg.model import MachineAvailability
+from cellpilot.borg.mutations import MachineStateChanged, Mutation, TaskStateChanged
+from cellpilot.schedule import Resources
+
+DEFAULT_MAX_FAILURES = 10  # a task failing more often than this is given up (FAILED -> DEAD)
+# Exit reasons a Borglet reports for a task its master still wants running there.
+EXIT_TRANSITIONS: dict[TaskEvent, tuple[TaskState, TaskEvent]] = {
+    TaskEvent.FINISHED: (TaskState.DEAD, TaskEvent.FINISHED),
+    TaskEvent.OOM: (TaskState.PENDING, TaskEvent.OOM),
+    TaskEvent.FAILED: (TaskState.PENDING, TaskEvent.FAILED),
+    TaskEvent.KILLED: (TaskState.PENDING, TaskEvent.EVICTED),
+    TaskEvent.PREEMPTED: (TaskState.PENDING, TaskEvent.EVICTED),
+    TaskEvent.EVICTED: (TaskState.PENDING, TaskEvent.EVICTED),
+}
+
+
+@dataclass(frozen=True)
+class ReportedTask:
+    job_id: str
+    task_index: int
+    incarnation: int
+    state: TaskState  # RUNNING, or DEAD once exited
+    exit_reason: TaskEvent | None = None
+    exit_code: int = 0
+    usage: Resources | None = None
+    ready: bool = False
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.job_id, self.task_index)
+
+
+@dataclass(frozen=True)
+class ReportedEvent:
+    """A task event the Borglet witnessed (kept until the master acknowledges its sequence)."""
+
+    sequence: int
+    job_id: str
+    task_index: int
+    incarnation: int
+    kind: TaskEvent
+    detail: str = ""
+    usage: Resources | None = None
+
+
+@dataclass(frozen=True)
+class MachineReport:
+    machine_id: str
+    event_time_ms: int
+    desired_version: int  # the DesiredTasks version the Borglet has applied
+    tasks: tuple[ReportedTask, ...] = ()
+    events: tuple[ReportedEvent, ...] = ()
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    job_id: str
+    task_index: int
+    incarnation: int
+
+
+@dataclass(frozen=True)
+class PollDiff:
+    mutations: tuple[Mutation, ...]
+    duplicates: tuple[Duplicate, ...]
+    usage: Mapping[tuple[str, int], Resources]  # soft state: latest usage of its current tasks
+    ready: Mapping[tuple[str, int], bool]
+
+
+def desired_tasks(state: CellState, machine_id: str) -> list[tuple[JobRecord, TaskRecord]]:
+    """Tasks the master wants running on the machine (allocs are reservations, not processes)."""
+    machine = state.machines[machine_id]
+    if machine.state is MachineState.DOWN:
+        return []
+    return [(job, task) for job, task in state.tasks_on(machine_id) if not job.spec.is_alloc_set]
+
+
+def _is_current(state: CellState, machine_id: str, reported: ReportedTask) -> TaskRecord | None:
+    task = state.task(reported.key)
+    if (
+        task is None
+        or task.state is not TaskState.RUNNING
+        or task.machine_id != machine_id
+        or task.incarnation != reported.incarnation
+    ):
+        return None
+    return task
+
+
+def diff_report(
+    state: CellState, report: MachineReport, max_failures: int = DEFAULT_MAX_FAILURES
+) -> PollDiff:
+    """The transitions a Borglet's full-state report implies, and the duplicates it runs."""
+    machine = state.machines.get(report.machine_id)
+    if machine is None:
+        dups = tuple(
+            Duplicate(r.job_id, r.task_index, r.incarnation)
+            for r in report.tasks
+            if r.state is TaskState.RUNNING
+        )
+        return PollDiff((), dups, {}, {})
+    mutations: list[Mutation] = []
+    was_down = machine.state is MachineState.DOWN
+    if was_down:
+        mutations.append(
+            MachineStateChanged(report.machine_id, MachineAvailability.UP, "answered a poll again")
+        )
+    events = {
+        (e.job_id, e.task_index, e.incarnation): e for e in sorted(report.events, key=lambda e: e.sequence)
+    }
+    duplicates: list[Duplicate] = []
+    usage: dict[tuple[str, int], Resources] = {}
+    ready: dict[tuple[str, int], bool] = {}
+    seen: set[tuple[str, int]] = set()
+    for reported in report.tasks:
+        task = None if was_down else _is_current(state, report.machine_id, reported)
+        if task is None:
+            if reported.state is TaskState.RUNNING:
+                duplicates.append(Duplicate(reported.job_id, reported.task_index, reported.incarnation))
+            continue
+        seen.add(task.key)
+        if reported.state is TaskState.RUNNING:
+            if reported.usage is not None:
+                usage[task.key] = reported.usage
+            ready[task.key] = reported.ready
+            if not task.started:
+                mutations.append(
+                    TaskStateChanged(
+                        task.job_id, task.index, task.incarnation, TaskState.RUNNING, TaskEvent.RUNNING
+                    )
+                )
+            continue
+        event = events.get((task.job_id, task.index, task.incarnation))
+        exit_reason = reported.exit_reason or (event.kind if event else TaskEvent.FAILED)
+        new_state, reason = EXIT_TRANSITIONS.get(exit_reason, (TaskState.PENDING, TaskEvent.FAILED))
+        if reason is TaskEvent.FAILED and task.restarts >= max_failures:
+            new_state, reason = TaskState.DEAD, TaskEvent.FAILED_FOR_GOOD
+        detail = event.detail if event is not None and event.detail else f"exit code {reported.exit_code}"
+        if reason is TaskEvent.EVICTED:
+            detail = f"stopped on its machine ({exit_reason.value}): {detail}"
+        last_usage = event.usage if event is not None and event.usage is not None else reported.usage
+        mutations.append(
+            TaskStateChanged(task.job_id, task.index, task.incarnation, new_state, reason, detail, last_usage)
+        )
+    if not was_down and report.desired_version >= machine.desired_version:
+        # The Borglet has applied our latest desired set, yet does not report these: they are gone.
+        for job, task in desired_tasks(state, report.machine_id):
+            if task.key not in seen:
+                mutations.append(
+                    TaskStateChanged(
+                        job.job_id,
+                        task.index,
+                        task.incarnation,
+                        TaskState.PENDING,
+                        TaskEvent.LOST,
+                        f"missing from machine {report.machine_id}'s report",
+                    )
+                )
+    return PollDiff(tuple(mutations), tuple(duplicates), usage, ready)
+
+
+def machines_down(state: CellState, missed: Mapping[str, int], threshold: int) -> list[Mutation]:
+    """Machines that missed ``threshold`` polls in a row are marked down (Borg §3.3)."""
+    out: list[Mutation] = []
+    for machine_id in sorted(missed):
+        machine = state.machines.get(machine_id)
+        if machine is None or machine.state is not MachineState.UP or missed[machine_id] < threshold:
+            continue
+        out.append(
+            MachineStateChanged(machine_id, MachineAvailability.DOWN, f"missed {missed[machine_id]} polls")
+        )
+    return out

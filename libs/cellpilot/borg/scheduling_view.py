@@ -1,0 +1,376 @@
+"""The scheduler's copy of the cell (Borg §3.4), kept in step with the Borgmaster's state.
+
+Borg §3.4: the scheduler operates on a cached copy of the cell state; it does a pass over
+the pending queue, tells the master its assignments, and the master applies them unless
+they are out of date. Here the copy is a :class:`cellpilot.schedule.Cell` that follows the
+changes :meth:`CellState.apply` returns (:meth:`SchedulingView.observe`). A scheduling pass
+(:meth:`plan`) places tasks into that copy at once — the scheduling core binds as it goes —
+and returns the assignments and preemptions as log mutations; when they are committed and
+applied, observing them is a no-op. If the commit fails the master steps down and the
+copy is rebuilt from the state (:meth:`rebuild`).
+
+This module adapts our API model to the scheduling core: machine attributes become
+constraint columns (with ``has:<name>`` for EXISTS and ``num:<name>`` for numeric
+comparisons, which the core's operators express only through those), and machines that
+are down or draining carry ``cellpilot.schedulable = 0``, which every task's shape
+excludes with a hard constraint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from cellpilot.borg.cell_state import CellState, JobRecord, TaskRecord
+from cellpilot.borg.changes import Change, MachineChange, TaskChange
+from cellpilot.borg.lifecycle import TaskEvent, TaskState
+from cellpilot.borg.model import AppClass, ConstraintKind, ConstraintOperator, JobSpec, MachineSpec
+from cellpilot.borg.model import Constraint as BorgConstraint
+from cellpilot.borg.mutations import Mutation, TaskScheduled, TaskStateChanged
+from cellpilot.schedule import AppClass as ScheduleAppClass
+from cellpilot.schedule import (
+    Cell,
+    Constraint,
+    Profile,
+    Resources,
+    Scheduler,
+    SchedulerConfig,
+    TaskShape,
+    TaskSpec,
+    default_profile,
+    pending_order,
+)
+from cellpilot.schedule import MachineSpec as ScheduleMachine
+from cellpilot.schedule.cell import LIMIT, NUM_LEVELS, RESERVATION, placement_basis
+from cellpilot.schedule.resources import EPSILON, PORTS
+
+SCHEDULABLE = "cellpilot.schedulable"
+ONLY_SCHEDULABLE = Constraint(SCHEDULABLE, "!=", "0", hard=True)
+
+
+def schedule_constraint(c: BorgConstraint) -> Constraint:
+    """One API constraint in the scheduling core's terms (see the module docstring)."""
+    hard = c.kind is not ConstraintKind.SOFT
+    op = c.operator
+    if op is ConstraintOperator.EQUAL:
+        return Constraint(c.attribute, "==", c.value, hard)
+    if op is ConstraintOperator.NOT_EQUAL:
+        return Constraint(c.attribute, "!=", c.value, hard)
+    if op is ConstraintOperator.LESS_THAN:
+        return Constraint(f"num:{c.attribute}", "<", float(c.value), hard)
+    if op is ConstraintOperator.GREATER_THAN:
+        return Constraint(f"num:{c.attribute}", ">", float(c.value), hard)
+    if op is ConstraintOperator.EXISTS:
+        return Constraint(f"has:{c.attribute}", "==", "1", hard)
+    if op is ConstraintOperator.NOT_EXISTS:
+        return Constraint(f"has:{c.attribute}", "!=", "1", hard)
+    raise ValueError(f"constraint operator {op.value} cannot be evaluated")
+
+
+def machine_attributes(spec: MachineSpec, schedulable: bool) -> dict[str, str | float]:
+    attributes: dict[str, str | float] = {SCHEDULABLE: "1" if schedulable else "0"}
+    for name, value in spec.attributes:
+        attributes[name] = value
+        attributes[f"has:{name}"] = "1"
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        if np.isfinite(number):
+            attributes[f"num:{name}"] = number
+    return attributes
+
+
+def schedule_machine(spec: MachineSpec, schedulable: bool) -> ScheduleMachine:
+    return ScheduleMachine.build(
+        spec.machine_id,
+        spec.capacity,
+        rack=spec.rack or "rack-0",
+        power_domain=spec.power_domain or "power-0",
+        attributes=machine_attributes(spec, schedulable),
+    )
+
+
+def task_shape(spec: JobSpec) -> TaskShape:
+    """The scheduling equivalence class of a job's tasks (Borg §3.4)."""
+    app = (
+        ScheduleAppClass.LATENCY_SENSITIVE
+        if spec.app_class is AppClass.LATENCY_SENSITIVE
+        else ScheduleAppClass.BATCH
+    )
+    return TaskShape(
+        priority=spec.priority,
+        limits=spec.task.limits,
+        app_class=app,
+        constraints=(ONLY_SCHEDULABLE, *(schedule_constraint(c) for c in spec.constraints)),
+        packages=spec.task.package_ids,
+        alloc_set=spec.alloc_set_job_id or None,
+        is_alloc=spec.is_alloc_set,
+    )
+
+
+def task_id(job_id: str, index: int) -> str:
+    return f"{job_id}/{index}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A scheduling pass's outcome: assignments and preemptions to commit, and what stays pending."""
+
+    mutations: tuple[Mutation, ...]
+    placed: int
+    preempted: int
+    unschedulable: int
+    machines: frozenset[str]  # machines whose desired task set changes
+
+
+def allocate_ports(spec: MachineSpec, taken: set[int], count: int) -> tuple[int, ...] | None:
+    """The lowest free port numbers of the machine's range (Borg §2.3 footnote 2)."""
+    if count <= 0:
+        return ()
+    ports: list[int] = []
+    for port in range(spec.first_port, spec.first_port + int(spec.capacity.ports)):
+        if port not in taken:
+            ports.append(port)
+            if len(ports) == count:
+                return tuple(ports)
+    return None
+
+
+class SchedulingView:
+    """A :class:`Cell` mirroring the running tasks, plus the scheduler and its caches."""
+
+    def __init__(
+        self, profile: Profile | None = None, config: SchedulerConfig | None = None, seed: int = 0
+    ) -> None:
+        self.profile = profile or default_profile()
+        self.config = config or SchedulerConfig()
+        self.seed = seed
+        self.stale = False
+        self._shapes: dict[JobSpec, TaskShape] = {}
+        self._specs: dict[str, MachineSpec] = {}
+        self.cell = Cell()
+        self.scheduler = Scheduler(self.profile, self.config, np.random.default_rng(seed))
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def build(
+        cls,
+        state: CellState,
+        profile: Profile | None = None,
+        config: SchedulerConfig | None = None,
+        seed: int = 0,
+    ) -> SchedulingView:
+        view = cls(profile, config, seed)
+        view.rebuild(state)
+        return view
+
+    def rebuild(self, state: CellState) -> None:
+        """Recreates the copy from the state (after a failed commit, or a machine's spec changed)."""
+        self.cell = Cell(machine_hint=max(len(state.machines), 1), task_hint=1024)
+        self.scheduler = Scheduler(self.profile, self.config, np.random.default_rng(self.seed))
+        self._specs = {}
+        for machine_id in sorted(state.machines):
+            machine = state.machines[machine_id]
+            self.cell.add_machine(schedule_machine(machine.spec, machine.schedulable))
+            self._specs[machine_id] = machine.spec
+        now = state.event_time_ms / 1000.0
+        running = [(j, t) for j, t in state.iter_tasks() if t.state is TaskState.RUNNING]
+        # Allocs first, so the tasks running inside them find them (Borg §2.4).
+        running.sort(key=lambda jt: (not jt[0].spec.is_alloc_set, jt[0].job_id, jt[1].index))
+        for job, task in running:
+            self._bind(job, task, now)
+        self.stale = False
+
+    def shape(self, spec: JobSpec) -> TaskShape:
+        shape = self._shapes.get(spec)
+        if shape is None:
+            if len(self._shapes) > 100_000:
+                self._shapes.clear()
+            shape = self._shapes[spec] = task_shape(spec)
+        return shape
+
+    def _task_spec(self, job: JobRecord, index: int) -> TaskSpec:
+        return TaskSpec(job.job_id, index, job.spec.user, self.shape(job.spec))
+
+    def _bind(self, job: JobRecord, task: TaskRecord, now: float) -> None:
+        machine = self.cell.machine_index.get(task.machine_id)
+        if machine is None:
+            self.stale = True
+            return
+        spec = TaskSpec(job.job_id, task.index, job.spec.user, self.shape(job.spec))
+        if task.limits != job.spec.task.limits:
+            spec = replace(spec, shape=replace(spec.shape, limits=task.limits))
+        alloc = None
+        if spec.shape.alloc_set is not None:
+            need = spec.shape.limits.array()
+            for handle in sorted(self.cell.alloc_sets.get(spec.shape.alloc_set, ())):
+                free = self.cell.t_amount[handle, LIMIT] - self.cell.t_inner[handle]
+                if int(self.cell.t_machine[handle]) == machine and np.all(free >= need - EPSILON):
+                    alloc = handle
+                    break
+            if alloc is None:
+                self.stale = True
+                return
+        self.cell.bind(spec, machine, now, alloc=alloc)
+
+    # ------------------------------------------------------------------ following the state
+    def observe(self, state: CellState, changes: Iterable[Change]) -> None:
+        """Follows applied changes: binds scheduled tasks, unbinds stopped ones, tracks machines."""
+        for change in changes:
+            if isinstance(change, MachineChange):
+                self._observe_machine(state, change)
+            elif isinstance(change, TaskChange):
+                self._observe_task(state, change)
+
+    def _observe_machine(self, state: CellState, change: MachineChange) -> None:
+        machine = state.machines[change.machine_id]
+        index = self.cell.machine_index.get(change.machine_id)
+        if index is None:
+            self.cell.add_machine(schedule_machine(machine.spec, machine.schedulable))
+            self._specs[change.machine_id] = machine.spec
+            return
+        if self._specs.get(change.machine_id) != machine.spec:
+            self.stale = True  # capacity or attributes changed: rebuild before the next pass
+            return
+        self.cell.set_attribute(index, SCHEDULABLE, "1" if machine.schedulable else "0")
+
+    def _observe_task(self, state: CellState, change: TaskChange) -> None:
+        tid = task_id(change.job_id, change.task_index)
+        handle = self.cell.task_handle.get(tid)
+        now = change.event_time_ms / 1000.0
+        if change.kind is TaskEvent.SCHEDULED:
+            job = state.jobs[change.job_id]
+            task = job.tasks[change.task_index]
+            if handle is None:
+                self._bind(job, task, now)
+            elif self.cell.machine_names[int(self.cell.t_machine[handle])] != change.machine_id:
+                self.stale = True
+        elif change.kind is TaskEvent.UPDATED and change.state is TaskState.RUNNING:
+            job = state.jobs[change.job_id]
+            task = job.tasks[change.task_index]
+            if handle is not None and self.cell.spec(handle).shape != self.shape(job.spec):
+                for member in self.cell.unbind(handle)[:-1]:  # tasks inside a resized alloc
+                    member_job = state.jobs[member.job]
+                    self._bind(member_job, member_job.tasks[member.index], now)
+                self._bind(job, task, now)
+        elif change.state is not TaskState.RUNNING and handle is not None:
+            self.cell.unbind(handle)
+
+    # ------------------------------------------------------------------ scheduling
+    def plan(self, state: CellState, now_ms: int, max_tasks: int = 10_000) -> Plan:
+        """One pass over the pending queue, high to low priority, round-robin across users (§3.2)."""
+        if self.stale:
+            self.rebuild(state)
+        candidates = [self._task_spec(job, task.index) for job, task in state.schedulable_pending()]
+        pending = pending_order(candidates)[:max_tasks]
+        if not pending:
+            return Plan((), 0, 0, 0, frozenset())
+        result = self.scheduler.schedule(self.cell, pending, now_ms / 1000.0)
+        mutations: list[Mutation] = []
+        touched: set[str] = set()
+        taken: dict[str, set[int]] = {}
+        preempted = 0
+        for placement in result.placements:
+            job = state.jobs[placement.task.job]
+            task = job.tasks[placement.task.index]
+            machine_id = placement.machine_name
+            victims = [state.task((v.job, v.index)) for v in placement.preempted]
+            for victim in victims:
+                if victim is not None and victim.machine_id:
+                    taken.setdefault(victim.machine_id, state.ports_in_use(victim.machine_id))
+                    taken[victim.machine_id].difference_update(victim.ports)
+            ports_taken = taken.setdefault(machine_id, state.ports_in_use(machine_id))
+            ports = allocate_ports(
+                state.machines[machine_id].spec, ports_taken, int(job.spec.task.limits.ports)
+            )
+            if ports is None:
+                self.stale = True  # the speculative binding and evictions are undone by a rebuild
+                continue
+            ports_taken.update(ports)
+            for victim in victims:
+                if victim is None or victim.state is not TaskState.RUNNING:
+                    continue
+                touched.add(victim.machine_id)
+                preempted += 1
+                mutations.append(
+                    TaskStateChanged(
+                        victim.job_id,
+                        victim.index,
+                        victim.incarnation,
+                        TaskState.PENDING,
+                        TaskEvent.PREEMPTED,
+                        f"preempted by {placement.task.task_id} (priority {job.spec.priority})",
+                    )
+                )
+            touched.add(machine_id)
+            mutations.append(
+                TaskScheduled(
+                    job.job_id, task.index, task.incarnation + 1, machine_id, ports, job.spec.task.limits
+                )
+            )
+        placed = sum(1 for m in mutations if isinstance(m, TaskScheduled))
+        unschedulable = len(result.unschedulable) + len(candidates) - len(pending)
+        return Plan(tuple(mutations), placed, preempted, unschedulable, frozenset(touched))
+
+    # ------------------------------------------------------------------ in-place updates
+    def fits_in_place(
+        self, job: JobRecord, task: TaskRecord, new_spec: JobSpec, scratch: dict[tuple[str, int], np.ndarray]
+    ) -> bool:
+        """Whether a running task still fits where it runs with the new spec (Borg §2.3 updates).
+
+        ``scratch`` accumulates the growth already granted on each machine during one
+        decision, so that several tasks growing on one machine are checked together.
+        """
+        handle = self.cell.task_handle.get(task_id(job.job_id, task.index))
+        if handle is None:
+            return False
+        machine = int(self.cell.t_machine[handle])
+        shape = self.shape(new_spec)
+        rows = np.array([machine], dtype=np.intp)
+        if not all(self.cell.attributes.satisfies(c, rows)[0] for c in shape.hard_constraints):
+            return False
+        old = self.cell.t_amount[handle]
+        new = shape.limits.array()
+        alloc = int(self.cell.t_alloc[handle])
+        if alloc >= 0:
+            key = (f"alloc:{alloc}", LIMIT.start)
+            free = self.cell.t_amount[alloc, LIMIT] - self.cell.t_inner[alloc] + old[LIMIT]
+            need, mine = new, old[LIMIT]
+        else:
+            basis = placement_basis(shape.priority)
+            key = (self.cell.machine_names[machine], int(basis.start or 0))
+            free = self.cell.capacity[machine] - self.cell.below[machine, NUM_LEVELS, basis] + old[basis]
+            mine = old[basis]
+            if basis == RESERVATION:
+                need = np.minimum(old[RESERVATION] + np.maximum(new - old[LIMIT], 0.0), new)
+            else:
+                need = new
+        granted = scratch.get(key, np.zeros_like(need))
+        if np.any(need > free - granted + EPSILON):
+            return False
+        scratch[key] = granted + np.maximum(need - mine, 0.0)
+        return True
+
+    # ------------------------------------------------------------------ soft state
+    def update_usage(self, usage: Mapping[tuple[str, int], Resources], now_ms: int) -> None:
+        """Reservations follow measured usage (Borg §5.5); ports stay held while a task runs."""
+        handles, rows = [], []
+        for (job_id, index), used in usage.items():
+            handle = self.cell.task_handle.get(task_id(job_id, index))
+            if handle is None:
+                continue
+            row = used.array()
+            row[PORTS] = self.cell.t_amount[handle, LIMIT][PORTS]
+            handles.append(handle)
+            rows.append(row)
+        if handles:
+            self.cell.update_usage(np.array(handles, dtype=np.intp), np.array(rows), now_ms / 1000.0)
+
+    def reservation(self, job_id: str, index: int) -> Resources | None:
+        handle = self.cell.task_handle.get(task_id(job_id, index))
+        if handle is None:
+            return None
+        return Resources.from_array(self.cell.t_amount[handle, RESERVATION])

@@ -1,0 +1,1 @@
+"""The ``cellpilot`` command line (typer + rich)."""

@@ -1,0 +1,389 @@
+"""``cellpilot eval autopilot``: replay Autopilot's recommenders, manual limits and VPA (Autopilot §4, §5.1).
+
+Outputs in ``--out DIR``: ``summary.json`` (one object per recommender: the §4.1.1 metrics),
+``results.md`` (tables, Table 2, the goals), ``run.json`` (settings, goals, timing) and the
+CDF plots of Figures 3a, 3b, 3c, 5 and 7. ``cellpilot eval autopilot-tune`` runs the
+§3.2.3 hyperparameter sweep and writes the tuned configuration and its report.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cellpilot.evaluate.autopilot_metrics import TABLE2_ROWS, JobDays, cdf, table2_label
+from cellpilot.evaluate.autopilot_policies import parse_recommenders
+from cellpilot.evaluate.autopilot_replay import ReplayConfig, StudyResult, run_study
+from cellpilot.evaluate.autopilot_tuning import TuningSetup, config_from_hyperparameters, run_sweep
+from cellpilot.evaluate.report import markdown_table, write_markdown, write_summary
+from cellpilot.recommend.ml_ensemble import EnsembleConfig
+from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig
+from cellpilot.workloads.google_traces import read_google2011, read_google2019
+from cellpilot.workloads.task_signals import WINDOWS_PER_DAY, JobSignals
+
+console = Console()
+
+DEFAULT_RECOMMENDERS = "manual-hard,manual-soft,moving-window,ml,vpa"
+SUMMARY_KEYS = (
+    "relative_slack_mean",
+    "relative_slack_median",
+    "absolute_slack_machines",
+    "footprint_machines",
+    "relative_oom_rate_per_task_day",
+    "oom_free_job_days_fraction",
+    "seriously_impacted_job_days",
+    "limit_changes_per_job_day_p99",
+    "job_days",
+)
+MAIN_COLUMNS = (
+    "recommender",
+    "relative_slack_mean",
+    "relative_slack_median",
+    "absolute_slack_machines",
+    "footprint_machines",
+    "relative_oom_rate_per_task_day",
+    "oom_free_job_days_fraction",
+    "limit_changes_per_job_day_p99",
+    "job_days_without_limit_changes_fraction",
+    "job_days",
+)
+FORMATS = {
+    "relative_slack_mean": ".3f",
+    "relative_slack_median": ".3f",
+    "absolute_slack_machines": ".1f",
+    "footprint_machines": ".1f",
+    "relative_oom_rate_per_task_day": ".4f",
+    "oom_free_job_days_fraction": ".2%",
+    "limit_changes_per_job_day_p99": ".1f",
+    "job_days_without_limit_changes_fraction": ".1%",
+    "cpu_relative_slack_mean": ".3f",
+    "cpu_throttled_fraction_mean": ".3%",
+    "cpu_job_days_throttled_over_1pct_fraction": ".1%",
+}
+
+
+def load_ml_config(path: Path) -> EnsembleConfig:
+    """An ML configuration file: ``{"hyperparameters": {cost_decay, w_overrun, ...}}`` or the bare mapping."""
+    data = json.loads(path.read_text())
+    return config_from_hyperparameters(data.get("hyperparameters", data))
+
+
+def _trace_jobs(spec: str, min_coverage: float) -> tuple[list[JobSignals], str]:
+    kind, _, location = spec.partition(":")
+    if kind not in ("google2011", "google2019") or not location:
+        raise typer.BadParameter("--trace must be google2011:PATH or google2019:PATH")
+    reader = read_google2011 if kind == "google2011" else read_google2019
+    trace = reader(Path(location))
+    days = trace.windows // WINDOWS_PER_DAY
+    if days < 1:
+        raise typer.BadParameter(f"{location}: less than one day of usage")
+    jobs = [j.window_slice(0, days * WINDOWS_PER_DAY) for j in trace.jobs(min_coverage=min_coverage)]
+    if not jobs:
+        raise typer.BadParameter(f"{location}: no long-running jobs (min coverage {min_coverage})")
+    return jobs, f"{kind} trace {location}: {len(jobs)} long-running jobs, {days} days"
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def plot_cdfs(
+    path: Path,
+    series: Mapping[str, Sequence[float] | np.ndarray],
+    xlabel: str,
+    title: str,
+    *,
+    log_x: bool = False,
+    zoom_y: bool = False,
+) -> Path:
+    """Empirical CDFs, one step line per recommender; ``zoom_y`` starts the y axis near the lowest F(0)."""
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    palette = colormaps["tab10"]
+    lowest = 1.0
+    for i, (label, values) in enumerate(series.items()):
+        xs, ys = cdf(values, points=600)
+        if not xs:
+            continue
+        ax.step(xs, ys, where="post", label=label, color=palette(i % 10))
+        lowest = min(lowest, ys[0])
+    if log_x:
+        ax.set_xscale("symlog", linthresh=1e-3)
+    if zoom_y:
+        ax.set_ylim(max(0.0, lowest - 0.02), 1.001)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("fraction of job-days")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def write_plots(out: Path, rows: Mapping[str, JobDays], machine_bytes: float, population: str) -> list[Path]:
+    def pick(r: JobDays) -> JobDays:
+        return r.select(r.serving) if population == "serving" else r
+
+    chosen = {name: pick(r) for name, r in rows.items()}
+    return [
+        plot_cdfs(
+            out / "fig3a_relative_slack_cdf.png",
+            {n: r.relative_slack for n, r in chosen.items()},
+            "relative slack (limit - p95 usage) / limit",
+            "Figure 3a: relative slack per job-day",
+        ),
+        plot_cdfs(
+            out / "fig3b_absolute_slack_cdf.png",
+            {n: r.absolute_slack / machine_bytes for n, r in chosen.items()},
+            "absolute slack (machines)",
+            "Figure 3b: absolute slack per job-day",
+            log_x=True,
+        ),
+        plot_cdfs(
+            out / "fig3c_footprint_cdf.png",
+            {n: r.footprint / machine_bytes for n, r in chosen.items()},
+            "footprint (machines)",
+            "Figure 3c: footprint per job-day",
+            log_x=True,
+        ),
+        plot_cdfs(
+            out / "fig5_relative_oom_cdf.png",
+            {n: r.relative_oom_rate for n, r in chosen.items()},
+            "OOMs per task-day",
+            "Figure 5: relative OOMs per job-day (zoomed y axis)",
+            log_x=True,
+            zoom_y=True,
+        ),
+        plot_cdfs(
+            out / "fig7_limit_changes_cdf.png",
+            {n: r.limit_changes for n, r in chosen.items()},
+            "limit changes per job-day",
+            "Figure 7: limit changes per job-day (zoomed y axis)",
+            zoom_y=True,
+        ),
+    ]
+
+
+def _sections(result: StudyResult, description: str) -> list[str]:
+    summaries = result.summaries
+    population = result.settings["population"]
+    rows = [{"recommender": name, **s} for name, s in summaries.items()]
+    table2 = [
+        {
+            "threshold": table2_label(row),
+            **{n: s["seriously_impacted_job_days"][table2_label(row)] for n, s in summaries.items()},
+        }
+        for row in TABLE2_ROWS
+    ]
+    goal_rows = [{"goal": g.name, "met": "yes" if g.met else "NO", "numbers": g.detail} for g in result.goals]
+    sections = [
+        f"{description}; {result.measured_days} measured days after "
+        f"{result.settings['replay']['warmup_days']} warm-up days; population: {population} jobs "
+        f"({result.seconds:.0f} s).\n",
+        "## Metrics (§4.1.1)\n",
+        markdown_table(rows, MAIN_COLUMNS, FORMATS),
+        "## Job-days seriously impacted by OOMs (Table 2)\n",
+        markdown_table(table2, ("threshold", *summaries)),
+        "## Goals\n",
+        markdown_table(goal_rows, ("goal", "met", "numbers")),
+    ]
+    if any("cpu_relative_slack_mean" in s for s in summaries.values()):
+        cpu_cols = (
+            "recommender",
+            "cpu_relative_slack_mean",
+            "cpu_throttled_fraction_mean",
+            "cpu_job_days_throttled_over_1pct_fraction",
+        )
+        sections += ["## CPU\n", markdown_table(rows, cpu_cols, FORMATS)]
+    breakdowns = next(iter(summaries.values())).get("breakdown", {})
+    for key in breakdowns:
+        sub = [{"recommender": name, **s["breakdown"][key]} for name, s in summaries.items()]
+        if all(r.get("job_days", 0) == 0 for r in sub):
+            continue
+        sections += [
+            f"## Breakdown: {key.replace('_', ' ')}\n",
+            markdown_table(sub, (*MAIN_COLUMNS[:-3], "job_days"), FORMATS),
+        ]
+    return sections
+
+
+def autopilot(
+    out: Annotated[Path, typer.Option("--out", help="directory for summary.json, results.md and the plots")],
+    workload: Annotated[
+        str, typer.Option(help="synthetic workload generator (ignored with --trace)")
+    ] = "synthetic",
+    jobs: Annotated[int, typer.Option(help="synthetic jobs")] = 500,
+    days: Annotated[int, typer.Option(help="synthetic days measured (warm-up days come on top)")] = 14,
+    seed: Annotated[int, typer.Option(help="seed of the synthetic workload and of machine pressure")] = 0,
+    trace: Annotated[
+        str | None, typer.Option(help="google2011:PATH or google2019:PATH (a trace directory)")
+    ] = None,
+    recommenders: Annotated[
+        str, typer.Option(help="comma-separated; name:hard / name:soft overrides enforcement")
+    ] = DEFAULT_RECOMMENDERS,
+    warmup_days: Annotated[int, typer.Option(help="days replayed before measuring")] = 2,
+    workers: Annotated[int, typer.Option(help="processes")] = 2,
+    cpu: Annotated[bool, typer.Option(help="also replay CPU limits (throttling)")] = False,
+    ml_config: Annotated[
+        Path | None, typer.Option(help="ML hyperparameters JSON (e.g. evaluate/data/ml_tuned.json)")
+    ] = None,
+    population: Annotated[
+        str, typer.Option(help="serving (the paper's §4.1.2 population) or all")
+    ] = "serving",
+    actuation_delay_minutes: Annotated[
+        float, typer.Option(help="from recommendation to limit in force")
+    ] = 5.0,
+    min_coverage: Annotated[float, typer.Option(help="trace jobs must run in this share of windows")] = 0.9,
+) -> None:
+    """Replays manual limits, Autopilot's moving window and ML recommenders and VPA (Autopilot §4)."""
+    specs = parse_recommenders(recommenders)
+    config = ReplayConfig(
+        warmup_days=warmup_days,
+        actuation_delay_ms=int(actuation_delay_minutes * 60_000),
+        cpu=cpu,
+        seed=seed,
+        ml=load_ml_config(ml_config) if ml_config else EnsembleConfig(),
+    )
+    source: AutopilotWorkloadConfig | list[JobSignals]
+    if trace:
+        source, description = _trace_jobs(trace, min_coverage)
+    else:
+        if workload != "synthetic":
+            raise typer.BadParameter("--workload must be 'synthetic' (or give --trace)")
+        source = AutopilotWorkloadConfig(jobs=jobs, days=days + warmup_days, seed=seed, with_cpu=cpu)
+        description = f"synthetic workload: {jobs} jobs, seed {seed}"
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        bar = progress.add_task("replaying job-days", total=None)
+        result = run_study(
+            source,
+            specs,
+            config,
+            workers=workers,
+            population=population,
+            progress=lambda done, total: progress.update(bar, completed=done, total=total),
+        )
+    summary = {name: {**{k: s.get(k) for k in SUMMARY_KEYS}, **s} for name, s in result.summaries.items()}
+    write_summary(out, summary)
+    run_info = {
+        "description": description,
+        "settings": result.settings,
+        "measured_days": result.measured_days,
+        "replayed_job_days": result.replayed_job_days,
+        "seconds": result.seconds,
+        "job_days_per_second": result.replayed_job_days * len(specs) / max(result.seconds, 1e-9),
+        "goals": [{"goal": g.name, "met": g.met, "numbers": g.detail} for g in result.goals],
+    }
+    write_summary(out, run_info, name="run.json")
+    sections = _sections(result, description)
+    plots = write_plots(out, result.rows, config.machine_memory_bytes, population)
+    sections.append("## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n")
+    write_markdown(
+        out, "results.md", "Autopilot replay: manual limits vs moving window vs ML vs VPA", sections
+    )
+    console.print(sections[2])
+    console.print(sections[6])
+    console.print(f"wrote {out / 'summary.json'} ({result.seconds:.0f} s)")
+
+
+def _tuning_markdown(sweep: dict[str, Any]) -> list[str]:
+    setup = sweep["setup"]
+    table = sorted(sweep["table"], key=lambda r: (r["violation"] > 0, r["relative_slack_mean"]))
+    columns = (
+        "cost_decay",
+        "w_underrun",
+        "w_limit_change",
+        "w_model_change",
+        "relative_slack_mean",
+        "relative_oom_rate_per_task_day",
+        "oom_free_job_days_fraction",
+        "limit_changes_per_job_day_p99",
+        "violation",
+    )
+    report_rows = [{"recommender": name, **m} for name, m in sweep["report"].items()]
+    return [
+        f"Populations of {setup['jobs']} synthetic jobs, {setup['measured_days']} measured days after "
+        f"{setup['warmup_days']} warm-up days; tuned on seeds {setup['tune_seeds']}, reported on seeds "
+        f"{setup['report_seeds']}; {setup['models']} models per ensemble; serving jobs (§4.1.2).\n",
+        "## Selection rule\n",
+        "A configuration is admissible when, on the tuning seeds, its relative OOM rate and its p99 limit "
+        "changes per job-day are no higher than the moving window's and its OOM-free job-days no fewer "
+        "(§3.2.3: dominate the alternatives with a similar number of overruns and limit adjustments); the "
+        f"admissible one with the lowest mean relative slack is chosen. Admissible: {sweep['admissible']} of "
+        f"{len(sweep['table'])}.\n",
+        "## Chosen hyperparameters\n",
+        markdown_table(
+            [{"": "chosen", **sweep["chosen"]}, {"": "library default", **sweep["default"]}],
+            ("", "cost_decay", "w_overrun", "w_underrun", "w_limit_change", "w_model_change"),
+        ),
+        "## Report seeds (not used for the choice)\n",
+        markdown_table(report_rows, ("recommender", *columns[4:8], "absolute_slack_machines"), FORMATS),
+        "## Tuning seeds: moving-window baseline\n",
+        markdown_table([sweep["tune_baseline_moving_window"]], columns[4:8], FORMATS),
+        "## Sweep (tuning seeds; admissible first, by relative slack)\n",
+        markdown_table(table, columns, FORMATS),
+    ]
+
+
+def autopilot_tune(
+    out: Annotated[Path, typer.Option("--out", help="the tuned configuration (JSON)")] = Path(
+        "libs/cellpilot/evaluate/data/ml_tuned.json"
+    ),
+    report: Annotated[Path, typer.Option(help="the markdown report")] = Path("docs/reports/ml-tuning.md"),
+    jobs: Annotated[int, typer.Option(help="jobs per population")] = 100,
+    days: Annotated[int, typer.Option(help="measured days per population")] = 5,
+    workers: Annotated[int, typer.Option(help="processes")] = 2,
+) -> None:
+    """The §3.2.3 off-line sweep over the ML recommender's hyperparameters."""
+    setup = TuningSetup(jobs=jobs, days=days)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        bar = progress.add_task("sweep replays", total=None)
+        sweep = run_sweep(
+            setup, workers=workers, progress=lambda d, t: progress.update(bar, completed=d, total=t)
+        )
+    config = {
+        "description": "ML recommender hyperparameters from the §3.2.3 sweep (cellpilot eval autopilot-tune)",
+        "hyperparameters": sweep["chosen"],
+        "tuned_on": sweep["setup"],
+        "tune_metrics": sweep["chosen_tune_metrics"],
+        "report_metrics": sweep["report"],
+    }
+    write_summary(out.parent, config, name=out.name)
+    write_markdown(
+        report.parent,
+        report.name,
+        "ML recommender hyperparameter sweep (Autopilot §3.2.3)",
+        _tuning_markdown(sweep),
+    )
+    console.print(f"chosen: {sweep['chosen']}")
+    console.print(f"wrote {out} and {report}")
+
+
+def register(eval_app: typer.Typer) -> None:
+    eval_app.command("autopilot")(autopilot)
+    eval_app.command("autopilot-tune")(autopilot_tune)

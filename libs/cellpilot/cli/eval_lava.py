@@ -1,0 +1,197 @@
+"""``cellpilot eval lava``: LA-Binary, LAS and LAVA against best fit (LAVA paper §5-§6).
+
+Writes ``DIR/summary.json`` (one row per policy x predictor: ``best-fit``,
+``las-model``, ``lava-oracle``, ...), ``DIR/results.md`` (tables and goals),
+``DIR/empty_hosts.png`` (empty hosts over time), ``DIR/f1_by_uptime.png`` (Figure 9)
+and ``DIR/empty_hosts_series.json`` (the plotted samples).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cellpilot.evaluate.lava_simulator import POLICIES, DrainConfig
+from cellpilot.evaluate.lava_study import PREDICTORS, StudyConfig, run_study
+from cellpilot.evaluate.report import markdown_table, write_markdown, write_summary
+from cellpilot.lifetimes.model import LabelTransform, TrainingParams
+from cellpilot.workloads.vm_trace import HOUR
+
+console = Console()
+
+COLUMNS = (
+    "name",
+    "empty_hosts_pct_mean",
+    "empty_hosts_over_best_fit_pp",
+    "cpu_stranding_pct",
+    "memory_stranding_pct",
+    "migrations",
+    "migration_requests",
+    "failed_placements",
+)
+FORMATS = {
+    "empty_hosts_pct_mean": ".2f",
+    "empty_hosts_over_best_fit_pp": "+.2f",
+    "cpu_stranding_pct": ".2f",
+    "memory_stranding_pct": ".2f",
+}
+HEADERS = {
+    "name": "run",
+    "empty_hosts_pct_mean": "empty hosts %",
+    "empty_hosts_over_best_fit_pp": "vs best fit (pp)",
+    "cpu_stranding_pct": "CPU stranded %",
+    "memory_stranding_pct": "memory stranded %",
+    "migrations": "migrations",
+    "migration_requests": "requested",
+    "failed_placements": "failed",
+}
+
+
+def _split(text: str, known: Sequence[str], what: str) -> tuple[str, ...]:
+    items = tuple(item.strip() for item in text.split(",") if item.strip())
+    bad = [item for item in items if item not in known]
+    if bad or not items:
+        raise typer.BadParameter(f"unknown {what} {bad}; choose from {', '.join(known)}")
+    return items
+
+
+def plot_lines(path: Path, series: Mapping[str, tuple[Sequence[float], Sequence[float]]], xlabel: str,
+               ylabel: str, title: str) -> Path:  # fmt: skip
+    """One line per label (report.py has bars and scatter plots; a time series needs lines)."""
+    fig = Figure(figsize=(9, 5))
+    ax = fig.add_subplot()
+    for label, (xs, ys) in series.items():
+        ax.plot(list(xs), list(ys), label=label, linewidth=1.2 if label == "best-fit" else 0.9)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def write_report(summary: dict[str, Any], out: Path) -> list[str]:
+    """Writes every file of the report; returns the markdown sections."""
+    series = summary.pop("series")
+    write_summary(out, series, "empty_hosts_series.json")
+    write_summary(out, summary)
+    plot_lines(
+        out / "empty_hosts.png",
+        {name: (s["t_days"], s["empty_pct"]) for name, s in series.items()},
+        "time (days)",
+        "empty hosts (% of pool)",
+        f"Empty hosts over time ({summary['settings']['trace']}, {summary['settings']['hosts']} hosts)",
+    )
+    model = summary["model"]
+    if model.get("f1_by_uptime_quantile"):
+        f1 = model["f1_by_uptime_quantile"]
+        plot_lines(
+            out / "f1_by_uptime.png",
+            {"7-day split": (list(range(len(f1))), f1)},
+            f"uptime quantile (uptime = q/{len(f1)} of lifetime)",
+            "F1",
+            "Repredictions with uptime (LAVA Figure 9)",
+        )
+    model_rows = [
+        {"metric": key, "value": value}
+        for key, value in model.items()
+        if key != "f1_by_uptime_quantile" and not isinstance(value, list)
+    ]
+    sections = [
+        "## Policies (empty hosts, stranding, migrations)\n",
+        markdown_table(summary["rows"], COLUMNS, FORMATS, HEADERS),
+        "## Lifetime model (§3, §6.4, §6.5)\n",
+        markdown_table(model_rows, ("metric", "value")),
+    ]
+    if summary["lars"]:
+        lars_rows = [{"key": k, "value": v} for k, v in summary["lars"].items()]
+        sections += ["## LARS migration order (§6.3, Table 2)\n", markdown_table(lars_rows, ("key", "value"))]
+    goal_rows = [
+        {"goal": name, "met": {True: "yes", False: "NO", None: "not run"}[g["met"]], "detail": g["detail"]}
+        for name, g in summary["goals"].items()
+    ]
+    sections += ["## Goals\n", markdown_table(goal_rows, ("goal", "met", "detail"))]
+    trace_rows = [{"statistic": k, "value": v} for k, v in summary["trace"].items()]
+    sections += ["## Trace (§2.1, Figure 2)\n", markdown_table(trace_rows, ("statistic", "value"))]
+    write_markdown(out, "results.md", "Lifetime-aware VM allocation (LAVA paper)", sections)
+    return sections
+
+
+def lava(
+    out: Annotated[
+        Path, typer.Option("--out", help="directory for summary.json, results.md and plots")
+    ] = Path("lava-report"),
+    trace: Annotated[
+        str, typer.Option(help="'synthetic' or 'azure:PATH' (an Azure vmtable.csv[.gz])")
+    ] = "synthetic",
+    hosts: Annotated[int, typer.Option(help="hosts in the pool")] = 100,
+    days: Annotated[float, typer.Option(help="days replayed")] = 14.0,
+    seed: Annotated[int, typer.Option(help="random seed (trace, history, inflation)")] = 0,
+    policies: Annotated[str, typer.Option(help="comma-separated: " + ",".join(POLICIES))] = ",".join(
+        POLICIES
+    ),
+    predictor: Annotated[str, typer.Option(help="comma-separated: " + ",".join(PREDICTORS))] = ",".join(
+        PREDICTORS
+    ),
+    utilisation: Annotated[
+        float, typer.Option(help="average share of cores allocated (demand target)")
+    ] = 0.7,
+    history_days: Annotated[float, typer.Option(help="days of history the model trains on")] = 21.0,
+    label: Annotated[str, typer.Option(help="model label: mean (E[T_r|T_u], §3) or log")] = "mean",
+    defrag_below: Annotated[float, typer.Option(help="defragment when empty hosts fall below this %")] = 5.0,
+    maintenance_every: Annotated[float, typer.Option(help="hours between maintenance rounds (0: off)")] = 6.0,
+    maintenance_hosts: Annotated[int, typer.Option(help="hosts drained per maintenance round")] = 2,
+) -> None:
+    """Replays a VM trace against a host pool under best fit, LA-Binary, LAS and LAVA."""
+    try:
+        config = StudyConfig(
+            trace=trace,
+            hosts=hosts,
+            days=days,
+            seed=seed,
+            policies=_split(policies, POLICIES, "policies"),
+            predictors=_split(predictor, PREDICTORS, "predictors"),
+            utilisation=utilisation,
+            history_days=history_days,
+            training=TrainingParams(label=LabelTransform(label)),
+            drain=DrainConfig(
+                defrag_below_pct=defrag_below,
+                maintenance_every=maintenance_every * HOUR,
+                maintenance_hosts=maintenance_hosts,
+            ),
+        )
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from err
+    with Progress(
+        TextColumn("{task.description:<22}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        tasks: dict[str, Any] = {}
+
+        def tell(what: str, fraction: float) -> None:
+            if what not in tasks:
+                tasks[what] = progress.add_task(what, total=1.0)
+            progress.update(tasks[what], completed=fraction)
+
+        summary = run_study(config, tell)
+    sections = write_report(summary, out)
+    console.print(sections[1])
+    console.print(sections[-3])
+    console.print(f"wrote {out / 'summary.json'}, {out / 'results.md'}, {out / 'empty_hosts.png'}")
+
+
+def register(eval_app: typer.Typer) -> None:
+    eval_app.command("lava")(lava)

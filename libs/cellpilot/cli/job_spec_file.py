@@ -1,0 +1,377 @@
+"""Job specs as YAML files: parsed into the v1 ``JobSpec`` with errors that point at the line.
+
+Example (every key except ``name``, ``user`` and ``limits`` is optional)::
+
+    name: web
+    user: alice
+    priority: 9                    # 0-11 (best effort 0-1, batch 2-8, production 9-10, monitoring 11)
+    app_class: latency-sensitive   # or batch
+    latency_sensitivity: high      # high (S_p95) or moderate (S_p90), Autopilot §3.2.2
+    oom_tolerance: low             # low, intermediate or minimal
+    task_count: 3
+    limits: {cpu: 500m, memory: 512Mi, disk: 1Gi, ports: 1}
+    memory_limit: hard             # or soft
+    packages: [web-server-1.2]
+    labels: {team: search}
+    constraints:
+      - {attribute: arch, op: "==", value: x86_64}            # hard unless soft: true
+    runtime:
+      simulated: {model: diurnal, params: {base_cpu_millicores: 300}, seed: 7}
+      # or: process: {command: python3, args: [-c, "..."]}
+    autopilot:
+      cpu: {mode: on, min: 100m, max: 4, recommender: auto}
+      memory: {mode: dry-run}
+      horizontal: {mode: on, min_tasks: 1, max_tasks: 20, target_utilization: 0.7}
+
+CPU quantities are cores (``0.5``, ``2``) or millicores (``500m``); memory and disk are bytes
+or ``Ki/Mi/Gi/Ti`` (binary) and ``K/M/G/T`` (decimal) suffixed numbers.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from cellpilot.api.v1 import job_pb2, resources_pb2
+
+
+@dataclass(frozen=True)
+class JobSpecError(Exception):
+    """A problem in a job spec file: where (line, column, field path) and what."""
+
+    path: str
+    line: int
+    column: int
+    message: str
+
+    def __str__(self) -> str:
+        where = f"line {self.line}, column {self.column}" if self.line else "the file"
+        field = f" ({self.path})" if self.path else ""
+        return f"{where}{field}: {self.message}"
+
+
+class _Node:
+    """A YAML node with its position, so every error can name its line."""
+
+    def __init__(self, node: yaml.Node, path: str) -> None:
+        self.node = node
+        self.path = path
+
+    def error(self, message: str) -> JobSpecError:
+        mark = self.node.start_mark
+        return JobSpecError(self.path, mark.line + 1, mark.column + 1, message)
+
+    def scalar(self) -> str:
+        if not isinstance(self.node, yaml.ScalarNode):
+            raise self.error("expected a single value")
+        return str(self.node.value)
+
+    def mapping(self, allowed: set[str]) -> dict[str, _Node]:
+        if not isinstance(self.node, yaml.MappingNode):
+            raise self.error("expected a mapping of keys to values")
+        result: dict[str, _Node] = {}
+        for key_node, value_node in self.node.value:
+            key = str(key_node.value)
+            child = _Node(value_node, f"{self.path}.{key}" if self.path else key)
+            if key not in allowed:
+                close = difflib.get_close_matches(key, sorted(allowed), n=1)
+                hint = (
+                    f"; did you mean {close[0]!r}?"
+                    if close
+                    else f"; known keys: {', '.join(sorted(allowed))}"
+                )
+                raise _Node(key_node, child.path).error(f"unknown key {key!r}{hint}")
+            if key in result:
+                raise _Node(key_node, child.path).error(f"key {key!r} appears twice")
+            result[key] = child
+        return result
+
+    def sequence(self) -> list[_Node]:
+        if not isinstance(self.node, yaml.SequenceNode):
+            raise self.error("expected a list")
+        return [_Node(item, f"{self.path}[{i}]") for i, item in enumerate(self.node.value)]
+
+    def integer(self, low: int, high: int) -> int:
+        text = self.scalar()
+        try:
+            value = int(text)
+        except ValueError:
+            raise self.error(f"expected a whole number, got {text!r}") from None
+        if not low <= value <= high:
+            raise self.error(f"must be between {low} and {high}, got {value}")
+        return value
+
+    def number(self, low: float, high: float) -> float:
+        text = self.scalar()
+        try:
+            value = float(text)
+        except ValueError:
+            raise self.error(f"expected a number, got {text!r}") from None
+        if not low <= value <= high:
+            raise self.error(f"must be between {low} and {high}, got {value}")
+        return value
+
+    def boolean(self) -> bool:
+        text = self.scalar().lower()
+        if text in ("true", "yes", "on"):
+            return True
+        if text in ("false", "no", "off"):
+            return False
+        raise self.error(f"expected true or false, got {text!r}")
+
+    def choice(self, options: Mapping[str, int]) -> Any:  # an enum ValueType of the generated code
+        text = self.scalar().lower().replace("_", "-")
+        if text not in options:
+            raise self.error(f"must be one of {', '.join(options)}, got {text!r}")
+        return options[text]
+
+    def name(self) -> str:
+        text = self.scalar()
+        if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,62}", text):
+            raise self.error(
+                "must be 1-63 characters of a-z, 0-9, '.', '_' or '-', starting with a letter or digit"
+            )
+        return text
+
+
+_MEMORY_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+                 "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}  # fmt: skip
+MAX_CPU_MILLICORES = 10_000_000  # 10 000 cores: beyond any machine
+MAX_BYTES = 2**50  # 1 PiB
+
+
+def _millicores(node: _Node) -> int:
+    text = node.scalar().strip().lower()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(m?)", text)
+    if match is None:
+        raise node.error(f"expected cores (e.g. 0.5, 2) or millicores (e.g. 500m), got {text!r}")
+    value = float(match.group(1)) * (1 if match.group(2) else 1000)
+    if value > MAX_CPU_MILLICORES:
+        raise node.error(f"{text} is more CPU than any machine has")
+    return round(value)
+
+
+def _bytes(node: _Node) -> int:
+    text = node.scalar().strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGTkmgt]i?)?[Bb]?", text)
+    if match is None:
+        raise node.error(f"expected bytes or a size like 512Mi or 2Gi, got {text!r}")
+    value = float(match.group(1)) * _MEMORY_UNITS[(match.group(2) or "").lower()]
+    if value > MAX_BYTES:
+        raise node.error(f"{text} is larger than 1 PiB")
+    return round(value)
+
+
+def _options(enum: Any, prefix: str) -> dict[str, int]:
+    return {
+        name.removeprefix(prefix).lower().replace("_", "-"): value
+        for name, value in enum.items()
+        if not name.endswith("_UNSPECIFIED")
+    }
+
+
+APP_CLASSES = _options(job_pb2.AppClass, "APP_CLASS_")
+SENSITIVITIES = _options(job_pb2.LatencySensitivity, "LATENCY_SENSITIVITY_")
+OOM_TOLERANCES = _options(job_pb2.OomTolerance, "OOM_TOLERANCE_")
+MEMORY_LIMIT_KINDS = _options(job_pb2.MemoryLimitKind, "MEMORY_LIMIT_KIND_")
+SCALING_MODES = _options(job_pb2.ScalingMode, "SCALING_MODE_")
+RECOMMENDERS = _options(job_pb2.RecommenderKind, "RECOMMENDER_KIND_")
+STATISTICS = _options(job_pb2.HorizontalStatistic, "HORIZONTAL_STATISTIC_")
+SOURCES = _options(job_pb2.HorizontalSource, "HORIZONTAL_SOURCE_")
+OPERATORS = {"==": job_pb2.CONSTRAINT_OPERATOR_EQUAL, "!=": job_pb2.CONSTRAINT_OPERATOR_NOT_EQUAL,
+             "<": job_pb2.CONSTRAINT_OPERATOR_LESS_THAN, ">": job_pb2.CONSTRAINT_OPERATOR_GREATER_THAN,
+             "exists": job_pb2.CONSTRAINT_OPERATOR_EXISTS,
+             "not-exists": job_pb2.CONSTRAINT_OPERATOR_NOT_EXISTS}  # fmt: skip
+
+
+def _limits(node: _Node) -> resources_pb2.Resources:
+    fields = node.mapping({"cpu", "memory", "disk", "ports"})
+    for required in ("cpu", "memory"):
+        if required not in fields:
+            raise node.error(f"limits need {required!r}")
+    return resources_pb2.Resources(
+        cpu_millicores=_millicores(fields["cpu"]),
+        memory_bytes=_bytes(fields["memory"]),
+        disk_bytes=_bytes(fields["disk"]) if "disk" in fields else 0,
+        ports=fields["ports"].integer(0, 1000) if "ports" in fields else 0,
+    )
+
+
+def _constraint(node: _Node) -> job_pb2.Constraint:
+    fields = node.mapping({"attribute", "op", "value", "soft"})
+    if "attribute" not in fields or "op" not in fields:
+        raise node.error("a constraint needs 'attribute' and 'op'")
+    op = fields["op"].choice(OPERATORS)
+    needs_value = op not in (job_pb2.CONSTRAINT_OPERATOR_EXISTS, job_pb2.CONSTRAINT_OPERATOR_NOT_EXISTS)
+    if needs_value and "value" not in fields:
+        raise node.error(f"op {fields['op'].scalar()!r} needs a 'value'")
+    soft = fields["soft"].boolean() if "soft" in fields else False
+    return job_pb2.Constraint(
+        attribute=fields["attribute"].scalar(),
+        operator=op,
+        value=fields["value"].scalar() if "value" in fields else "",
+        kind=job_pb2.CONSTRAINT_KIND_SOFT if soft else job_pb2.CONSTRAINT_KIND_HARD,
+    )
+
+
+def _runtime(node: _Node) -> job_pb2.RuntimeSpec:
+    fields = node.mapping({"simulated", "process"})
+    if len(fields) != 1:
+        raise node.error("runtime needs exactly one of 'simulated' or 'process'")
+    if "process" in fields:
+        p = fields["process"].mapping({"command", "args", "env"})
+        if "command" not in p:
+            raise fields["process"].error("a process runtime needs a 'command'")
+        env = {k: v.scalar() for k, v in p["env"].mapping(set(_keys(p["env"]))).items()} if "env" in p else {}
+        return job_pb2.RuntimeSpec(
+            process=job_pb2.ProcessRuntime(
+                command=p["command"].scalar(),
+                args=[a.scalar() for a in p["args"].sequence()] if "args" in p else [],
+                env=env,
+            )
+        )
+    s = fields["simulated"].mapping(
+        {"model", "params", "seed", "duration_seconds", "startup_seconds", "trace"}
+    )
+    params = {}
+    if "params" in s:
+        params = {k: v.number(-1e18, 1e18) for k, v in s["params"].mapping(set(_keys(s["params"]))).items()}
+    return job_pb2.RuntimeSpec(
+        simulated=job_pb2.SimulatedRuntime(
+            usage_model=s["model"].scalar() if "model" in s else "steady",
+            params=params,
+            trace_uri=s["trace"].scalar() if "trace" in s else "",
+            seed=s["seed"].integer(0, 2**63 - 1) if "seed" in s else 0,
+            duration_seconds=s["duration_seconds"].integer(0, 10**9) if "duration_seconds" in s else 0,
+            startup_seconds=s["startup_seconds"].integer(0, 10**6) if "startup_seconds" in s else 0,
+        )
+    )
+
+
+def _keys(node: _Node) -> list[str]:
+    if not isinstance(node.node, yaml.MappingNode):
+        raise node.error("expected a mapping of keys to values")
+    return [str(k.value) for k, _ in node.node.value]
+
+
+def _vertical(node: _Node, quantity: Callable[[_Node], int]) -> job_pb2.VerticalScalingConfig:
+    fields = node.mapping({"mode", "min", "max", "recommender", "custom_recommender"})
+    config = job_pb2.VerticalScalingConfig(
+        mode=fields["mode"].choice(SCALING_MODES) if "mode" in fields else job_pb2.SCALING_MODE_ON,
+        min_limit=quantity(fields["min"]) if "min" in fields else 0,
+        max_limit=quantity(fields["max"]) if "max" in fields else 0,
+    )
+    if config.min_limit and config.max_limit and config.min_limit > config.max_limit:
+        raise fields["min"].error("min is above max")
+    if "recommender" in fields:
+        config.recommender.kind = fields["recommender"].choice(RECOMMENDERS)
+        if config.recommender.kind == job_pb2.RECOMMENDER_KIND_CUSTOM:
+            if "custom_recommender" not in fields:
+                raise fields["recommender"].error("recommender 'custom' needs 'custom_recommender: NAME'")
+            config.recommender.custom_name = fields["custom_recommender"].name()
+    return config
+
+
+_HORIZONTAL_KEYS = {"mode", "min_tasks", "max_tasks", "source", "target_utilization", "statistic",
+                    "averaging_window_seconds", "horizon_seconds", "target_size_recommender",
+                    "deferred_downscaling_seconds", "slow_decay_half_period_seconds",
+                    "small_change_fraction", "max_initializing_fraction"}  # fmt: skip
+
+
+def _horizontal(node: _Node) -> job_pb2.HorizontalScalingConfig:
+    f = node.mapping(_HORIZONTAL_KEYS)
+    h = job_pb2.HorizontalScalingConfig(
+        mode=f["mode"].choice(SCALING_MODES) if "mode" in f else job_pb2.SCALING_MODE_ON
+    )
+    for key in ("min_tasks", "max_tasks"):
+        if key in f:
+            setattr(h, key, f[key].integer(0, 100_000))
+    for key in ("averaging_window_seconds", "horizon_seconds", "deferred_downscaling_seconds",
+                "slow_decay_half_period_seconds"):  # fmt: skip
+        if key in f:
+            setattr(h, key, f[key].integer(1, 10**8))
+    for key, low in (
+        ("target_utilization", 0.01),
+        ("small_change_fraction", 0.0),
+        ("max_initializing_fraction", 0.0),
+    ):
+        if key in f:
+            setattr(h, key, f[key].number(low, 1.0))
+    if "source" in f:
+        h.source = f["source"].choice(SOURCES)
+    if "statistic" in f:
+        h.statistic = f["statistic"].choice(STATISTICS)
+    if "target_size_recommender" in f:
+        h.target_size_recommender = f["target_size_recommender"].name()
+    if h.min_tasks and h.max_tasks and h.min_tasks > h.max_tasks:
+        raise f["min_tasks"].error("min_tasks is above max_tasks")
+    if (
+        h.source != job_pb2.HORIZONTAL_SOURCE_TARGET_SIZE
+        and h.mode != job_pb2.SCALING_MODE_OFF
+        and not h.target_utilization
+    ):
+        raise node.error(
+            "horizontal scaling on CPU utilisation needs target_utilization (r*, Autopilot §3.3)"
+        )
+    return h
+
+
+_TOP_KEYS = {"name", "user", "priority", "app_class", "latency_sensitivity", "oom_tolerance", "task_count",
+             "limits", "memory_limit", "packages", "labels", "constraints", "runtime", "autopilot",
+             "alloc_set"}  # fmt: skip
+
+
+def parse_job_spec(text: str) -> job_pb2.JobSpec:
+    """Parse one job spec document; raises :class:`JobSpecError` naming line and field."""
+    try:
+        document = yaml.compose(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line, column = (mark.line + 1, mark.column + 1) if mark else (0, 0)
+        raise JobSpecError("", line, column, f"not valid YAML: {getattr(error, 'problem', error)}") from None
+    if document is None:
+        raise JobSpecError("", 0, 0, "the file is empty")
+    root = _Node(document, "")
+    f = root.mapping(_TOP_KEYS)
+    for required in ("name", "user", "limits"):
+        if required not in f:
+            raise root.error(f"missing required key {required!r}")
+    spec = job_pb2.JobSpec(
+        name=f["name"].name(),
+        user=f["user"].name(),
+        priority=f["priority"].integer(0, 11) if "priority" in f else 2,
+        task_count=f["task_count"].integer(0, 100_000) if "task_count" in f else 1,
+        app_class=f["app_class"].choice(APP_CLASSES) if "app_class" in f else job_pb2.APP_CLASS_BATCH,
+    )
+    if "latency_sensitivity" in f:
+        spec.latency_sensitivity = f["latency_sensitivity"].choice(SENSITIVITIES)
+    if "oom_tolerance" in f:
+        spec.oom_tolerance = f["oom_tolerance"].choice(OOM_TOLERANCES)
+    spec.task.limits.CopyFrom(_limits(f["limits"]))
+    if "memory_limit" in f:
+        spec.task.memory_limit_kind = f["memory_limit"].choice(MEMORY_LIMIT_KINDS)
+    if "packages" in f:
+        spec.task.package_ids.extend(p.scalar() for p in f["packages"].sequence())
+    if "runtime" in f:
+        spec.task.runtime.CopyFrom(_runtime(f["runtime"]))
+    if "labels" in f:
+        for key, value in f["labels"].mapping(set(_keys(f["labels"]))).items():
+            spec.labels[key] = value.scalar()
+    if "constraints" in f:
+        spec.constraints.extend(_constraint(c) for c in f["constraints"].sequence())
+    if "alloc_set" in f:
+        spec.alloc_set_job_id = f["alloc_set"].scalar()
+    if "autopilot" in f:
+        a = f["autopilot"].mapping({"cpu", "memory", "horizontal"})
+        if "cpu" in a:
+            spec.autopilot.cpu.CopyFrom(_vertical(a["cpu"], _millicores))
+        if "memory" in a:
+            spec.autopilot.memory.CopyFrom(_vertical(a["memory"], _bytes))
+        if "horizontal" in a:
+            spec.autopilot.horizontal.CopyFrom(_horizontal(a["horizontal"]))
+    return spec

@@ -1,0 +1,24 @@
+"""Entry point of the ``cellpilot`` command: one sub-command group per area."""
+
+from __future__ import annotations
+
+import typer
+
+from cellpilot.cli import run, stack
+
+app = typer.Typer(
+    name="cellpilot",
+    help="Cellpilot: Borg, Autopilot, GPA and LAVA as one open cluster manager.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+eval_app = typer.Typer(help="Offline studies that reproduce the papers' comparisons.", no_args_is_help=True)
+
+app.add_typer(stack.app, name="stack")
+app.add_typer(eval_app, name="eval")
+app.command("run")(run.run)
+app.command("stop")(run.stop)
+
+
+if __name__ == "__main__":
+    app()

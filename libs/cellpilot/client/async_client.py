@@ -1,0 +1,255 @@
+"""The asynchronous Python client of the v1 API (Borgmaster, Autopilot, Monitoring).
+
+    async with CellpilotClient(borgmaster=["127.0.0.1:50051", "127.0.0.1:50052"]) as client:
+        job = await client.borgmaster.submit_job(spec)
+
+Every method takes and returns the v1 protobuf messages (typed through the generated stubs).
+Mutations get a request id once per logical call, so retries after a failover never apply
+twice. Errors are :mod:`cellpilot.client.errors` exceptions.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TypeVar, cast
+
+import grpc
+from google.protobuf.field_mask_pb2 import FieldMask
+from google.protobuf.message import Message
+
+from cellpilot.api.v1 import (
+    autopilot_pb2,
+    autopilot_pb2_grpc,
+    borgmaster_pb2,
+    borgmaster_pb2_grpc,
+    job_pb2,
+    machine_pb2,
+    monitoring_pb2,
+    monitoring_pb2_grpc,
+    state_pb2,
+    usage_pb2,
+)
+from cellpilot.client.failover import ReplicaChannels, RetryPolicy
+
+R = TypeVar("R", bound=Message)
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class _ServiceClient:
+    def __init__(
+        self, replicas: ReplicaChannels, policy: RetryPolicy, metadata: Sequence[tuple[str, str]]
+    ) -> None:
+        self._replicas = replicas
+        self._policy = policy
+        self._metadata = tuple(metadata)
+
+    async def _call(self, stub_type: type, method: str, request: Message, response: type[R]) -> R:
+        async def attempt(channel: grpc.aio.Channel, deadline_s: float) -> R:
+            rpc = getattr(stub_type(channel), method)
+            return cast(R, await rpc(request, timeout=deadline_s, metadata=self._metadata))
+
+        return await self._replicas.call(method, attempt, self._policy)
+
+
+class BorgmasterClient(_ServiceClient):
+    """Jobs, tasks, machines and quotas; writes go to the elected master wherever it is."""
+
+    async def _bm(self, method: str, request: Message, response: type[R]) -> R:
+        return await self._call(borgmaster_pb2_grpc.BorgmasterStub, method, request, response)
+
+    async def submit_job(
+        self, spec: job_pb2.JobSpec, request_id: str = ""
+    ) -> borgmaster_pb2.SubmitJobResponse:
+        request = borgmaster_pb2.SubmitJobRequest(request_id=request_id or new_request_id(), spec=spec)
+        return await self._bm("SubmitJob", request, borgmaster_pb2.SubmitJobResponse)
+
+    async def update_job(
+        self,
+        job_id: str,
+        spec: job_pb2.JobSpec,
+        paths: Sequence[str],
+        *,
+        expected_spec_version: int = 0,
+        fencing_token: int = 0,
+        release_hold: bool = False,
+        max_disruptions: int = 0,
+        request_id: str = "",
+    ) -> borgmaster_pb2.UpdateJobResponse:
+        request = borgmaster_pb2.UpdateJobRequest(
+            request_id=request_id or new_request_id(),
+            job_id=job_id,
+            spec=spec,
+            update_mask=FieldMask(paths=list(paths)),
+            expected_spec_version=expected_spec_version,
+            fencing_token=fencing_token,
+            release_hold=release_hold,
+            policy=borgmaster_pb2.UpdatePolicy(max_disruptions=max_disruptions),
+        )
+        return await self._bm("UpdateJob", request, borgmaster_pb2.UpdateJobResponse)
+
+    async def kill_job(self, job_id: str, request_id: str = "") -> borgmaster_pb2.KillJobResponse:
+        request = borgmaster_pb2.KillJobRequest(request_id=request_id or new_request_id(), job_id=job_id)
+        return await self._bm("KillJob", request, borgmaster_pb2.KillJobResponse)
+
+    async def get_job(self, job_id: str, include_tasks: bool = False) -> borgmaster_pb2.GetJobResponse:
+        request = borgmaster_pb2.GetJobRequest(job_id=job_id, include_tasks=include_tasks)
+        return await self._bm("GetJob", request, borgmaster_pb2.GetJobResponse)
+
+    async def list_jobs(
+        self, request: borgmaster_pb2.ListJobsRequest | None = None
+    ) -> list[state_pb2.JobStatus]:
+        """Every page of ListJobs, concatenated."""
+        request = request or borgmaster_pb2.ListJobsRequest()
+        jobs: list[state_pb2.JobStatus] = []
+        while True:
+            page: borgmaster_pb2.ListJobsResponse = await self._bm(
+                "ListJobs", request, borgmaster_pb2.ListJobsResponse
+            )
+            jobs.extend(page.jobs)
+            if not page.next_page_token:
+                return jobs
+            request.page_token = page.next_page_token
+
+    async def get_task(self, job_id: str, task_index: int) -> borgmaster_pb2.GetTaskResponse:
+        request = borgmaster_pb2.GetTaskRequest(job_id=job_id, task_index=task_index)
+        return await self._bm("GetTask", request, borgmaster_pb2.GetTaskResponse)
+
+    async def why_pending(
+        self, job_id: str, task_index: int | None = None
+    ) -> borgmaster_pb2.WhyPendingResponse:
+        request = borgmaster_pb2.WhyPendingRequest(job_id=job_id)
+        if task_index is not None:
+            request.task_index = task_index
+        return await self._bm("WhyPending", request, borgmaster_pb2.WhyPendingResponse)
+
+    async def list_machines(
+        self, request: borgmaster_pb2.ListMachinesRequest | None = None
+    ) -> list[machine_pb2.Machine]:
+        request = request or borgmaster_pb2.ListMachinesRequest()
+        machines: list[machine_pb2.Machine] = []
+        while True:
+            page: borgmaster_pb2.ListMachinesResponse = await self._bm(
+                "ListMachines", request, borgmaster_pb2.ListMachinesResponse
+            )
+            machines.extend(page.machines)
+            if not page.next_page_token:
+                return machines
+            request.page_token = page.next_page_token
+
+    async def get_quota(self, user: str = "") -> borgmaster_pb2.GetQuotaResponse:
+        return await self._bm(
+            "GetQuota", borgmaster_pb2.GetQuotaRequest(user=user), borgmaster_pb2.GetQuotaResponse
+        )
+
+    async def set_quota(self, request: borgmaster_pb2.SetQuotaRequest) -> borgmaster_pb2.SetQuotaResponse:
+        if not request.request_id:
+            request.request_id = new_request_id()
+        return await self._bm("SetQuota", request, borgmaster_pb2.SetQuotaResponse)
+
+    async def get_leader(self) -> borgmaster_pb2.GetLeaderResponse:
+        return await self._bm(
+            "GetLeader", borgmaster_pb2.GetLeaderRequest(), borgmaster_pb2.GetLeaderResponse
+        )
+
+
+class AutopilotClient(_ServiceClient):
+    """Recommendations and per-job Autopilot configuration (Autopilot §3.1)."""
+
+    async def _ap(self, method: str, request: Message, response: type[R]) -> R:
+        return await self._call(autopilot_pb2_grpc.AutopilotStub, method, request, response)
+
+    async def get_recommendation(
+        self, job_id: str, include_candidates: bool = True
+    ) -> autopilot_pb2.GetRecommendationResponse:
+        request = autopilot_pb2.GetRecommendationRequest(job_id=job_id, include_candidates=include_candidates)
+        return await self._ap("GetRecommendation", request, autopilot_pb2.GetRecommendationResponse)
+
+    async def list_recommendations(
+        self, request: autopilot_pb2.ListRecommendationsRequest | None = None
+    ) -> list[autopilot_pb2.JobRecommendations]:
+        request = request or autopilot_pb2.ListRecommendationsRequest()
+        items: list[autopilot_pb2.JobRecommendations] = []
+        while True:
+            page: autopilot_pb2.ListRecommendationsResponse = await self._ap(
+                "ListRecommendations", request, autopilot_pb2.ListRecommendationsResponse
+            )
+            items.extend(page.recommendations)
+            if not page.next_page_token:
+                return items
+            request.page_token = page.next_page_token
+
+    async def get_config(self, job_id: str) -> autopilot_pb2.GetAutopilotConfigResponse:
+        request = autopilot_pb2.GetAutopilotConfigRequest(job_id=job_id)
+        return await self._ap("GetAutopilotConfig", request, autopilot_pb2.GetAutopilotConfigResponse)
+
+    async def set_config(
+        self, job_id: str, config: job_pb2.AutopilotConfig, request_id: str = ""
+    ) -> autopilot_pb2.SetAutopilotConfigResponse:
+        request = autopilot_pb2.SetAutopilotConfigRequest(
+            request_id=request_id or new_request_id(), job_id=job_id, config=config
+        )
+        return await self._ap("SetAutopilotConfig", request, autopilot_pb2.SetAutopilotConfigResponse)
+
+    async def list_recommenders(self) -> autopilot_pb2.ListRecommendersResponse:
+        return await self._ap(
+            "ListRecommenders",
+            autopilot_pb2.ListRecommendersRequest(),
+            autopilot_pb2.ListRecommendersResponse,
+        )
+
+
+class MonitoringClient(_ServiceClient):
+    """Usage history: per-job histograms and per-task usage windows (Autopilot §3.2.1)."""
+
+    async def histogram_history(
+        self, request: monitoring_pb2.GetHistogramHistoryRequest
+    ) -> list[usage_pb2.UsageHistogram]:
+        histograms: list[usage_pb2.UsageHistogram] = []
+        while True:
+            page = await self._call(
+                monitoring_pb2_grpc.MonitoringStub,
+                "GetHistogramHistory",
+                request,
+                monitoring_pb2.GetHistogramHistoryResponse,
+            )
+            histograms.extend(page.histograms)
+            if not page.next_page_token:
+                return histograms
+            request.page_token = page.next_page_token
+
+
+class CellpilotClient:
+    """One client for the whole API. Pass the addresses of each service's replicas you use."""
+
+    def __init__(
+        self,
+        borgmaster: Sequence[str] = ("127.0.0.1:50051",),
+        autopilot: Sequence[str] = ("127.0.0.1:50061",),
+        monitoring: Sequence[str] = ("127.0.0.1:50071",),
+        *,
+        token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        policy: RetryPolicy = RetryPolicy(),
+    ) -> None:
+        metadata = [("authorization", f"Bearer {token}")] if token else []
+        self._replicas = [ReplicaChannels(a, credentials) for a in (borgmaster, autopilot, monitoring)]
+        self.borgmaster = BorgmasterClient(self._replicas[0], policy, metadata)
+        self.autopilot = AutopilotClient(self._replicas[1], policy, metadata)
+        self.monitoring = MonitoringClient(self._replicas[2], policy, metadata)
+
+    async def close(self) -> None:
+        for replicas in self._replicas:
+            await replicas.close()
+
+    async def __aenter__(self) -> CellpilotClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

@@ -1,0 +1,118 @@
+"""Calling a replicated service: find the master, follow redirects, retry with backoff.
+
+The Borgmaster's followers refuse writes with FAILED_PRECONDITION and name the master in
+the ``cellpilot-leader`` trailing metadata (see borgmaster.proto). The client moves to that
+address at once; when a replica is unreachable it tries the next one, backing off
+exponentially, until the call's retry budget is spent. Retrying a mutation is safe because
+the request id is chosen once per logical call and the server deduplicates by it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+
+from cellpilot.client.errors import error_from_status
+
+LEADER_METADATA_KEY = "cellpilot-leader"
+T = TypeVar("T")
+
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    budget_s: float = 30.0  # give up after this long
+    initial_backoff_s: float = 0.1
+    max_backoff_s: float = 2.0
+    call_timeout_s: float = 10.0  # deadline of one attempt
+
+
+def leader_hint(error: grpc.aio.AioRpcError) -> str | None:
+    """The master's address a follower named, if this is a "not the master" refusal."""
+    if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
+        return None
+    for key, value in error.trailing_metadata() or ():
+        if key == LEADER_METADATA_KEY and value:
+            return value if isinstance(value, str) else value.decode()
+    return None
+
+
+class ReplicaChannels:
+    """Channels to the replicas of one service, remembering which one is the master."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        credentials: grpc.ChannelCredentials | None = None,
+        options: Sequence[tuple[str, object]] = (),
+    ) -> None:
+        if not addresses:
+            raise ValueError("at least one address is needed")
+        self.addresses = list(addresses)
+        self.credentials = credentials
+        self.options = list(options)
+        self.preferred = 0
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        if address not in self._channels:
+            if self.credentials is None:
+                self._channels[address] = grpc.aio.insecure_channel(address, options=self.options)
+            else:
+                self._channels[address] = grpc.aio.secure_channel(address, self.credentials, self.options)
+        return self._channels[address]
+
+    def prefer(self, address: str) -> None:
+        if address not in self.addresses:
+            # A master may name an address we cannot reach (inside a container network);
+            # try it first, but keep the configured ones to fall back on.
+            self.addresses.append(address)
+        self.preferred = self.addresses.index(address)
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    async def call(
+        self, method: str, attempt: Callable[[grpc.aio.Channel, float], Awaitable[T]], policy: RetryPolicy
+    ) -> T:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + policy.budget_s
+        backoff = policy.initial_backoff_s
+        index = self.preferred
+        redirects = 0
+        last: grpc.aio.AioRpcError | None = None
+        while True:
+            address = self.addresses[index % len(self.addresses)]
+            try:
+                result = await attempt(self.channel(address), policy.call_timeout_s)
+                self.preferred = index % len(self.addresses)
+                return result
+            except grpc.aio.AioRpcError as error:
+                last = error
+                hint = leader_hint(error)
+                if hint is not None and hint != address and redirects < len(self.addresses):
+                    # Follow the redirect at once, but not forever: during an election two
+                    # replicas may briefly name each other; then back off like any failure.
+                    redirects += 1
+                    self.prefer(hint)
+                    index = self.preferred
+                    continue
+                redirects = 0
+                if error.code() not in RETRYABLE and hint is None:
+                    raise error_from_status(error.code(), error.details() or "", method) from error
+            if loop.time() + backoff > deadline:
+                assert last is not None
+                raise error_from_status(
+                    last.code(), f"no replica of {self.addresses} answered: {last.details()}", method
+                ) from last
+            await asyncio.sleep(backoff * (0.5 + random.random() / 2))
+            backoff = min(backoff * 2, policy.max_backoff_s)
+            index += 1

@@ -1,0 +1,368 @@
+"""Autopilot's evaluation metrics (§4.1.1, §4.3 Table 2, §4.4 Figure 7) per job-day, and their summary.
+
+Per job and calendar day, from 5-minute windows (§4.1.1):
+
+* **footprint**: the sum over tasks of their average limit weighted by their runtime that
+  day, i.e. the sum over task-windows of limit x (window / day);
+* **relative slack**: (limit - usage) / limit, with *usage* the 95 %ile of all 5-minute
+  average usage values of all the job's tasks that day and *limit* the average limit over
+  the day (runtime-weighted over the task-windows);
+* **absolute slack**: limit-seconds minus usage-seconds over all tasks (5-minute
+  averages), divided by one day: a number of bytes held but not used, on average;
+* **relative OOM rate**: OOMs during the day / the average number of running tasks;
+* **OOM-free** job-days, and job-days **seriously impacted by OOMs** (§4.3): at least
+  max(n, f x tasks) OOMs for each (n, f) row of Table 2. The caption's "if 5, or 1/7th of
+  the job's tasks (whichever is higher) are terminated" is read as ">="; "tasks" is the
+  day's average number of running tasks (the relative OOM rate's denominator);
+* **limit changes** per job-day (Figure 7).
+
+Footprint and absolute slack are normalised by a machine's memory (§4.1.1: "the amount of
+memory a single (largish) machine has"); fleet totals are sums over job-days divided by the
+number of measured days ("summed over our sample ... and averaged over the month", §4.2).
+
+Pure numpy: :class:`DayAccumulator` collects one day of windows for a chunk of jobs,
+:func:`close_day` turns it into :class:`JobDays` rows, :func:`summarise` and :func:`goals`
+aggregate them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+F32 = npt.NDArray[np.float32]
+IntArray = npt.NDArray[np.int64]
+IntpArray = npt.NDArray[np.intp]
+BoolArray = npt.NDArray[np.bool_]
+
+# Table 2: (number of OOMs, fraction of tasks); a job-day is seriously impacted when its
+# OOMs reach the larger of the two.
+TABLE2_ROWS: tuple[tuple[int, int], ...] = ((5, 7), (4, 5), (4, 7), (4, 10), (3, 7))  # (n, 1/f)
+USAGE_PERCENTILE = 95.0  # §4.1.1: the 95 %ile of 5-minute average usage
+OOM_TOLERANCES: tuple[str, ...] = ("minimal", "low", "intermediate")  # OomTolerance values, by code
+
+
+def table2_label(row: tuple[int, int]) -> str:
+    return f"{row[0]} OOMs or 1/{row[1]} of tasks"
+
+
+@dataclass(frozen=True, eq=False)
+class JobDays:
+    """One row per job-day; CPU columns are NaN when CPU is not replayed."""
+
+    job_id: IntArray
+    day: IntArray
+    serving: BoolArray  # the job is a serving job (the paper's population, §4.1.2)
+    oom_tolerance: IntArray  # index into OOM_TOLERANCES
+    tasks: FloatArray  # average running tasks
+    footprint: FloatArray  # bytes (runtime-weighted sum of limits / day)
+    absolute_slack: FloatArray  # bytes
+    average_limit: FloatArray  # bytes
+    usage_p95: FloatArray  # bytes
+    relative_slack: FloatArray
+    ooms: IntArray
+    relative_oom_rate: FloatArray
+    limit_changes: IntArray
+    cpu_relative_slack: FloatArray
+    cpu_throttled_fraction: FloatArray
+
+    def __len__(self) -> int:
+        return int(self.job_id.shape[0])
+
+    @classmethod
+    def empty(cls) -> JobDays:
+        kinds: dict[str, type[np.generic]] = {"serving": np.bool_}
+        kinds |= dict.fromkeys(("job_id", "day", "ooms", "limit_changes", "oom_tolerance"), np.int64)
+        return cls(**{f.name: np.zeros(0, dtype=kinds.get(f.name, np.float64)) for f in fields(cls)})  # type: ignore[arg-type]
+
+    @classmethod
+    def concat(cls, parts: Sequence[JobDays]) -> JobDays:
+        if not parts:
+            return cls.empty()
+        return cls(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)})
+
+    def select(self, mask: BoolArray) -> JobDays:
+        return type(self)(**{f.name: getattr(self, f.name)[mask] for f in fields(self)})
+
+
+def seriously_impacted(ooms: npt.ArrayLike, tasks: npt.ArrayLike, count: int, fraction: float) -> BoolArray:
+    """Table 2: at least max(count, fraction x tasks) OOMs (and at least one)."""
+    o = np.asarray(ooms, dtype=np.float64)
+    threshold = np.maximum(float(count), fraction * np.asarray(tasks, dtype=np.float64))
+    return np.asarray((o >= threshold) & (o > 0), dtype=bool)
+
+
+class DayAccumulator:
+    """Sums over one day of windows for a chunk of jobs whose tasks are contiguous columns.
+
+    ``add`` takes one window: each task's limit, 5-minute average usage and runtime weight
+    (1 = ran the whole window; NaN usage where it did not run), its OOMs, and each job's
+    limit changes. ``close_day`` turns the day into :class:`JobDays` rows.
+    """
+
+    def __init__(self, bounds: IntpArray, windows_per_day: int) -> None:
+        self.bounds = np.asarray(bounds, dtype=np.intp)  # (J + 1,) column offsets of each job
+        self.windows_per_day = windows_per_day
+        tasks = int(self.bounds[-1])
+        jobs = self.bounds.shape[0] - 1
+        self.usage = np.full((windows_per_day, tasks), np.nan, dtype=np.float32)
+        self.limit_weighted = np.zeros(tasks)
+        self.usage_weighted = np.zeros(tasks)
+        self.weight = np.zeros(tasks)
+        self.ooms = np.zeros(tasks, dtype=np.int64)
+        self.changes = np.zeros(jobs, dtype=np.int64)
+        self.cpu_limit_weighted = np.zeros(tasks)
+        self.cpu_weight = np.zeros(tasks)
+        self.cpu_usage = np.full((windows_per_day, tasks), np.nan, dtype=np.float32)
+        self.cpu_demand = np.zeros(tasks)
+        self.cpu_served = np.zeros(tasks)
+        self.with_cpu = False
+
+    def add(
+        self,
+        slot: int,
+        limit: FloatArray,
+        usage: FloatArray,
+        weight: FloatArray,
+        ooms: BoolArray,
+        changes: IntArray,
+    ) -> None:
+        running = weight > 0.0
+        self.usage[slot] = np.where(running, usage, np.nan)
+        self.limit_weighted += np.where(running, limit * weight, 0.0)
+        self.usage_weighted += np.where(running, usage * weight, 0.0)
+        self.weight += weight
+        self.ooms += ooms
+        self.changes += changes
+
+    def add_cpu(
+        self,
+        slot: int,
+        limit: FloatArray,
+        served_mean: FloatArray,
+        demand_mean: FloatArray,
+        weight: FloatArray,
+    ) -> None:
+        """CPU of one window: limit, throttled (served) and offered (demand) average usage."""
+        self.with_cpu = True
+        running = weight > 0.0
+        self.cpu_usage[slot] = np.where(running, served_mean, np.nan)
+        self.cpu_limit_weighted += np.where(running, limit * weight, 0.0)
+        self.cpu_weight += weight
+        self.cpu_demand += np.where(running, demand_mean * weight, 0.0)
+        self.cpu_served += np.where(running, served_mean * weight, 0.0)
+
+    def reset(self) -> None:
+        self.usage.fill(np.nan)
+        self.cpu_usage.fill(np.nan)
+        for array in (
+            self.limit_weighted,
+            self.usage_weighted,
+            self.weight,
+            self.ooms,
+            self.changes,
+            self.cpu_limit_weighted,
+            self.cpu_weight,
+            self.cpu_demand,
+            self.cpu_served,
+        ):
+            array.fill(0)
+
+    def close_day(self, job_ids: IntArray, day: int, serving: BoolArray, oom_tolerance: IntArray) -> JobDays:
+        """The day's rows for jobs that ran at all; resets the accumulator."""
+        starts = self.bounds[:-1]
+        per_day = float(self.windows_per_day)
+
+        def per_job(values: npt.NDArray[Any]) -> FloatArray:
+            return np.asarray(np.add.reduceat(values.astype(np.float64), starts), dtype=np.float64)
+
+        weight = per_job(self.weight)
+        limit_w = per_job(self.limit_weighted)
+        usage_w = per_job(self.usage_weighted)
+        ran = weight > 0.0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            average_limit = limit_w / weight
+        usage_p95 = np.full(weight.shape, np.nan)
+        cpu_slack = np.full(weight.shape, np.nan)
+        cpu_throttled = np.full(weight.shape, np.nan)
+        cpu_weight = per_job(self.cpu_weight) if self.with_cpu else None
+        cpu_limit = per_job(self.cpu_limit_weighted) if self.with_cpu else None
+        cpu_demand = per_job(self.cpu_demand) if self.with_cpu else None
+        cpu_served = per_job(self.cpu_served) if self.with_cpu else None
+        for j in np.flatnonzero(ran):
+            lo, hi = int(self.bounds[j]), int(self.bounds[j + 1])
+            values = self.usage[:, lo:hi]
+            values = values[~np.isnan(values)]
+            if values.size:
+                usage_p95[j] = float(np.percentile(values, USAGE_PERCENTILE))
+            if cpu_weight is not None and cpu_limit is not None and cpu_weight[j] > 0:
+                cpu_values = self.cpu_usage[:, lo:hi]
+                cpu_values = cpu_values[~np.isnan(cpu_values)]
+                average = cpu_limit[j] / cpu_weight[j]
+                if cpu_values.size and average > 0:
+                    cpu_slack[j] = (average - float(np.percentile(cpu_values, USAGE_PERCENTILE))) / average
+        if cpu_demand is not None and cpu_served is not None:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                cpu_throttled = np.where(cpu_demand > 0, (cpu_demand - cpu_served) / cpu_demand, 0.0)
+        tasks = weight / per_day
+        ooms = np.add.reduceat(self.ooms, starts)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            relative_slack = (average_limit - usage_p95) / average_limit
+            relative_oom = ooms / tasks
+        rows = JobDays(
+            job_id=np.asarray(job_ids, dtype=np.int64),
+            day=np.full(weight.shape, day, dtype=np.int64),
+            serving=np.asarray(serving, dtype=bool),
+            oom_tolerance=np.asarray(oom_tolerance, dtype=np.int64),
+            tasks=tasks,
+            footprint=limit_w / per_day,
+            absolute_slack=(limit_w - usage_w) / per_day,
+            average_limit=average_limit,
+            usage_p95=usage_p95,
+            relative_slack=relative_slack,
+            ooms=ooms.astype(np.int64),
+            relative_oom_rate=relative_oom,
+            limit_changes=self.changes.copy(),
+            cpu_relative_slack=cpu_slack,
+            cpu_throttled_fraction=np.asarray(cpu_throttled, dtype=np.float64),
+        ).select(ran)
+        self.reset()
+        return rows
+
+
+def summarise(rows: JobDays, machine_bytes: float, days: int) -> dict[str, Any]:
+    """The issue's per-recommender summary of job-day rows (``days`` = measured days)."""
+    n = len(rows)
+    if n == 0:
+        return {"job_days": 0}
+    slack = rows.relative_slack[np.isfinite(rows.relative_slack)]
+    impacted = {
+        table2_label(row): int(seriously_impacted(rows.ooms, rows.tasks, row[0], 1.0 / row[1]).sum())
+        for row in TABLE2_ROWS
+    }
+    changes = rows.limit_changes.astype(np.float64)
+    summary: dict[str, Any] = {
+        "relative_slack_mean": float(slack.mean()) if slack.size else None,
+        "relative_slack_median": float(np.median(slack)) if slack.size else None,
+        "absolute_slack_machines": float(rows.absolute_slack.sum() / days / machine_bytes),
+        "footprint_machines": float(rows.footprint.sum() / days / machine_bytes),
+        "relative_oom_rate_per_task_day": float(np.mean(rows.relative_oom_rate)),
+        "oom_free_job_days_fraction": float(np.mean(rows.ooms == 0)),
+        "seriously_impacted_job_days": impacted,
+        "seriously_impacted_job_days_fraction": {k: v / n for k, v in impacted.items()},
+        "limit_changes_per_job_day_p99": float(np.percentile(changes, 99)),
+        "limit_changes_per_job_day_mean": float(changes.mean()),
+        "job_days_without_limit_changes_fraction": float(np.mean(changes == 0)),
+        "ooms_total": int(rows.ooms.sum()),
+        "job_days": n,
+        "jobs": int(np.unique(rows.job_id).size),
+    }
+    cpu = rows.cpu_relative_slack[np.isfinite(rows.cpu_relative_slack)]
+    if cpu.size:
+        throttled = rows.cpu_throttled_fraction[np.isfinite(rows.cpu_throttled_fraction)]
+        summary["cpu_relative_slack_mean"] = float(cpu.mean())
+        summary["cpu_throttled_fraction_mean"] = float(throttled.mean())
+        summary["cpu_job_days_throttled_over_1pct_fraction"] = float(np.mean(throttled > 0.01))
+    return summary
+
+
+CORE_KEYS: tuple[str, ...] = (
+    "relative_slack_mean",
+    "relative_slack_median",
+    "absolute_slack_machines",
+    "footprint_machines",
+    "relative_oom_rate_per_task_day",
+    "oom_free_job_days_fraction",
+    "seriously_impacted_job_days",
+    "limit_changes_per_job_day_p99",
+    "job_days",
+)
+POPULATIONS = ("serving", "all")
+
+
+def summarise_study(
+    rows: JobDays, machine_bytes: float, days: int, population: str = "serving"
+) -> dict[str, Any]:
+    """The summary on ``population`` plus breakdowns (all jobs, batch jobs, per OOM tolerance).
+
+    ``"serving"`` is the paper's population (§4.1.2: long-running, serving jobs); ``"all"``
+    includes batch jobs.
+    """
+    if population not in POPULATIONS:
+        raise ValueError(f"population must be one of {POPULATIONS}")
+    main = rows.select(rows.serving) if population == "serving" else rows
+    out = summarise(main, machine_bytes, days)
+    out["population"] = population
+
+    def core(subset: JobDays) -> dict[str, Any]:
+        full = summarise(subset, machine_bytes, days)
+        return {k: full[k] for k in CORE_KEYS if k in full}
+
+    out["breakdown"] = {
+        "all_jobs": core(rows),
+        "batch_jobs": core(rows.select(~rows.serving)),
+        **{
+            f"{population}_oom_tolerance_{name}": core(main.select(main.oom_tolerance == i))
+            for i, name in enumerate(OOM_TOLERANCES)
+        },
+    }
+    return out
+
+
+def cdf(values: npt.ArrayLike, points: int = 400) -> tuple[list[float], list[float]]:
+    """(x, F(x)) of the empirical CDF at up to ``points`` quantiles (for plots and JSON)."""
+    v = np.sort(np.asarray(values, dtype=np.float64)[np.isfinite(np.asarray(values, dtype=np.float64))])
+    if v.size == 0:
+        return [], []
+    index = np.unique(np.linspace(0, v.size - 1, min(points, v.size)).round().astype(np.intp))
+    return v[index].tolist(), ((index + 1) / v.size).tolist()
+
+
+@dataclass(frozen=True)
+class Goal:
+    name: str
+    met: bool
+    detail: str
+
+
+def goals(summaries: Mapping[str, Mapping[str, Any]]) -> list[Goal]:
+    """The issue's goals, checked on whichever of the five recommenders were replayed.
+
+    1. relative slack (mean): manual-hard > manual-soft > moving window > ML (§4.2);
+    2. both Autopilot recommenders keep >= 99.5 % of job-days OOM-free (§4.3);
+    3. ML has lower relative slack than VPA at an equal or lower relative OOM rate.
+    """
+    out: list[Goal] = []
+    order = [n for n in ("manual-hard", "manual-soft", "moving-window", "ml") if n in summaries]
+    if len(order) >= 2:
+        values = [summaries[n].get("relative_slack_mean") for n in order]
+        ok = all(a is not None and b is not None and a > b for a, b in pairwise(values))
+        detail = " > ".join(
+            f"{n} {v:.3f}" if v is not None else f"{n} n/a" for n, v in zip(order, values, strict=True)
+        )
+        out.append(Goal("relative slack ordering " + " > ".join(order), ok, detail))
+    for name in ("moving-window", "ml"):
+        if name in summaries:
+            free = float(summaries[name].get("oom_free_job_days_fraction", 0.0))
+            out.append(Goal(f"{name}: >= 99.5 % of job-days OOM-free", free >= 0.995, f"{free:.4%}"))
+    if "ml" in summaries and "vpa" in summaries:
+        ml, vpa = summaries["ml"], summaries["vpa"]
+        slack_ok = (ml.get("relative_slack_mean") or 1.0) < (vpa.get("relative_slack_mean") or 0.0)
+        ml_oom, vpa_oom = ml["relative_oom_rate_per_task_day"], vpa["relative_oom_rate_per_task_day"]
+        oom_ok = ml_oom <= vpa_oom
+        out.append(
+            Goal(
+                "ml: lower relative slack than vpa at an equal or lower relative OOM rate",
+                bool(slack_ok and oom_ok),
+                f"slack ml {ml.get('relative_slack_mean', float('nan')):.3f} vs vpa "
+                f"{vpa.get('relative_slack_mean', float('nan')):.3f}; OOMs/task-day ml "
+                f"{ml_oom:.4g} vs vpa {vpa_oom:.4g}",
+            )
+        )
+    return out

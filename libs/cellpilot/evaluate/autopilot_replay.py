@@ -1,0 +1,496 @@
+"""Trace-driven replay of vertical recommenders (Autopilot §3.2, §4, §5.1's off-line simulation).
+
+For each job, window by window (5 minutes), every compared limit setter
+(:mod:`cellpilot.evaluate.autopilot_policies`) sees the usage its own limits allowed,
+recommends, and its recommendation takes effect ``actuation_delay_ms`` after the window in
+which it was made (at the earliest the next window). Consequences (§2.3):
+
+* **hard RAM limit**: a task whose 5-minute peak exceeds its limit is OOM-killed (one OOM
+  per task and window) and restarts; the monitoring saw usage up to the limit;
+* **soft RAM limit**: a task over its limit is killed only when its machine runs short of
+  memory: the machine's free memory ("headroom") is drawn per task and window — zero with
+  probability ``short_probability``, otherwise exponential with mean ``mean_headroom`` of a
+  machine — and the task dies if its overage exceeds it; the monitoring saw usage up to
+  the kill. The draws are common to all setters (same job, task, window, same machine), so
+  the comparison is paired;
+* a restart costs ``restart_seconds`` of runtime and resets any memory growth since the
+  task's start (a leak); a planned restart (roll-out) does too;
+* **CPU** (optional): usage above the limit is throttled, the monitoring sees the throttled
+  usage, and the throttled share of the offered CPU is reported.
+
+Unlike the paper's off-line tuning (§3.2.3 "raw (unadjusted) usage traces"), the observed
+signal here is adjusted by the limits in force, which is what makes OOMs and their cost
+visible. Per-job-day metrics are in :mod:`cellpilot.evaluate.autopilot_metrics`; the first
+``warmup_days`` are replayed but not measured (the paper studies long-running jobs).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from cellpilot.evaluate.autopilot_metrics import (
+    OOM_TOLERANCES,
+    DayAccumulator,
+    Goal,
+    JobDays,
+    goals,
+    summarise_study,
+)
+from cellpilot.evaluate.autopilot_policies import (
+    ChunkLayout,
+    Enforcement,
+    ManualResponse,
+    ManualSetter,
+    Observation,
+    PolicyKind,
+    RecommenderSpec,
+    Setter,
+    VpaSetter,
+    ml_setter,
+    moving_window_setter,
+)
+from cellpilot.evaluate.vpa import VpaConfig
+from cellpilot.recommend.ml_ensemble import EnsembleConfig
+from cellpilot.recommend.policy import JobClass
+from cellpilot.usage.buckets import GIB, Resource
+from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig, generate_job, task_counts
+from cellpilot.workloads.task_signals import WINDOW_MS, WINDOWS_PER_DAY, JobSignals
+
+FloatArray = npt.NDArray[np.float64]
+F32 = npt.NDArray[np.float32]
+IntpArray = npt.NDArray[np.intp]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class SoftKillModel:
+    """Machine memory pressure for soft limits (see the module docstring)."""
+
+    short_probability: float = 0.01
+    mean_headroom: float = 0.02  # fraction of a machine's memory
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    warmup_days: int = 2
+    actuation_delay_ms: int = WINDOW_MS
+    machine_memory_bytes: float = 256 * GIB
+    restart_seconds: float = 60.0
+    soft_kill: SoftKillModel = field(default_factory=SoftKillModel)
+    manual_response: ManualResponse = field(default_factory=ManualResponse)
+    cpu: bool = False
+    seed: int = 0  # of the machine-pressure draws
+    ml: EnsembleConfig = field(default_factory=EnsembleConfig)
+    vpa: VpaConfig = field(default_factory=VpaConfig)
+
+    @property
+    def delay_windows(self) -> int:
+        return max(0, math.ceil(self.actuation_delay_ms / WINDOW_MS))
+
+    def describe(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["ml"] = {k: v for k, v in out["ml"].items() if k != "grid"}
+        out["ml"]["models"] = self.ml.grid.models
+        return out
+
+
+# -- a chunk of jobs stacked along the task axis ---------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Chunk:
+    job_ids: npt.NDArray[np.int64]
+    layout: ChunkLayout
+    task_in_job: npt.NDArray[np.int64]
+    memory_mean: F32
+    memory_peak: F32
+    limit_hard: F32
+    limit_soft: F32
+    cpu_mean: F32
+    cpu_peak: F32
+    cpu_limit: F32
+    cpu_deciles: F32 | None
+    restart: BoolArray
+    running: BoolArray
+    leak: FloatArray
+
+    @property
+    def windows(self) -> int:
+        return int(self.memory_mean.shape[0])
+
+    @classmethod
+    def build(cls, jobs: Sequence[JobSignals], with_cpu: bool) -> Chunk:
+        if not jobs:
+            raise ValueError("empty chunk")
+        windows = {j.windows for j in jobs}
+        if len(windows) != 1:
+            raise ValueError("all jobs of a study share one window grid")
+        sizes = np.array([j.tasks for j in jobs])
+        bounds = np.concatenate(([0], np.cumsum(sizes))).astype(np.intp)
+
+        def stack(name: str) -> F32:
+            return np.ascontiguousarray(np.concatenate([getattr(j, name) for j in jobs], axis=1))
+
+        deciles = None
+        if with_cpu and all(j.cpu_deciles is not None for j in jobs):
+            deciles = np.concatenate([j.cpu_deciles for j in jobs if j.cpu_deciles is not None], axis=1)
+        empty = np.zeros((1, 1), dtype=np.float32)
+        return cls(
+            job_ids=np.array([j.job_id for j in jobs], dtype=np.int64),
+            layout=ChunkLayout(
+                np.repeat(np.arange(len(jobs)), sizes).astype(np.intp), bounds, tuple(j.traits for j in jobs)
+            ),
+            task_in_job=np.concatenate([np.arange(n) for n in sizes]).astype(np.int64),
+            memory_mean=stack("memory_mean"),
+            memory_peak=stack("memory_peak"),
+            limit_hard=stack("memory_limit_hard"),
+            limit_soft=stack("memory_limit_soft"),
+            cpu_mean=stack("cpu_mean") if with_cpu else empty,
+            cpu_peak=stack("cpu_peak") if with_cpu else empty,
+            cpu_limit=stack("cpu_limit") if with_cpu else empty,
+            cpu_deciles=deciles,
+            restart=np.ascontiguousarray(np.concatenate([j.restart for j in jobs], axis=1)),
+            running=np.ascontiguousarray(np.concatenate([j.running for j in jobs], axis=1)),
+            leak=np.concatenate([j.memory_leak_per_window for j in jobs]).astype(np.float64),
+        )
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """splitmix64's finaliser (wrapping uint64 arithmetic)."""
+    with np.errstate(over="ignore"):
+        x = x ^ (x >> np.uint64(30))
+        x = x * np.uint64(0xBF58476D1CE4E5B9)
+        x = x ^ (x >> np.uint64(27))
+        x = x * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def task_keys(seed: int, job_ids: npt.ArrayLike, task_in_job: npt.ArrayLike) -> npt.NDArray[np.uint64]:
+    """A hash key per (seed, job, task): machine-pressure draws do not depend on chunking."""
+    with np.errstate(over="ignore"):
+        j = np.asarray(job_ids).astype(np.uint64)
+        t = np.asarray(task_in_job).astype(np.uint64)
+        return _mix(_mix(np.uint64(seed & 0xFFFFFFFFFFFFFFFF) ^ (j * _GOLDEN)) ^ (t + np.uint64(1)))
+
+
+def machine_headroom(
+    keys: npt.NDArray[np.uint64], window: int, model: SoftKillModel, machine: float
+) -> FloatArray:
+    """Free memory (bytes) of each task's machine in one window, per :class:`SoftKillModel`."""
+    with np.errstate(over="ignore"):
+        h = _mix(keys ^ (np.uint64(window + 1) * _GOLDEN))
+    u = ((h >> np.uint64(11)).astype(np.float64) + 0.5) / 9007199254740992.0
+    p = model.short_probability
+    tail = np.maximum((u - p) / max(1.0 - p, 1e-300), 1e-300)
+    return np.where(u < p, 0.0, -np.log(tail) * model.mean_headroom * machine)
+
+
+CPU_POINTS = 10
+
+
+def cpu_points(mean: F32, peak: F32, deciles: F32 | None) -> tuple[FloatArray, FloatArray]:
+    """Ten usage points per task-window, each standing for 10 % of its samples: (N, 10), (N, 10).
+
+    With the 2019 traces' deciles: the mid-points between consecutive deciles. Otherwise,
+    from the window's average and peak only: nine points at a level ``a`` and one at the
+    peak, with ``a`` chosen so the points average to the recorded mean (a = (10 mean -
+    peak) / 9, at least 0).
+    """
+    m = mean.astype(np.float64)
+    p = np.fmax(peak.astype(np.float64), m)
+    a = np.maximum((10.0 * m - p) / 9.0, 0.0)
+    points = np.concatenate((np.repeat(a[:, None], CPU_POINTS - 1, axis=1), p[:, None]), axis=1)
+    if deciles is not None:
+        d = deciles.astype(np.float64)
+        middle = 0.5 * (d[:, :-1] + d[:, 1:])
+        known = np.asarray(np.isfinite(middle).all(axis=1), dtype=bool)
+        points = np.where(known[:, None], middle, points)
+    return points, np.full(points.shape, 1.0 / CPU_POINTS)
+
+
+# -- one compared setter running over a chunk ---------------------------------------------------
+
+
+class Actuation:
+    """The job-level limits a setter asked for, applied after the actuation delay."""
+
+    def __init__(self, jobs: int, delay_windows: int) -> None:
+        self.ring = delay_windows + 1
+        self.pending = np.full((self.ring, jobs), np.nan)
+        self.applied = np.full(jobs, np.nan)
+        self.decided = np.full(jobs, np.nan)
+
+    def start_window(self, window: int) -> None:
+        due = self.pending[window % self.ring]
+        has = ~np.isnan(due)
+        self.applied[has] = due[has]
+        due.fill(np.nan)
+
+    def decide(self, window: int, value: FloatArray) -> None:
+        # Written into the slot just emptied: it comes round again delay + 1 windows later.
+        new = ~np.isnan(value) & (value != self.decided)
+        self.pending[window % self.ring][new] = value[new]
+        self.decided[new] = value[new]
+
+
+def _setter(
+    spec: RecommenderSpec, layout: ChunkLayout, resource: Resource, config: ReplayConfig
+) -> Setter | None:
+    if spec.kind is PolicyKind.MOVING_WINDOW:
+        return moving_window_setter(layout, resource)
+    if spec.kind is PolicyKind.ML:
+        return ml_setter(layout, resource, config.ml)
+    if spec.kind is PolicyKind.VPA:
+        return VpaSetter(layout, resource, config.vpa)
+    if resource is Resource.MEMORY:
+        return ManualSetter(layout, config.manual_response)
+    return None  # manual CPU limits are never changed (throttling pages nobody)
+
+
+class _Run:
+    """One setter replayed over a chunk: its limits, consequences and day accounting."""
+
+    def __init__(self, spec: RecommenderSpec, chunk: Chunk, config: ReplayConfig) -> None:
+        self.spec = spec
+        self.chunk = chunk
+        self.config = config
+        layout = chunk.layout
+        n = int(layout.bounds[-1])
+        self.manual = chunk.limit_hard if spec.manual_owner is Enforcement.HARD else chunk.limit_soft
+        self.setter = _setter(spec, layout, Resource.MEMORY, config)
+        self.actuation = Actuation(layout.jobs, config.delay_windows)
+        self.growth = np.zeros(n)
+        self.previous_limit = np.full(n, np.nan)
+        self.previous_running = np.zeros(n, dtype=bool)
+        self.restart_fraction = min(1.0, config.restart_seconds * 1000.0 / WINDOW_MS)
+        self.days = DayAccumulator(layout.bounds, WINDOWS_PER_DAY)
+        self.rows: list[JobDays] = []
+        self.cpu_setter = _setter(spec, layout, Resource.CPU, config) if config.cpu else None
+        self.cpu_actuation = Actuation(layout.jobs, config.delay_windows)
+
+    def _limits(self, manual: F32, actuation: Actuation) -> FloatArray:
+        job = self.chunk.layout.job_of_task
+        applied = actuation.applied[job]
+        if self.spec.kind is PolicyKind.MANUAL:
+            return np.fmax(manual.astype(np.float64), applied)  # NaN floor: the manual limit
+        return np.where(np.isnan(applied), manual, applied)
+
+    def window(self, t: int, headroom: FloatArray) -> None:
+        chunk, layout = self.chunk, self.chunk.layout
+        self.actuation.start_window(t)
+        running = chunk.running[t]
+        self.growth[chunk.restart[t]] = 0.0
+        limit = self._limits(self.manual[t], self.actuation)
+        peak = chunk.memory_peak[t] + self.growth
+        mean = chunk.memory_mean[t] + self.growth
+        over = running & (peak > limit)
+        if self.spec.enforcement is Enforcement.HARD:
+            oom, kill = over, limit
+        else:
+            oom, kill = over & (peak - limit > headroom), limit + headroom
+        observed = np.where(oom, np.minimum(peak, kill), peak)
+        weight = np.where(running, 1.0 - self.restart_fraction * oom, 0.0)
+        changed = running & self.previous_running & (limit != self.previous_limit)
+        changes = np.bincount(layout.job_of_task[changed], minlength=layout.jobs) > 0
+        self.previous_limit, self.previous_running = limit, running
+        self.days.add(t % WINDOWS_PER_DAY, limit, mean, weight, oom, changes.astype(np.int64))
+        if self.setter is not None:
+            obs = Observation(t, self.time_ms(t), running, observed, oom, limit, self.actuation.applied)
+            self.actuation.decide(t, self.setter.step(obs))
+        self.growth = np.where(oom, 0.0, self.growth + chunk.leak * running)
+        if self.config.cpu:
+            self._cpu_window(t, running, weight)
+
+    def _cpu_window(self, t: int, running: BoolArray, weight: FloatArray) -> None:
+        chunk = self.chunk
+        self.cpu_actuation.start_window(t)
+        limit = self._limits(chunk.cpu_limit[t], self.cpu_actuation)
+        deciles = None if chunk.cpu_deciles is None else chunk.cpu_deciles[t]
+        points, fractions = cpu_points(chunk.cpu_mean[t], chunk.cpu_peak[t], deciles)
+        points = np.where(running[:, None], points, 0.0)
+        capped = np.where(np.isnan(limit)[:, None], points, np.minimum(points, limit[:, None]))
+        demand = (points * fractions).sum(axis=1)
+        served = (capped * fractions).sum(axis=1)
+        self.days.add_cpu(t % WINDOWS_PER_DAY, np.where(np.isnan(limit), 0.0, limit), served, demand, weight)
+        if self.cpu_setter is not None:
+            obs = Observation(
+                t,
+                self.time_ms(t),
+                running,
+                served,
+                np.zeros_like(running),
+                limit,
+                self.cpu_actuation.applied,
+                points=capped,
+                fractions=fractions,
+            )
+            self.cpu_actuation.decide(t, self.cpu_setter.step(obs))
+
+    @staticmethod
+    def time_ms(t: int) -> int:
+        return (t + 1) * WINDOW_MS
+
+    def close_day(self, day: int, measured: bool) -> None:
+        traits = self.chunk.layout.traits
+        serving = np.array([t.job_class is JobClass.SERVING for t in traits])
+        tolerance = np.array([OOM_TOLERANCES.index(t.oom_tolerance.value) for t in traits], dtype=np.int64)
+        rows = self.days.close_day(self.chunk.job_ids, day, serving, tolerance)
+        if measured:
+            self.rows.append(rows)
+
+
+def replay_chunk(
+    jobs: Sequence[JobSignals], specs: Sequence[RecommenderSpec], config: ReplayConfig
+) -> dict[str, JobDays]:
+    """Replay every setter over the jobs (one chunk); per setter the measured job-days."""
+    chunk = Chunk.build(jobs, config.cpu)
+    runs = [_Run(spec, chunk, config) for spec in specs]
+    keys = task_keys(config.seed, chunk.job_ids[chunk.layout.job_of_task], chunk.task_in_job)
+    for t in range(chunk.windows):
+        headroom = machine_headroom(keys, t, config.soft_kill, config.machine_memory_bytes)
+        for run in runs:
+            run.window(t, headroom)
+        if (t + 1) % WINDOWS_PER_DAY == 0:
+            day = (t + 1) // WINDOWS_PER_DAY - 1
+            for run in runs:
+                run.close_day(day, day >= config.warmup_days)
+    return {run.spec.name: JobDays.concat(run.rows) for run in runs}
+
+
+# -- a whole study: chunks of jobs, in parallel ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SyntheticChunk:
+    workload: AutopilotWorkloadConfig
+    jobs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TraceChunk:
+    jobs: tuple[JobSignals, ...]
+
+
+def _run_chunk(
+    item: SyntheticChunk | TraceChunk, specs: tuple[RecommenderSpec, ...], config: ReplayConfig
+) -> tuple[dict[str, JobDays], int]:
+    if isinstance(item, SyntheticChunk):
+        jobs: Sequence[JobSignals] = [generate_job(item.workload, j) for j in item.jobs]
+    else:
+        jobs = item.jobs
+    rows = replay_chunk(jobs, specs, config)
+    return rows, len(jobs) * jobs[0].windows // WINDOWS_PER_DAY
+
+
+def plan_chunks(sizes: Sequence[int], max_tasks: int = 2000, max_jobs: int = 64) -> list[list[int]]:
+    """Group job indices into chunks of at most ``max_tasks`` tasks and ``max_jobs`` jobs (in order)."""
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    tasks = 0
+    for index, size in enumerate(sizes):
+        if current and (tasks + size > max_tasks or len(current) >= max_jobs):
+            chunks.append(current)
+            current, tasks = [], 0
+        current.append(index)
+        tasks += size
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+@dataclass(frozen=True)
+class StudyResult:
+    rows: dict[str, JobDays]
+    summaries: dict[str, dict[str, Any]]
+    goals: list[Goal]
+    measured_days: int
+    replayed_job_days: int
+    seconds: float
+    settings: dict[str, Any]
+
+
+def run_study(
+    source: AutopilotWorkloadConfig | Sequence[JobSignals],
+    specs: Sequence[RecommenderSpec],
+    config: ReplayConfig,
+    *,
+    workers: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+    max_chunk_tasks: int = 2000,
+    population: str = "serving",
+) -> StudyResult:
+    """Replay every setter over a synthetic population or a trace's jobs; summarise per setter.
+
+    ``progress(done, total)`` is called with replayed job-days (all setters) after each chunk.
+    """
+    started = time.perf_counter()
+    items: list[SyntheticChunk | TraceChunk]
+    if isinstance(source, AutopilotWorkloadConfig):
+        sizes = task_counts(source)
+        items = [SyntheticChunk(source, tuple(c)) for c in plan_chunks(sizes, max_chunk_tasks)]
+        total_days = source.jobs * source.days
+        grid_days = source.days
+    else:
+        trace_jobs = list(source)
+        if not trace_jobs:
+            raise ValueError("no jobs to replay")
+        items = [
+            TraceChunk(tuple(trace_jobs[i] for i in c))
+            for c in plan_chunks([j.tasks for j in trace_jobs], max_chunk_tasks)
+        ]
+        grid_days = trace_jobs[0].windows // WINDOWS_PER_DAY
+        total_days = len(trace_jobs) * grid_days
+    measured_days = grid_days - config.warmup_days
+    if measured_days < 1:
+        raise ValueError(
+            f"{grid_days} whole days of data leave nothing to measure after {config.warmup_days} warm-up days"
+        )
+    spec_tuple = tuple(specs)
+    results: list[dict[str, JobDays] | None] = [None] * len(items)
+    done = 0
+    if progress:
+        progress(0, total_days)
+    if workers <= 1 or len(items) == 1:
+        for i, item in enumerate(items):
+            results[i], days = _run_chunk(item, spec_tuple, config)
+            done += days
+            if progress:
+                progress(done, total_days)
+    else:
+        with ProcessPoolExecutor(max_workers=min(workers, len(items), os.cpu_count() or 1)) as pool:
+            futures = {pool.submit(_run_chunk, item, spec_tuple, config): i for i, item in enumerate(items)}
+            for future in as_completed(futures):
+                results[futures[future]], days = future.result()
+                done += days
+                if progress:
+                    progress(done, total_days)
+    rows = {s.name: JobDays.concat([r[s.name] for r in results if r is not None]) for s in spec_tuple}
+    summaries = {
+        name: summarise_study(r, config.machine_memory_bytes, measured_days, population)
+        for name, r in rows.items()
+    }
+    return StudyResult(
+        rows=rows,
+        summaries=summaries,
+        goals=goals(summaries),
+        measured_days=measured_days,
+        replayed_job_days=total_days,
+        seconds=time.perf_counter() - started,
+        settings={
+            "replay": config.describe(),
+            "recommenders": [asdict(s) for s in spec_tuple],
+            "population": population,
+        },
+    )

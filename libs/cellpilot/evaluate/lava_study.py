@@ -1,0 +1,298 @@
+"""The LAVA study: LA-Binary, LAS and LAVA against best fit, with the model and an oracle.
+
+Reproduces the comparisons of the LAVA paper on a trace:
+
+* the lifetime model's accuracy (§3, §6.4, §6.5): precision and recall of the 7-day
+  short/long split at creation, precision at 70 % recall, and Figure 9's F1 by
+  uptime quantile, measured on the replayed trace (the model never sees it);
+* Figure 6: empty hosts of each policy x predictor against best fit, with CPU and
+  memory stranding (§2.3) and the migrations each run needed (§4.4);
+* Table 2 / §6.3: the migrations of the best-fit run's drain rounds replayed in trace
+  order and in LARS order (oracle and model predictions).
+
+The model is trained on a *history*: for the synthetic trace, another trace drawn
+from the same generator with a different seed; for a real trace, the part before the
+replayed window. Everything here is pure: :func:`run_study` returns plain data and
+the CLI writes it out (via :mod:`cellpilot.evaluate.report`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cellpilot.evaluate.lava_simulator import (
+    LIFETIME_POLICIES,
+    POLICIES,
+    DrainConfig,
+    SimulationConfig,
+    SimulationResult,
+    simulate,
+)
+from cellpilot.lifetimes.accuracy import (
+    SEVEN_DAYS,
+    f1_by_uptime_quantile,
+    long_lived_scores,
+    precision_at_recall,
+)
+from cellpilot.lifetimes.features import vm_features
+from cellpilot.lifetimes.model import LifetimeModel, TrainingParams
+from cellpilot.lifetimes.predictors import LifetimePredictor, ModelPredictor, OraclePredictor
+from cellpilot.schedule.lifetime_aware.host_pool import HostShape
+from cellpilot.schedule.lifetime_aware.lars import MigrationOrder, MigrationRequests, replay_migrations
+from cellpilot.workloads.azure_reader import read_azure_vm_table
+from cellpilot.workloads.vm_trace import (
+    DAY,
+    HOUR,
+    VmTrace,
+    VmTraceConfig,
+    generate_vm_trace,
+    lifetime_shape,
+    thin_to_pool,
+    window_trace,
+)
+
+PREDICTORS = ("model", "oracle")
+StudyProgress = Callable[[str, float], None]
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    trace: str = "synthetic"  # "synthetic" or "azure:PATH"
+    hosts: int = 100
+    days: float = 14.0
+    seed: int = 0
+    policies: tuple[str, ...] = POLICIES
+    predictors: tuple[str, ...] = PREDICTORS
+    host_shape: HostShape = field(default_factory=HostShape)
+    utilisation: float = 0.7  # synthetic demand (and Azure thinning) target, share of cores
+    history_days: float = 21.0  # length of the training history
+    warmup_days: float = 1.0
+    training: TrainingParams = field(default_factory=TrainingParams)
+    drain: DrainConfig = field(
+        default_factory=lambda: DrainConfig(
+            defrag_below_pct=5.0, maintenance_every=6 * HOUR, maintenance_hosts=2
+        )
+    )
+    stranding_every_hours: float = 6.0
+
+    def __post_init__(self) -> None:
+        unknown = [p for p in self.policies if p not in POLICIES]
+        if unknown or not self.policies:
+            raise ValueError(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
+        bad = [p for p in self.predictors if p not in PREDICTORS]
+        if bad or not self.predictors:
+            raise ValueError(f"unknown predictors {bad}; known: {', '.join(PREDICTORS)}")
+        if not (self.trace == "synthetic" or self.trace.startswith("azure:")):
+            raise ValueError("trace must be 'synthetic' or 'azure:PATH'")
+        if self.hosts < 1 or self.days <= 0 or self.history_days <= 0 or not 0 < self.utilisation < 1:
+            raise ValueError("hosts >= 1, days > 0, history_days > 0, utilisation in (0, 1)")
+
+    def runs(self) -> list[tuple[str, str | None]]:
+        """(policy, predictor) pairs: best fit once, lifetime-aware policies per predictor."""
+        out: list[tuple[str, str | None]] = []
+        for policy in self.policies:
+            if policy in LIFETIME_POLICIES:
+                out.extend((policy, p) for p in self.predictors)
+            else:
+                out.append((policy, None))
+        return out
+
+
+@dataclass(frozen=True)
+class StudyInputs:
+    trace: VmTrace  # the replayed trace
+    history: VmTrace  # VMs with known lifetimes the model trains on
+
+
+def load_inputs(config: StudyConfig) -> StudyInputs:
+    """The replayed trace and the training history (see module doc); the only file read."""
+    capacity = config.hosts * config.host_shape.cores
+    if config.trace == "synthetic":
+        shape = config.host_shape
+        base = VmTraceConfig(
+            days=config.days,
+            hosts=config.hosts,
+            host_cores=shape.cores,
+            host_memory_gib=shape.memory_gib,
+            host_ssd_gib=shape.ssd_gib,
+            target_core_utilisation=config.utilisation,
+        )
+        trace = generate_vm_trace(np.random.default_rng([config.seed, 1]), base)
+        history = generate_vm_trace(
+            np.random.default_rng([config.seed, 2]), replace(base, days=config.history_days)
+        )
+        return StudyInputs(trace, history.subset(history.created >= 0.0))
+    full = read_azure_vm_table(Path(config.trace.removeprefix("azure:")))
+    split = min(config.history_days * DAY, 0.5 * full.horizon)
+    end = min(split + config.days * DAY, full.horizon)
+    history = full.subset((full.created >= 0.0) & (full.created < split))
+    window = window_trace(full, split, end)
+    trace = thin_to_pool(window, np.random.default_rng([config.seed, 3]), capacity, config.utilisation)
+    return StudyInputs(trace, history)
+
+
+def model_accuracy(model: LifetimeModel, trace: VmTrace, quantiles: int = 20) -> dict[str, Any]:
+    """§3/§6.4/§6.5 accuracy on the VMs created inside ``trace`` (uncensored ones)."""
+    test = trace.subset((trace.created >= 0.0) & ~trace.censored)
+    features = vm_features(test)
+    at_creation = model.predict_remaining(features, np.zeros(len(test)))
+    scores = long_lived_scores(at_creation, test.lifetime, SEVEN_DAYS)
+    precision70, recall70 = precision_at_recall(at_creation, test.lifetime, 0.7, SEVEN_DAYS)
+    return {
+        "test_vms": len(test),
+        "long_lived_vms": scores.positives,
+        "precision_7d": scores.precision,
+        "recall_7d": scores.recall,
+        "f1_7d": scores.f1,
+        "precision_at_70_recall": precision70,
+        "recall_at_that_point": recall70,
+        "f1_by_uptime_quantile": f1_by_uptime_quantile(model, features, test.lifetime, quantiles).tolist(),
+    }
+
+
+def lars_replay(
+    result: SimulationResult, trace: VmTrace, model: LifetimeModel | None, config: DrainConfig
+) -> dict[str, Any]:
+    """§6.3: the run's migration requests in trace order vs LARS order (oracle, model)."""
+    rows, times = result.request_rows, result.request_times
+    exit_times = trace.deleted[rows]
+
+    def count(order: MigrationOrder, predicted: np.ndarray) -> int:
+        requests = MigrationRequests(times, exit_times, predicted, result.request_ranks)
+        return replay_migrations(requests, order, config.slots, config.migration_seconds).migrated
+
+    baseline = count(MigrationOrder.TRACE, exit_times)
+    out: dict[str, Any] = {"source_run": result.name, "requests": int(rows.size), "trace_order": baseline}
+    predictions = {"oracle": exit_times}
+    if model is not None and rows.size:
+        uptime = np.maximum(times - trace.created[rows], 0.0)
+        predictions["model"] = times + model.predict_remaining(vm_features(trace)[rows], uptime)
+    for name, predicted in predictions.items():
+        migrated = count(MigrationOrder.LARS, predicted)
+        out[f"lars_{name}"] = migrated
+        out[f"lars_{name}_reduction_pct"] = 100.0 * (baseline - migrated) / baseline if baseline else 0.0
+    return out
+
+
+def _goals(rows: dict[str, dict[str, Any]], lars: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    def gain(name: str) -> float | None:
+        row = rows.get(name)
+        return None if row is None else float(row["empty_hosts_over_best_fit_pp"])
+
+    def check(label: str, left: str, op: str, right: str | float) -> tuple[str, dict[str, Any]]:
+        a = gain(left)
+        b = gain(right) if isinstance(right, str) else right
+        if a is None or b is None:
+            return label, {"met": None, "detail": "not run"}
+        met = a >= b if op == ">=" else a > b
+        return label, {"met": bool(met), "detail": f"{left} {a:+.2f} pp {op} {right} {b:+.2f} pp"}
+
+    goals = dict(
+        [
+            check("model: LAVA >= LAS", "lava-model", ">=", "las-model"),
+            check("model: LAS > LA-Binary", "las-model", ">", "la-binary-model"),
+            check("model: LA-Binary > best fit", "la-binary-model", ">", 0.0),
+            check("oracle: LAS > LA-Binary", "las-oracle", ">", "la-binary-oracle"),
+        ]
+    )
+    for name in ("oracle", "model"):
+        key = f"lars_{name}"
+        if key in lars:
+            met = lars[key] < lars["trace_order"]
+            goals[f"LARS ({name}) needs fewer migrations than trace order"] = {
+                "met": bool(met),
+                "detail": f"{lars[key]} vs {lars['trace_order']} of {lars['requests']} requested",
+            }
+    return goals
+
+
+def _reporter(tell: StudyProgress, label: str) -> Callable[[float], None]:
+    return lambda fraction: tell(label, fraction)
+
+
+def run_study(config: StudyConfig, progress: StudyProgress | None = None) -> dict[str, Any]:
+    """Runs every policy x predictor of ``config``; returns the summary as plain data."""
+
+    def tell(label: str, fraction: float) -> None:
+        if progress is not None:
+            progress(label, fraction)
+
+    tell("loading trace", 0.0)
+    inputs = load_inputs(config)
+    trace = inputs.trace
+    tell("training the lifetime model", 0.0)
+    history = inputs.history
+    model = LifetimeModel.train(vm_features(history), history.lifetime, config.training)
+    accuracy = {
+        "training_vms": len(history),
+        "label": config.training.label.value,
+        **model_accuracy(model, trace),
+    }
+    sim = SimulationConfig(
+        hosts=config.hosts,
+        host_shape=config.host_shape,
+        warmup=min(config.warmup_days * DAY, 0.25 * trace.horizon),
+        end=trace.horizon,
+        stranding_every=config.stranding_every_hours * HOUR,
+        drain=config.drain,
+        inflation_seed=config.seed,
+    )
+    results: dict[str, SimulationResult] = {}
+    for policy, predictor_name in config.runs():
+        predictor: LifetimePredictor | None = None
+        if predictor_name == "oracle":
+            predictor = OraclePredictor(trace)
+        elif predictor_name == "model":
+            predictor = ModelPredictor(model, trace)
+        label = policy if predictor_name is None else f"{policy}-{predictor_name}"
+        results[label] = simulate(trace, policy, predictor, sim, _reporter(tell, label))
+
+    baseline = results.get("best-fit")
+    rows: dict[str, dict[str, Any]] = {}
+    for name, result in results.items():
+        row = result.summary()
+        row["empty_hosts_over_best_fit_pp"] = (
+            row["empty_hosts_pct_mean"] - baseline.summary()["empty_hosts_pct_mean"] if baseline else None
+        )
+        rows[name] = row
+    lars: dict[str, Any] = {}
+    source = baseline or next(iter(results.values()))
+    if source.migration_requests:
+        lars = lars_replay(source, trace, model, config.drain)
+    return {
+        "settings": {
+            "trace": config.trace,
+            "hosts": config.hosts,
+            "days": trace.horizon / DAY,
+            "seed": config.seed,
+            "utilisation_target": config.utilisation,
+            "host_shape": {
+                "cores": config.host_shape.cores,
+                "memory_gib": config.host_shape.memory_gib,
+                "ssd_gib": config.host_shape.ssd_gib,
+            },
+            "label": config.training.label.value,
+            "label_cap_hours": config.training.label_cap_hours,
+            "warmup_days": sim.warmup / DAY,
+            "defrag_below_pct": config.drain.defrag_below_pct,
+            "maintenance_every_hours": config.drain.maintenance_every / HOUR,
+        },
+        "trace": {
+            "vms": len(trace),
+            "running_at_start": int(np.sum(trace.created < 0)),
+            **lifetime_shape(trace),
+        },
+        "model": accuracy,
+        "rows": list(rows.values()),
+        "lars": lars,
+        "goals": _goals(rows, lars),
+        "series": {
+            name: {"t_days": (r.sample_times / DAY).tolist(), "empty_pct": r.empty_pct.tolist()}
+            for name, r in results.items()
+        },
+    }

@@ -1,0 +1,228 @@
+"""Kafka producers and consumers that carry trace context and make delivery semantics explicit.
+
+Delivery is **at-least-once**: a consumer commits offsets only after the records were
+processed, so a crash between processing and commit redelivers them. Processing becomes
+effectively-once through :class:`AppliedOffsets`: a service stores it *atomically with
+its own state* (same Redis transaction or database row) and skips any record whose
+offset it has already applied. Trace context travels in the message headers
+(W3C ``traceparent``), so one trace follows a sample from the Borglet to an actuation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+from google.protobuf.message import DecodeError, Message
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+
+from cellpilot.platform.topics import TOPICS, Topic
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=Message)
+DEADLETTER_TOPIC = "deadletter"
+
+Headers = list[tuple[str, bytes]]
+
+
+async def ensure_topics(bootstrap: str, topics: Iterable[Topic] = TOPICS) -> list[str]:
+    """Create the topics that do not exist yet; returns the names created."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [t for t in topics if t.name not in existing]
+        created = []
+        for topic in missing:
+            try:
+                await admin.create_topics([NewTopic(topic.name, topic.partitions, replication_factor=1)])
+                created.append(topic.name)
+            except TopicAlreadyExistsError:
+                pass
+        return created
+    finally:
+        await admin.close()
+
+
+def inject_trace_headers(headers: Headers | None = None) -> Headers:
+    """The current trace context as Kafka headers (appended to ``headers``)."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return [*(headers or []), *((key, value.encode()) for key, value in carrier.items())]
+
+
+def extract_trace_context(headers: Iterable[tuple[str, bytes]]) -> otel_context.Context:
+    carrier = {key: value.decode(errors="replace") for key, value in headers}
+    return propagate.extract(carrier)
+
+
+class MessageProducer:
+    """Publishes protobuf messages keyed for ordering, with trace context in the headers."""
+
+    def __init__(self, bootstrap: str, client_id: str = "cellpilot") -> None:
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, client_id=client_id, acks="all", linger_ms=5
+        )
+        self._tracer = trace.get_tracer(__name__)
+
+    async def start(self) -> None:
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def send(self, topic: str, key: str, message: Message, headers: Headers | None = None) -> int:
+        """Publish and wait for the broker's acknowledgement; returns the record's offset."""
+        with self._tracer.start_as_current_span(f"{topic} publish", kind=trace.SpanKind.PRODUCER) as span:
+            span.set_attribute("messaging.system", "kafka")
+            span.set_attribute("messaging.destination.name", topic)
+            metadata = await self._producer.send_and_wait(
+                topic, message.SerializeToString(), key=key.encode(), headers=inject_trace_headers(headers)
+            )
+            return int(metadata.offset)
+
+    async def send_raw(self, topic: str, key: str, value: bytes, headers: Headers | None = None) -> None:
+        await self._producer.send_and_wait(
+            topic, value, key=key.encode(), headers=inject_trace_headers(headers)
+        )
+
+
+@dataclass(frozen=True)
+class Record:
+    """One consumed record, before decoding."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: str
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp_ms: int
+
+    @property
+    def trace_context(self) -> otel_context.Context:
+        return extract_trace_context(self.headers)
+
+    def decode(self, message_type: type[M]) -> M:
+        """Parse the value; raises :class:`PoisonRecordError` (never a bare DecodeError)."""
+        message = message_type()
+        try:
+            message.ParseFromString(self.value)
+        except (DecodeError, ValueError) as error:
+            reason = f"not a valid {message_type.DESCRIPTOR.full_name}: {error}"
+            raise PoisonRecordError(self, reason) from error
+        return message
+
+
+class PoisonRecordError(Exception):
+    """A record that cannot be processed; it goes to the dead-letter topic and is skipped."""
+
+    def __init__(self, record: Record, reason: str) -> None:
+        super().__init__(reason)
+        self.record = record
+        self.reason = reason
+
+
+async def dead_letter(producer: MessageProducer, poison: PoisonRecordError) -> None:
+    record = poison.record
+    headers: Headers = [
+        ("source-topic", record.topic.encode()),
+        ("source-partition", str(record.partition).encode()),
+        ("source-offset", str(record.offset).encode()),
+        ("reason", poison.reason.encode()[:1000]),
+    ]
+    await producer.send_raw(DEADLETTER_TOPIC, record.topic, record.value, headers)
+    log.warning(
+        "dead-lettered a record",
+        extra={"topic": record.topic, "offset": record.offset, "reason": poison.reason},
+    )
+
+
+@dataclass
+class AppliedOffsets:
+    """The next offset to apply per (topic, partition): the idempotence fence.
+
+    Store it atomically with the state the records change. After a crash, records
+    redelivered from the last committed offset are recognised and skipped.
+    """
+
+    next_offset: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def is_new(self, record: Record) -> bool:
+        return record.offset >= self.next_offset.get((record.topic, record.partition), 0)
+
+    def mark(self, record: Record) -> None:
+        key = (record.topic, record.partition)
+        self.next_offset[key] = max(self.next_offset.get(key, 0), record.offset + 1)
+
+    def to_mapping(self) -> dict[str, int]:
+        return {f"{topic}/{partition}": offset for (topic, partition), offset in self.next_offset.items()}
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, int]) -> AppliedOffsets:
+        parsed = {}
+        for key, offset in mapping.items():
+            topic, partition = key.rsplit("/", 1)
+            parsed[(topic, int(partition))] = int(offset)
+        return cls(parsed)
+
+
+class MessageConsumer:
+    """A consumer-group member with manual commits (at-least-once)."""
+
+    def __init__(
+        self, bootstrap: str, topics: list[str], group_id: str, client_id: str = "cellpilot"
+    ) -> None:
+        self._consumer = AIOKafkaConsumer(
+            *topics,
+            bootstrap_servers=bootstrap,
+            group_id=group_id,
+            client_id=client_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=10000,
+            heartbeat_interval_ms=1000,
+        )
+
+    async def start(self) -> None:
+        await self._consumer.start()
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+    async def batches(self, timeout_ms: int = 500, max_records: int = 500) -> AsyncIterator[list[Record]]:
+        """Yields batches of records (possibly empty, so the caller can notice time passing)."""
+        while True:
+            fetched = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+            batch = [
+                Record(
+                    topic=m.topic,
+                    partition=m.partition,
+                    offset=m.offset,
+                    key=(m.key or b"").decode(errors="replace"),
+                    value=m.value or b"",
+                    headers=tuple(m.headers or ()),
+                    timestamp_ms=m.timestamp,
+                )
+                for messages in fetched.values()
+                for m in messages
+            ]
+            yield batch
+
+    async def commit(self, records: Iterable[Record]) -> None:
+        """Commit past the given (processed) records: the next offset per partition."""
+        offsets: dict[TopicPartition, int] = {}
+        for record in records:
+            tp = TopicPartition(record.topic, record.partition)
+            offsets[tp] = max(offsets.get(tp, 0), record.offset + 1)
+        if offsets:
+            await self._consumer.commit(offsets)
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._consumer.assignment())

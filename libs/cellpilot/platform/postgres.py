@@ -1,0 +1,80 @@
+"""PostgreSQL through SQLAlchemy 2 (async, asyncpg driver), and the migration runner.
+
+Migrations are the numbered ``*.sql`` files of ``infra/migrations``; each is applied once,
+in name order, inside a transaction, and recorded in ``schema_migrations``. A PostgreSQL
+advisory lock serialises replicas that start at the same time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import make_url, text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+MIGRATIONS_DIR = REPO_ROOT / "infra" / "migrations"
+_MIGRATION_LOCK_KEY = 0x43656C6C  # any constant shared by every migrator
+
+
+def create_engine(url: str, pool_size: int = 5) -> AsyncEngine:
+    return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+
+
+async def ensure_database(url: str) -> None:
+    """Create the URL's database if it does not exist (connecting to ``postgres`` to do so)."""
+    target = make_url(url)
+    admin = create_async_engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        async with admin.connect() as conn:
+            exists = await conn.scalar(
+                text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": target.database}
+            )
+            if not exists:
+                await conn.execute(text(f'CREATE DATABASE "{target.database}"'))
+    finally:
+        await admin.dispose()
+
+
+async def drop_database(url: str) -> None:
+    """Drop the URL's database, disconnecting whoever still uses it."""
+    target = make_url(url)
+    admin = create_async_engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        async with admin.connect() as conn:
+            await conn.execute(text(f'DROP DATABASE IF EXISTS "{target.database}" WITH (FORCE)'))
+    finally:
+        await admin.dispose()
+
+
+def migration_files(directory: Path = MIGRATIONS_DIR) -> list[Path]:
+    return sorted(directory.glob("*.sql"))
+
+
+async def apply_migrations(url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
+    """Apply pending migrations; returns the names applied by this call."""
+    engine = create_async_engine(url)
+    applied_now: list[str] = []
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
+            await conn.execute(
+                text(
+                    "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                    " version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+                )
+            )
+            done = set((await conn.scalars(text("SELECT version FROM schema_migrations"))).all())
+            for path in migration_files(directory):
+                if path.name in done:
+                    continue
+                # asyncpg runs a multi-statement script only through its simple-query path.
+                raw = await conn.get_raw_connection()
+                await raw.driver_connection.execute(path.read_text())  # type: ignore[union-attr]
+                await conn.execute(
+                    text("INSERT INTO schema_migrations (version) VALUES (:v)"), {"v": path.name}
+                )
+                applied_now.append(path.name)
+    finally:
+        await engine.dispose()
+    return applied_now

@@ -1,0 +1,39 @@
+"""Connection and runtime settings every service shares (DESIGN.md rule 3).
+
+Values come from environment variables prefixed ``CELLPILOT_`` and, underneath them,
+from the embedded stack's ``stack.env`` file (``CELLPILOT_STACK_ENV`` names it; the
+default is ``.cellpilot/stack/stack.env``). A service builds its settings once, in its
+entry point, and passes them down.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_STACK_ENV = Path(".cellpilot/stack/stack.env")
+
+
+class PlatformSettings(BaseSettings):
+    """Where the shared infrastructure is, and how a service reports about itself."""
+
+    model_config = SettingsConfigDict(env_prefix="CELLPILOT_", extra="ignore")
+
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    postgres_url: str = "postgresql+asyncpg://postgres@127.0.0.1:5432/cellpilot"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # OTLP/gRPC collector endpoint (e.g. http://127.0.0.1:4317); unset means no export.
+    otlp_endpoint: str | None = None
+    log_level: str = "INFO"
+    # JSON log lines (for machines) or plain text (for people at a terminal).
+    log_json: bool = True
+
+    @classmethod
+    def load(cls, env_file: Path | None = None) -> PlatformSettings:
+        """Environment first, then the stack's env file (if it exists), then defaults."""
+        path = env_file or Path(os.environ.get("CELLPILOT_STACK_ENV", str(DEFAULT_STACK_ENV)))
+        if path.exists():
+            return cls(_env_file=path)  # type: ignore[call-arg]
+        return cls()

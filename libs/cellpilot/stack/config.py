@@ -1,0 +1,109 @@
+"""Where an embedded stack lives (data directory, ports) and how clients reach it."""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+DEFAULT_DATA_DIR = Path(".cellpilot/stack")
+STATE_FILE = "stack.json"
+ENV_FILE = "stack.env"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel says is free now (bound then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """A stack's identity: its data directory and the ports it listens on.
+
+    A port of 0 means "pick a free one at first start"; the choice is stored in the
+    data directory so that ``up`` again with the same directory reuses it.
+    """
+
+    data_dir: Path = DEFAULT_DATA_DIR
+    host: str = "127.0.0.1"
+    kafka_port: int = 0
+    postgres_port: int = 0
+    redis_port: int = 0
+    database: str = "cellpilot"
+
+    @property
+    def state_path(self) -> Path:
+        return self.data_dir / STATE_FILE
+
+    @property
+    def env_path(self) -> Path:
+        return self.data_dir / ENV_FILE
+
+    def with_ports_resolved(self) -> StackConfig:
+        """Fill ports: explicit ones win, then those remembered in the data directory, then free ones."""
+        remembered: dict[str, int] = {}
+        if self.state_path.exists():
+            remembered = json.loads(self.state_path.read_text()).get("ports", {})
+
+        def pick(name: str) -> int:
+            return int(getattr(self, name) or remembered.get(name) or free_port(self.host))
+
+        return replace(
+            self,
+            data_dir=self.data_dir.resolve(),
+            kafka_port=pick("kafka_port"),
+            postgres_port=pick("postgres_port"),
+            redis_port=pick("redis_port"),
+        )
+
+    def endpoints(self) -> StackEndpoints:
+        return StackEndpoints(
+            kafka_bootstrap=f"{self.host}:{self.kafka_port}",
+            postgres_url=f"postgresql+asyncpg://postgres@{self.host}:{self.postgres_port}/{self.database}",
+            redis_url=f"redis://{self.host}:{self.redis_port}/0",
+        )
+
+
+@dataclass(frozen=True)
+class StackEndpoints:
+    """The connection settings services and tests read (written to ``stack.env``)."""
+
+    kafka_bootstrap: str
+    postgres_url: str
+    redis_url: str
+
+    def as_env(self) -> dict[str, str]:
+        return {
+            "CELLPILOT_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
+            "CELLPILOT_POSTGRES_URL": self.postgres_url,
+            "CELLPILOT_REDIS_URL": self.redis_url,
+        }
+
+    def write_env_file(self, path: Path) -> None:
+        lines = [f"{key}={value}" for key, value in self.as_env().items()]
+        path.write_text("\n".join(lines) + "\n")
+
+    @classmethod
+    def read_env_file(cls, path: Path) -> StackEndpoints:
+        values: dict[str, str] = {}
+        for line in path.read_text().splitlines():
+            if "=" in line and not line.lstrip().startswith("#"):
+                key, value = line.split("=", 1)
+                values[key.strip()] = value.strip()
+        return cls(
+            kafka_bootstrap=values["CELLPILOT_KAFKA_BOOTSTRAP"],
+            postgres_url=values["CELLPILOT_POSTGRES_URL"],
+            redis_url=values["CELLPILOT_REDIS_URL"],
+        )
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)

@@ -1,0 +1,241 @@
+"""Start, check and stop an embedded stack (``cellpilot stack up|down|status``).
+
+Each process runs in its own session (so a Ctrl-C in the shell that started it does not
+reach it) with its output in ``DATA_DIR/logs/NAME.log``; the pids, ports and endpoints
+live in ``DATA_DIR/stack.json`` and the connection settings in ``DATA_DIR/stack.env``.
+``down`` stops every process it started, waits for each to exit and for its port to be
+released, so no orphan is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from cellpilot.platform.kafka import ensure_topics
+from cellpilot.platform.postgres import apply_migrations, ensure_database
+from cellpilot.platform.redis_client import ping_redis
+from cellpilot.stack import components
+from cellpilot.stack.components import Component
+from cellpilot.stack.config import StackConfig, StackEndpoints, port_in_use
+
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+
+
+class StackError(RuntimeError):
+    """The stack could not be brought to the requested state; the message says why."""
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: str
+    pid: int | None
+    running: bool
+    port: int
+    listening: bool
+
+
+def _wait_until(check: Callable[[], bool], timeout_s: float, what: str, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception as error:  # the check talks to a server that may still be starting
+            last_error = error
+        time.sleep(0.2)
+    tail = ""
+    if log is not None and log.exists():
+        tail = "\n--- last lines of " + str(log) + " ---\n" + "\n".join(log.read_text().splitlines()[-15:])
+    raise StackError(f"timed out after {timeout_s:.0f} s waiting for {what} (last error: {last_error}){tail}")
+
+
+class Stack:
+    """One embedded stack, identified by its data directory."""
+
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config.with_ports_resolved()
+
+    # -- the state file -------------------------------------------------------------------------
+    def _read_state(self) -> dict[str, object]:
+        if not self.config.state_path.exists():
+            return {}
+        state: dict[str, object] = json.loads(self.config.state_path.read_text())
+        return state
+
+    def _pids(self) -> dict[str, int]:
+        pids = self._read_state().get("pids", {})
+        assert isinstance(pids, dict)
+        return {str(k): int(v) for k, v in pids.items()}
+
+    def _write_state(self, pids: dict[str, int]) -> None:
+        c = self.config
+        state = {
+            "ports": {
+                "kafka_port": c.kafka_port,
+                "postgres_port": c.postgres_port,
+                "redis_port": c.redis_port,
+            },
+            "pids": pids,
+            "endpoints": c.endpoints().as_dict(),
+        }
+        c.state_path.write_text(json.dumps(state, indent=2) + "\n")
+
+    @property
+    def endpoints(self) -> StackEndpoints:
+        return self.config.endpoints()
+
+    def components(self) -> list[Component]:
+        return [
+            components.postgres(self.config),
+            components.redis(self.config),
+            components.broker(self.config),
+        ]
+
+    # -- up -------------------------------------------------------------------------------------
+    def up(self, progress: Callable[[str], None] = lambda _: None) -> StackEndpoints:
+        """Start whatever is not running, wait until healthy, create topics, migrate the database."""
+        c = self.config
+        (c.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (c.data_dir / "redis").mkdir(parents=True, exist_ok=True)
+        pids = {name: pid for name, pid in self._pids().items() if self._alive(name, pid)}
+        # Check every port before starting anything, so a clash leaves nothing half-started.
+        for component in self.components():
+            if component.name not in pids and port_in_use(c.host, component.port):
+                raise StackError(
+                    f"port {component.port} for {component.name} is taken by another process; "
+                    f"choose another with --{component.name}-port or another --data-dir"
+                )
+        for component in self.components():
+            if component.name in pids:
+                progress(f"{component.name} already running (pid {pids[component.name]})")
+                continue
+            if component.name == "postgres":
+                progress("postgres: initialising the data directory")
+                components.initialise_postgres(c, component.run_as)
+            pids[component.name] = self._spawn(component)
+            self._write_state(pids)
+            progress(f"{component.name}: started (pid {pids[component.name]}), waiting until healthy")
+            self._wait_healthy(component)
+        c.endpoints().write_env_file(c.env_path)
+        self._write_state(pids)
+        progress("postgres: applying migrations")
+        asyncio.run(self._prepare_database())
+        progress("kafka: creating topics")
+        asyncio.run(ensure_topics(c.endpoints().kafka_bootstrap))
+        return c.endpoints()
+
+    def _spawn(self, component: Component) -> int:
+        log_path = self.config.data_dir / "logs" / f"{component.name}.log"
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                component.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **component.env},
+                user=component.run_as.uid,
+                group=component.run_as.gid,
+                cwd=self.config.data_dir,
+            )
+        return process.pid
+
+    def _wait_healthy(self, component: Component) -> None:
+        c = self.config
+        log = c.data_dir / "logs" / f"{component.name}.log"
+        _wait_until(
+            lambda: port_in_use(c.host, component.port), START_TIMEOUT_S, f"{component.name} port", log
+        )
+        if component.name == "redis":
+            _wait_until(lambda: ping_redis(c.endpoints().redis_url), START_TIMEOUT_S, "redis PING", log)
+        elif component.name == "postgres":
+            pg_isready = str(components.postgres_bin_dir() / "pg_isready")
+            _wait_until(
+                lambda: (
+                    subprocess.run(
+                        [pg_isready, "-h", c.host, "-p", str(c.postgres_port)], capture_output=True
+                    ).returncode
+                    == 0
+                ),
+                START_TIMEOUT_S,
+                "postgres to accept connections",
+                log,
+            )
+
+    async def _prepare_database(self) -> None:
+        await ensure_database(self.config.endpoints().postgres_url)
+        await apply_migrations(self.config.endpoints().postgres_url)
+
+    # -- status and down ------------------------------------------------------------------------
+    def _alive(self, name: str, pid: int) -> bool:
+        """True if ``pid`` is still our component (not a recycled pid of another program)."""
+        try:
+            process = psutil.Process(pid)
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return False
+            expected = {"kafka": "tansu", "postgres": "postgres", "redis": "redis-server"}[name]
+            return any(expected in part for part in process.cmdline()[:1])
+        except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError):
+            return False
+
+    def status(self) -> list[ComponentStatus]:
+        pids = self._pids()
+        result = []
+        for component in self.components():
+            pid = pids.get(component.name)
+            result.append(
+                ComponentStatus(
+                    name=component.name,
+                    pid=pid,
+                    running=pid is not None and self._alive(component.name, pid),
+                    port=component.port,
+                    listening=port_in_use(self.config.host, component.port),
+                )
+            )
+        return result
+
+    def down(self, progress: Callable[[str], None] = lambda _: None) -> None:
+        """Stop every component cleanly (SIGKILL only after the timeout) and wait for ports to free."""
+        pids = self._pids()
+        stopped = []
+        # Reverse start order: the broker first, the database last.
+        for component in reversed(self.components()):
+            pid = pids.get(component.name)
+            if pid is None or not self._alive(component.name, pid):
+                continue
+            progress(f"{component.name}: stopping (pid {pid})")
+            self._stop(pid, component.stop_signal)
+            stopped.append(component)
+        for component in stopped:
+            _wait_until(
+                lambda port=component.port: not port_in_use(self.config.host, port),  # type: ignore[misc]
+                STOP_TIMEOUT_S,
+                f"port {component.port} ({component.name}) to be released",
+            )
+        self._write_state({})
+        progress("stack stopped")
+
+    @staticmethod
+    def _stop(pid: int, stop_signal: int) -> None:
+        try:
+            process = psutil.Process(pid)
+            group = [process, *process.children(recursive=True)]
+            process.send_signal(signal.Signals(stop_signal))
+        except psutil.NoSuchProcess:
+            return
+        _, alive = psutil.wait_procs(group, timeout=STOP_TIMEOUT_S)
+        for leftover in alive:
+            leftover.kill()
+        psutil.wait_procs(alive, timeout=5)

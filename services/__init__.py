@@ -1,0 +1,1 @@
+"""Deployed Cellpilot services: one sub-package per service, each a thin async shell."""

@@ -1,0 +1,303 @@
+"""The one place the Borglet's protobuf messages meet its plain dataclasses (DESIGN.md rule 2).
+
+Requests become :class:`TaskPlan` objects, validated on the way in: a bad field raises
+:class:`InvalidFieldError` naming it (the servicer answers INVALID_ARGUMENT). Records, events
+and sample arrays become replies and Kafka messages on the way out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from cellpilot.api.v1 import borglet_pb2, job_pb2, machine_pb2, resources_pb2, state_pb2, usage_pb2
+from cellpilot.borg.lifecycle import TaskEvent, TaskState
+from cellpilot.workloads.usage_models import resolve_params
+from cellpilot_services.borglet.fleet_ticks import TaskTable, TickResult
+from cellpilot_services.borglet.task_record import (
+    BorgletEvent,
+    Limits,
+    Phase,
+    ProcessPlan,
+    SimulatedPlan,
+    TaskPlan,
+    TaskRecord,
+)
+
+
+class InvalidFieldError(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class RuntimeDefaults:
+    runtime: str = "simulated"  # for a spec without a runtime: "simulated" or "process"
+    usage_model: str = "steady"
+    allow_process: bool = True
+
+
+@dataclass(frozen=True)
+class MachineProfile:
+    """What a hosted machine is (registered with the Borgmaster as a MachineSpec)."""
+
+    machine_id: str
+    capacity: Limits
+    attributes: Mapping[str, str]
+    rack: str
+    power_domain: str
+    first_port: int
+
+
+EVENT_KINDS: dict[TaskEvent, state_pb2.TaskEventKind.ValueType] = {
+    TaskEvent.RUNNING: state_pb2.TASK_EVENT_KIND_RUNNING,
+    TaskEvent.OOM: state_pb2.TASK_EVENT_KIND_OOM,
+    TaskEvent.EVICTED: state_pb2.TASK_EVENT_KIND_EVICTED,
+    TaskEvent.PREEMPTED: state_pb2.TASK_EVENT_KIND_PREEMPTED,
+    TaskEvent.FINISHED: state_pb2.TASK_EVENT_KIND_FINISHED,
+    TaskEvent.FAILED: state_pb2.TASK_EVENT_KIND_FAILED,
+    TaskEvent.KILLED: state_pb2.TASK_EVENT_KIND_KILLED,
+    TaskEvent.UPDATED: state_pb2.TASK_EVENT_KIND_UPDATED,
+}
+TASK_STATES: dict[TaskState, state_pb2.TaskState.ValueType] = {
+    TaskState.PENDING: state_pb2.TASK_STATE_PENDING,
+    TaskState.RUNNING: state_pb2.TASK_STATE_RUNNING,
+    TaskState.DEAD: state_pb2.TASK_STATE_DEAD,
+}
+# Stop reasons the master may give (StopTaskRequest.reason); unspecified reads as KILLED.
+STOP_REASONS: dict[state_pb2.TaskEventKind.ValueType, TaskEvent] = {
+    state_pb2.TASK_EVENT_KIND_UNSPECIFIED: TaskEvent.KILLED,
+    state_pb2.TASK_EVENT_KIND_KILLED: TaskEvent.KILLED,
+    state_pb2.TASK_EVENT_KIND_PREEMPTED: TaskEvent.PREEMPTED,
+    state_pb2.TASK_EVENT_KIND_EVICTED: TaskEvent.EVICTED,
+}
+
+
+def limits(resources: resources_pb2.Resources, field: str) -> Limits:
+    for name in ("cpu_millicores", "memory_bytes", "disk_bytes", "ports"):
+        if getattr(resources, name) < 0:
+            raise InvalidFieldError(f"{field}.{name}", "must be >= 0")
+    return Limits(resources.cpu_millicores, resources.memory_bytes, resources.disk_bytes, resources.ports)
+
+
+def resources(value: Limits) -> resources_pb2.Resources:
+    return resources_pb2.Resources(
+        cpu_millicores=value.cpu_millicores,
+        memory_bytes=value.memory_bytes,
+        disk_bytes=value.disk_bytes,
+        ports=value.ports,
+    )
+
+
+def hard_memory_limit(kind: int, field: str) -> bool:
+    if kind not in (
+        job_pb2.MEMORY_LIMIT_KIND_UNSPECIFIED,
+        job_pb2.MEMORY_LIMIT_KIND_HARD,
+        job_pb2.MEMORY_LIMIT_KIND_SOFT,
+    ):
+        raise InvalidFieldError(field, f"unknown memory limit kind {kind}")
+    return kind != job_pb2.MEMORY_LIMIT_KIND_SOFT
+
+
+def _runtime(spec: job_pb2.RuntimeSpec, field: str, defaults: RuntimeDefaults) -> ProcessPlan | SimulatedPlan:
+    which = spec.WhichOneof("runtime") or defaults.runtime
+    if which == "process":
+        if not defaults.allow_process:
+            raise InvalidFieldError(f"{field}.process", "this Borglet does not run process tasks")
+        process = spec.process
+        if not process.command:
+            raise InvalidFieldError(f"{field}.process.command", "must name an executable")
+        return ProcessPlan(process.command, tuple(process.args), tuple(sorted(process.env.items())))
+    simulated = spec.simulated
+    if simulated.trace_uri:
+        raise InvalidFieldError(
+            f"{field}.simulated.trace_uri", "trace replay is not supported by this Borglet; use usage_model"
+        )
+    if simulated.duration_seconds < 0 or simulated.startup_seconds < 0:
+        name = "duration_seconds" if simulated.duration_seconds < 0 else "startup_seconds"
+        raise InvalidFieldError(f"{field}.simulated.{name}", "must be >= 0")
+    model = simulated.usage_model or defaults.usage_model
+    try:
+        params = resolve_params(model, dict(simulated.params))
+    except ValueError as error:
+        name = "usage_model" if "unknown usage model" in str(error) else "params"
+        raise InvalidFieldError(f"{field}.simulated.{name}", str(error)) from error
+    return SimulatedPlan(
+        usage_model=model,
+        params=tuple(sorted(params.items())),
+        seed=simulated.seed,
+        duration_seconds=simulated.duration_seconds,
+        startup_seconds=simulated.startup_seconds,
+    )
+
+
+def task_plan(task: borglet_pb2.TaskAssignment, field: str, defaults: RuntimeDefaults) -> TaskPlan:
+    if not task.job_id:
+        raise InvalidFieldError(f"{field}.job_id", "must not be empty")
+    if task.task_index < 0:
+        raise InvalidFieldError(f"{field}.task_index", "must be >= 0")
+    if task.incarnation < 0:
+        raise InvalidFieldError(f"{field}.incarnation", "must be >= 0")
+    spec = task.spec
+    return TaskPlan(
+        job_id=task.job_id,
+        task_index=task.task_index,
+        incarnation=task.incarnation,
+        priority=task.priority,
+        band=task.band,
+        limits=limits(spec.limits, f"{field}.spec.limits"),
+        hard_memory_limit=hard_memory_limit(spec.memory_limit_kind, f"{field}.spec.memory_limit_kind"),
+        runtime=_runtime(spec.runtime, f"{field}.spec.runtime", defaults),
+        package_ids=tuple(spec.package_ids),
+        ports=tuple(task.ports),
+        spec_version=task.spec_version,
+    )
+
+
+def task_report(record: TaskRecord, now_ms: int) -> borglet_pb2.TaskReport:
+    plan = record.plan
+    report = borglet_pb2.TaskReport(
+        job_id=plan.job_id,
+        task_index=plan.task_index,
+        incarnation=plan.incarnation,
+        state=state_pb2.TASK_STATE_RUNNING if record.alive else state_pb2.TASK_STATE_DEAD,
+        limits=resources(plan.limits),
+        usage=resources_pb2.Resources(
+            cpu_millicores=round(record.cpu_millicores), memory_bytes=record.memory_bytes
+        ),
+        cpu_throttled=record.cpu_throttled,
+        ready=_ready(record, now_ms),
+        restarts=record.restarts,
+        started_ms=record.started_ms,
+        spec_version=plan.spec_version,
+    )
+    if not record.alive and record.exit_kind is not None:
+        report.exit_reason = EVENT_KINDS[record.exit_kind]
+        report.exit_code = record.exit_code
+    return report
+
+
+def _ready(record: TaskRecord, now_ms: int) -> bool:
+    if not record.alive or record.phase is Phase.STARTING:
+        return False
+    runtime = record.plan.runtime
+    if isinstance(runtime, SimulatedPlan):
+        return now_ms - record.started_ms >= runtime.startup_seconds * 1000
+    return True
+
+
+def reported_event(event: BorgletEvent) -> borglet_pb2.ReportedEvent:
+    return borglet_pb2.ReportedEvent(
+        sequence=event.sequence,
+        event=state_pb2.TaskEvent(
+            job_id=event.job_id,
+            task_index=event.task_index,
+            incarnation=event.incarnation,
+            kind=EVENT_KINDS[event.kind],
+            state=TASK_STATES[event.state],
+            machine_id=event.machine_id,
+            event_time_ms=event.event_time_ms,
+            cause_id=event.cause_id,
+            detail=event.detail,
+            limits=resources(event.limits),
+            usage=resources_pb2.Resources(
+                cpu_millicores=round(event.cpu_millicores), memory_bytes=event.memory_bytes
+            ),
+        ),
+    )
+
+
+def poll_response(
+    machine_id: str,
+    now_ms: int,
+    desired_version: int,
+    records: Iterable[TaskRecord],
+    events: Iterable[BorgletEvent],
+    capacity: Limits,
+    memory_pressure: bool,
+    packages: Iterable[str],
+) -> borglet_pb2.PollResponse:
+    reports = [task_report(record, now_ms) for record in records]
+    live = [r for r in reports if r.state == state_pb2.TASK_STATE_RUNNING]
+    return borglet_pb2.PollResponse(
+        machine_id=machine_id,
+        event_time_ms=now_ms,
+        desired_version=desired_version,
+        tasks=reports,
+        events=[reported_event(event) for event in events],
+        capacity=resources(capacity),
+        usage=resources_pb2.Resources(
+            cpu_millicores=sum(r.usage.cpu_millicores for r in live),
+            memory_bytes=sum(r.usage.memory_bytes for r in live),
+        ),
+        memory_pressure=memory_pressure,
+        cached_package_ids=sorted(packages),
+    )
+
+
+def machine_spec(profile: MachineProfile, borglet_address: str) -> machine_pb2.MachineSpec:
+    return machine_pb2.MachineSpec(
+        machine_id=profile.machine_id,
+        borglet_address=borglet_address,
+        capacity=resources(profile.capacity),
+        attributes=dict(profile.attributes),
+        rack=profile.rack,
+        power_domain=profile.power_domain,
+        first_port=profile.first_port,
+    )
+
+
+@dataclass(frozen=True)
+class SampleChunk:
+    """Samples of one batch of event-seconds: the table they were taken on and the result."""
+
+    table: TaskTable
+    identities: Sequence[tuple[str, int, int]]  # (job id, task index, incarnation) per row
+    result: TickResult
+
+
+def sample_batches(
+    chunks: Sequence[SampleChunk],
+    machine_ids: Sequence[str],
+    next_sequence: dict[str, int],
+    max_samples: int,
+) -> list[tuple[str, usage_pb2.UsageSampleBatch]]:
+    """Per machine, its samples in event-time order, in batches of at most ``max_samples``."""
+    batches: dict[str, list[usage_pb2.UsageSampleBatch]] = {}
+    for chunk in chunks:
+        result = chunk.result
+        times = (result.seconds * 1000).tolist()
+        cpu, memory = result.cpu.tolist(), result.memory.tolist()
+        throttled, sampled = result.throttled.tolist(), result.sampled.tolist()
+        bounds = chunk.table.machine_bounds.tolist()
+        for machine_index in range(len(bounds) - 1):
+            lo, hi = bounds[machine_index], bounds[machine_index + 1]
+            if lo == hi:
+                continue
+            machine_id = machine_ids[machine_index]
+            own = batches.setdefault(machine_id, [])
+            for j, time_ms in enumerate(times):
+                cpu_j, memory_j, throttled_j, sampled_j = cpu[j], memory[j], throttled[j], sampled[j]
+                for row in range(lo, hi):
+                    if not sampled_j[row]:
+                        continue
+                    if not own or len(own[-1].samples) >= max_samples:
+                        own.append(usage_pb2.UsageSampleBatch(machine_id=machine_id))
+                    job_id, task_index, incarnation = chunk.identities[row]
+                    own[-1].samples.add(
+                        job_id=job_id,
+                        task_index=task_index,
+                        incarnation=incarnation,
+                        event_time_ms=time_ms,
+                        cpu_millicores=cpu_j[row],
+                        memory_bytes=memory_j[row],
+                        cpu_throttled=throttled_j[row],
+                    )
+    out = []
+    for machine_id, machine_batches in batches.items():
+        for batch in machine_batches:
+            batch.batch_sequence = next_sequence[machine_id]
+            next_sequence[machine_id] += 1
+            out.append((machine_id, batch))
+    return out

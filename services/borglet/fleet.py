@@ -1,0 +1,457 @@
+"""The machines one Borglet process hosts, their tasks, and the event-time loop that runs them.
+
+One process hosts one machine (the normal Borglet, Borg §3.3) or many simulated ones (fleet
+mode, for scale tests). Every event-second the loop samples every running task and enforces
+limits (:mod:`fleet_ticks`, off the event loop for large fleets), then applies the outcome:
+OOM kills, finished simulated tasks, the latest usage for reports, and samples handed to the
+publisher. Tasks keep running whether or not a master polls (Borg §3.3, §4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from opentelemetry import trace
+
+from cellpilot.borg.enforcement import KillReason
+from cellpilot.borg.lifecycle import TaskEvent
+from cellpilot_services.borglet.convert import SampleChunk
+from cellpilot_services.borglet.desired_set import diff_desired
+from cellpilot_services.borglet.event_clock import EventClock
+from cellpilot_services.borglet.fleet_ticks import (
+    ProcessUsage,
+    SimulatedGroup,
+    TaskTable,
+    TickResult,
+    empty_usage,
+    run_ticks,
+)
+from cellpilot_services.borglet.machine_agent import MachineAgent
+from cellpilot_services.borglet.process_runtime import ProcessHandle, ProcessRunner
+from cellpilot_services.borglet.sample_publisher import SamplePublisher
+from cellpilot_services.borglet.task_record import (
+    Limits,
+    Phase,
+    SimulatedPlan,
+    TaskPlan,
+    TaskRecord,
+)
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
+
+KILL_EXIT_CODE = -int(signal.SIGKILL)
+_U64 = (1 << 64) - 1
+
+
+class StaleIncarnationError(Exception):
+    """A request names an older incarnation than the one running here."""
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    pressure_fraction: float = 0.95
+    meter_interval_s: float = 1.0
+    min_step_wall_s: float = 0.05  # shortest wall sleep between steps (batches seconds when sped up)
+    max_seconds_per_step: int = 120  # event-seconds processed per step when catching up
+    thread_threshold: int = 2_000  # task-seconds above which a step runs off the event loop
+    stop_wait_s: float = 2.0  # how long a kill without notice waits for the process to exit
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    table: TaskTable
+    rows: tuple[TaskRecord, ...]
+    identities: tuple[tuple[str, int, int], ...]
+    process_rows: tuple[int, ...]
+
+
+class Fleet:
+    def __init__(
+        self,
+        machines: Sequence[MachineAgent],
+        clock: EventClock,
+        runner: ProcessRunner,
+        publisher: SamplePublisher | None,
+        options: FleetOptions | None = None,
+    ) -> None:
+        self.machine_list = list(machines)
+        self.machines = {m.machine_id: m for m in self.machine_list}
+        self.clock = clock
+        self.runner = runner
+        self.publisher = publisher
+        self.options = options or FleetOptions()
+        self._capacity = np.array(
+            [m.profile.capacity.memory_bytes for m in self.machine_list], dtype=np.float64
+        )
+        self._snapshot: _Snapshot | None = None
+        self._watchers: set[asyncio.Task[None]] = set()
+        self.last_second = clock.now_ms() // 1000
+        self.steps = 0
+
+    # ----- task lifecycle -------------------------------------------------------------------
+
+    def _changed(self) -> None:
+        self._snapshot = None
+
+    async def start_task(self, machine: MachineAgent, plan: TaskPlan, cause_id: str) -> TaskRecord:
+        """Start a task (a no-op for an incarnation already known here)."""
+        existing = machine.tasks.get(plan.key)
+        if existing is not None:
+            if existing.plan.incarnation == plan.incarnation:
+                return existing
+            if existing.alive:
+                if existing.plan.incarnation > plan.incarnation:
+                    raise StaleIncarnationError(
+                        f"incarnation {plan.incarnation} of {plan.job_id}/{plan.task_index} is older than "
+                        f"incarnation {existing.plan.incarnation} running on {machine.machine_id}"
+                    )
+                await self.stop_task(
+                    machine,
+                    existing,
+                    TaskEvent.KILLED,
+                    0,
+                    cause_id,
+                    f"replaced by incarnation {plan.incarnation}",
+                )
+        now = self.clock.now_ms()
+        record = TaskRecord(machine.machine_id, plan, Phase.STARTING, started_ms=now)
+        machine.tasks[plan.key] = record
+        machine.packages.update(plan.package_ids)
+        if record.simulated:
+            self._running(machine, record, cause_id, "simulated")
+            return record
+        try:
+            handle = await self.runner.spawn(record)
+        except OSError as error:
+            self._exited(machine, record, TaskEvent.FAILED, -1, f"could not start: {error}", cause_id)
+            return record
+        record.process = handle
+        if record.stop_kind is not None:  # stopped while it was starting
+            record.phase = Phase.STOPPING
+            self.runner.signal(handle, signal.SIGKILL)
+        else:
+            self._running(machine, record, cause_id, f"pid {handle.pid}")
+        watcher = asyncio.create_task(self._watch(machine, record, handle))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+        return record
+
+    def _running(self, machine: MachineAgent, record: TaskRecord, cause_id: str, detail: str) -> None:
+        record.phase = Phase.RUNNING
+        machine.record_event(record, TaskEvent.RUNNING, record.started_ms, cause_id, detail)
+        self._changed()
+
+    def _exited(
+        self,
+        machine: MachineAgent,
+        record: TaskRecord,
+        kind: TaskEvent,
+        exit_code: int,
+        detail: str,
+        cause_id: str,
+        at_ms: int | None = None,
+    ) -> None:
+        if record.phase is Phase.DEAD:
+            return
+        record.phase = Phase.DEAD
+        record.exit_kind = kind
+        record.exit_code = exit_code
+        record.exit_detail = detail
+        record.exit_ms = at_ms if at_ms is not None else self.clock.now_ms()
+        event = machine.record_event(record, kind, record.exit_ms, cause_id, detail)
+        record.exit_sequence = event.sequence
+        self._changed()
+
+    async def _watch(self, machine: MachineAgent, record: TaskRecord, handle: ProcessHandle) -> None:
+        code = await self.runner.wait(handle)
+        if record.stop_kind is not None:
+            kind, detail, cause = record.stop_kind, record.stop_detail, record.stop_cause
+        elif code == 0:
+            kind, detail, cause = TaskEvent.FINISHED, "exit code 0", f"exit:{record.plan.name}"
+        else:
+            kind, detail, cause = TaskEvent.FAILED, f"exit code {code}", f"exit:{record.plan.name}"
+        self._exited(machine, record, kind, code, detail, cause, record.extra.get("stop_ms"))
+
+    async def stop_task(
+        self,
+        machine: MachineAgent,
+        record: TaskRecord,
+        kind: TaskEvent,
+        grace_seconds: float,
+        cause_id: str,
+        detail: str = "",
+    ) -> None:
+        """Kill a task: SIGTERM, then SIGKILL after the grace period (Borg §2.3), or SIGKILL now."""
+        if not record.alive:
+            return
+        handle = record.process
+        if record.stop_kind is None:
+            record.stop_kind = kind
+            record.stop_detail = detail or f"stopped by the master ({kind.value})"
+            record.stop_cause = cause_id
+            record.extra["stop_ms"] = self.clock.now_ms()
+        if record.simulated:
+            self._exited(machine, record, record.stop_kind, KILL_EXIT_CODE, record.stop_detail, cause_id)
+            return
+        if record.phase is Phase.STARTING or handle is None:
+            return  # start_task kills it once spawned
+        record.phase = Phase.STOPPING
+        self._changed()
+        if grace_seconds > 0:
+            self.runner.signal(handle, signal.SIGTERM)
+            task = asyncio.create_task(self._kill_after(handle, grace_seconds))
+            self._watchers.add(task)
+            task.add_done_callback(self._watchers.discard)
+            return
+        self.runner.signal(handle, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(handle.exited.wait(), timeout=self.options.stop_wait_s)
+
+    async def _kill_after(self, handle: ProcessHandle, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(handle.exited.wait(), timeout=seconds)
+        if not handle.exited.is_set():
+            self.runner.signal(handle, signal.SIGKILL)
+
+    def update_task(
+        self, record: TaskRecord, limits: Limits, hard_memory_limit: bool, priority: int, spec_version: int
+    ) -> None:
+        """Change limits, limit kind and priority in place (Borg §2.3: no restart needed)."""
+        plan = record.plan
+        record.plan = TaskPlan(
+            job_id=plan.job_id,
+            task_index=plan.task_index,
+            incarnation=plan.incarnation,
+            priority=priority,
+            band=plan.band,
+            limits=limits,
+            hard_memory_limit=hard_memory_limit,
+            runtime=plan.runtime,
+            package_ids=plan.package_ids,
+            ports=plan.ports,
+            spec_version=spec_version,
+        )
+        if isinstance(record.process, ProcessHandle):
+            self.runner.update_limit(record.process, limits.cpu_millicores)
+        self._changed()
+
+    async def apply_desired(
+        self, machine: MachineAgent, version: int, plans: Sequence[TaskPlan], cause_id: str
+    ) -> None:
+        """Converge on the master's desired set: kill duplicates, start the missing, update in place."""
+        changes = diff_desired(machine.known_tasks(), plans)
+        for known in changes.kill:
+            record = machine.tasks[known.key]
+            await self.stop_task(
+                machine,
+                record,
+                TaskEvent.KILLED,
+                0,
+                cause_id,
+                "duplicate: not in the master's desired task set",
+            )
+        for plan in changes.update:
+            record = machine.tasks[plan.key]
+            self.update_task(record, plan.limits, plan.hard_memory_limit, plan.priority, plan.spec_version)
+        machine.desired = {plan.key: plan.incarnation for plan in plans}
+        machine.desired_version = version
+        for plan in changes.start:
+            await self.start_task(machine, plan, cause_id)
+
+    # ----- the event-time loop --------------------------------------------------------------
+
+    def _table(self) -> _Snapshot:
+        if self._snapshot is not None:
+            return self._snapshot
+        rows: list[TaskRecord] = []
+        machine_index: list[int] = []
+        for machine in self.machine_list:
+            for record in machine.tasks.values():
+                if record.phase is Phase.RUNNING:
+                    rows.append(record)
+                    machine_index.append(machine.index)
+        n = len(rows)
+        machine = np.array(machine_index, dtype=np.intp)
+        groups: dict[tuple[str, tuple[tuple[str, float], ...]], tuple[list[int], list[int]]] = {}
+        duration = np.zeros(n)
+        simulated = np.zeros(n, dtype=bool)
+        process_rows = []
+        for row, record in enumerate(rows):
+            runtime = record.plan.runtime
+            if isinstance(runtime, SimulatedPlan):
+                simulated[row] = True
+                duration[row] = runtime.duration_seconds
+                members, keys = groups.setdefault((runtime.usage_model, runtime.params), ([], []))
+                members.append(row)
+                keys.append((runtime.seed + record.plan.task_index) & _U64)
+            else:
+                process_rows.append(row)
+        table = TaskTable(
+            machine=machine,
+            priority=np.array([r.plan.priority for r in rows], dtype=np.int64),
+            cpu_limit=np.array([r.plan.limits.cpu_millicores for r in rows], dtype=np.float64),
+            memory_limit=np.array([r.plan.limits.memory_bytes for r in rows], dtype=np.float64),
+            hard_memory_limit=np.array([r.plan.hard_memory_limit for r in rows], dtype=bool),
+            simulated=simulated,
+            start_s=np.array([r.started_ms / 1000.0 for r in rows], dtype=np.float64),
+            duration_s=duration,
+            groups=tuple(
+                SimulatedGroup(
+                    model=model,
+                    params=dict(params),
+                    rows=np.array(members, dtype=np.intp),
+                    keys=np.array(keys, dtype=np.uint64).view(np.int64),
+                )
+                for (model, params), (members, keys) in groups.items()
+            ),
+            memory_capacity=self._capacity,
+            pressure_fraction=self.options.pressure_fraction,
+            machine_bounds=TaskTable.bounds(machine, len(self.machine_list)),
+        )
+        identities = tuple((r.plan.job_id, r.plan.task_index, r.plan.incarnation) for r in rows)
+        self._snapshot = _Snapshot(table, tuple(rows), identities, tuple(process_rows))
+        return self._snapshot
+
+    def _process_usage(self, snapshot: _Snapshot) -> ProcessUsage:
+        usage = empty_usage(snapshot.table.size)
+        for row in snapshot.process_rows:
+            handle = snapshot.rows[row].process
+            if isinstance(handle, ProcessHandle):
+                usage.cpu[row] = handle.cpu_millicores
+                usage.memory[row] = handle.memory_bytes
+                usage.throttled[row] = handle.kernel_throttled
+        return usage
+
+    def meter_processes(self) -> None:
+        for machine in self.machine_list:
+            for record in machine.tasks.values():
+                if record.phase is Phase.RUNNING and isinstance(record.process, ProcessHandle):
+                    self.runner.meter(record.process)
+
+    async def step(self) -> int:
+        """Process the event-seconds elapsed since the last step; returns how many."""
+        target = self.clock.now_ms() // 1000
+        if target <= self.last_second:
+            return 0
+        first = self.last_second + 1
+        count = min(target - self.last_second, self.options.max_seconds_per_step)
+        seconds = np.arange(first, first + count, dtype=np.int64)
+        snapshot = self._table()
+        if snapshot.table.size:
+            usage = self._process_usage(snapshot)
+            if snapshot.table.size * count > self.options.thread_threshold:
+                result = await asyncio.to_thread(run_ticks, snapshot.table, seconds, usage)
+            else:
+                result = run_ticks(snapshot.table, seconds, usage)
+            self._apply(snapshot, result)
+        self.last_second = first + count - 1
+        self.steps += 1
+        return count
+
+    def _apply(self, snapshot: _Snapshot, result: TickResult) -> None:
+        sampled = result.sampled
+        if sampled.shape[0]:
+            any_sampled = sampled.any(axis=0)
+            last = sampled.shape[0] - 1 - np.argmax(sampled[::-1], axis=0)
+            cols = np.arange(sampled.shape[1])
+            cpu = result.cpu[last, cols].tolist()
+            memory = result.memory[last, cols].tolist()
+            throttled = result.throttled[last, cols].tolist()
+            for row, record in enumerate(snapshot.rows):
+                if any_sampled[row]:
+                    record.cpu_millicores = cpu[row]
+                    record.memory_bytes = memory[row]
+                    record.cpu_throttled = throttled[row]
+        for row, second in result.finished:
+            record = snapshot.rows[row]
+            machine = self.machines[record.machine_id]
+            if record.phase is Phase.RUNNING:
+                runtime = record.plan.runtime
+                assert isinstance(runtime, SimulatedPlan)
+                detail = f"ran its {runtime.duration_seconds} s"
+                self._exited(
+                    machine,
+                    record,
+                    TaskEvent.FINISHED,
+                    0,
+                    detail,
+                    f"finish:{record.plan.name}",
+                    second * 1000,
+                )
+        for kill in result.kills:
+            record = snapshot.rows[kill.row]
+            machine = self.machines[record.machine_id]
+            if record.phase is not Phase.RUNNING:
+                continue
+            record.memory_bytes = int(kill.memory_bytes)
+            cause = f"oom:{record.machine_id}:{record.plan.name}:{kill.second}"
+            detail = f"{_REASON_TEXT[kill.reason]}: {kill.detail}"
+            attributes = {"cellpilot.cause_id": cause, "cellpilot.machine_id": record.machine_id}
+            with tracer.start_as_current_span("borglet oom kill", attributes=attributes):
+                self._oom_kill(machine, record, cause, detail, kill.second)
+        for machine in self.machine_list:
+            machine.memory_pressure = bool(result.memory_pressure[machine.index])
+        if self.publisher is not None:
+            self.publisher.add(SampleChunk(snapshot.table, snapshot.identities, result))
+
+    def _oom_kill(
+        self, machine: MachineAgent, record: TaskRecord, cause: str, detail: str, second: int
+    ) -> None:
+        """Kill a task for memory (Autopilot §2.3): at once if simulated; SIGKILL to a process."""
+        if record.simulated:
+            self._exited(machine, record, TaskEvent.OOM, KILL_EXIT_CODE, detail, cause, second * 1000)
+        elif isinstance(record.process, ProcessHandle):
+            record.stop_kind, record.stop_detail, record.stop_cause = TaskEvent.OOM, detail, cause
+            record.extra["stop_ms"] = second * 1000
+            record.phase = Phase.STOPPING
+            self._changed()
+            self.runner.signal(record.process, signal.SIGKILL)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Step through event time until ``stop``: meter processes, sample, enforce, publish."""
+        next_meter = 0.0
+        while not stop.is_set():
+            if time.monotonic() >= next_meter:
+                self.meter_processes()
+                next_meter = time.monotonic() + self.options.meter_interval_s
+            try:
+                await self.step()
+            except Exception:
+                log.exception("borglet step failed")
+            if self.clock.now_ms() // 1000 > self.last_second + self.options.max_seconds_per_step:
+                await asyncio.sleep(0)  # behind: catch up, yielding to RPCs between steps
+                continue
+            delay = self.clock.wall_seconds_until((self.last_second + 1) * 1000)
+            delay = min(
+                max(delay, self.options.min_step_wall_s), max(0.0, next_meter - time.monotonic()) + 0.01
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+
+    async def shutdown(self, kill_tasks: bool) -> None:
+        """Stop watching tasks; kill the processes this Borglet started if asked to."""
+        if kill_tasks:
+            for machine in self.machine_list:
+                for record in list(machine.tasks.values()):
+                    if record.alive and not record.simulated:
+                        await self.stop_task(
+                            machine, record, TaskEvent.KILLED, 0, "borglet-shutdown", "Borglet stopped"
+                        )
+        for watcher in list(self._watchers):
+            watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+
+
+_REASON_TEXT = {
+    KillReason.HARD_LIMIT: "OOM: hard memory limit exceeded",
+    KillReason.SOFT_LIMIT_PRESSURE: "OOM: over soft memory limit under machine memory pressure",
+    KillReason.MACHINE_OUT_OF_MEMORY: "OOM: machine out of memory",
+}

@@ -1,0 +1,115 @@
+"""The state one hosted machine keeps: its tasks, its unacknowledged events, its master fence.
+
+A fleet-mode Borglet holds one :class:`MachineAgent` per simulated machine; a per-machine
+Borglet holds one. Nothing here does I/O; the :mod:`fleet` starts and stops the tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+from cellpilot.borg.lifecycle import TaskEvent
+from cellpilot_services.borglet.convert import MachineProfile
+from cellpilot_services.borglet.desired_set import KnownTask
+from cellpilot_services.borglet.task_record import BorgletEvent, TaskKey, TaskRecord, state_after
+
+log = logging.getLogger(__name__)
+
+
+class MachineAgent:
+    def __init__(
+        self, profile: MachineProfile, index: int, first_sequence: int, max_unacked_events: int
+    ) -> None:
+        self.profile = profile
+        self.index = index
+        self.tasks: dict[TaskKey, TaskRecord] = {}
+        self.events: deque[BorgletEvent] = deque()
+        # Sequences start at a per-boot value (the boot's event time in µs) rather than 1, so a
+        # restarted Borglet never reuses a sequence the master already acknowledged.
+        self.next_sequence = first_sequence
+        self.acked_sequence = 0
+        self.max_unacked_events = max_unacked_events
+        self.dropped_events = 0
+        self.highest_epoch = 0  # fencing: the newest master epoch seen
+        self.desired_version = 0
+        self.desired: dict[TaskKey, int] | None = None  # key -> incarnation, from the last set
+        self.memory_pressure = False
+        self.packages: set[str] = set()
+
+    @property
+    def machine_id(self) -> str:
+        return self.profile.machine_id
+
+    def admit_epoch(self, epoch: int) -> str | None:
+        """Fence: refuse (with the reason) an epoch older than the newest seen; remember newer ones."""
+        if epoch < self.highest_epoch:
+            return (
+                f"master epoch {epoch} is older than epoch {self.highest_epoch} already seen by "
+                f"{self.machine_id}: a newer master has taken over"
+            )
+        self.highest_epoch = epoch
+        return None
+
+    def record_event(
+        self, record: TaskRecord, kind: TaskEvent, now_ms: int, cause_id: str, detail: str = ""
+    ) -> BorgletEvent:
+        plan = record.plan
+        event = BorgletEvent(
+            sequence=self.next_sequence,
+            machine_id=self.machine_id,
+            job_id=plan.job_id,
+            task_index=plan.task_index,
+            incarnation=plan.incarnation,
+            kind=kind,
+            state=state_after(kind),
+            event_time_ms=now_ms,
+            cause_id=cause_id,
+            detail=detail,
+            limits=plan.limits,
+            cpu_millicores=record.cpu_millicores,
+            memory_bytes=record.memory_bytes,
+        )
+        self.next_sequence += 1
+        self.events.append(event)
+        while len(self.events) > self.max_unacked_events:
+            self.events.popleft()
+            self.dropped_events += 1
+            if self.dropped_events in (1, 10, 100) or self.dropped_events % 1000 == 0:
+                log.warning(
+                    "dropping unacknowledged events: no master has polled for a long time",
+                    extra={"machine_id": self.machine_id, "dropped": self.dropped_events},
+                )
+        log.info(
+            "task event",
+            extra={
+                "cause_id": cause_id,
+                "machine_id": self.machine_id,
+                "task": plan.name,
+                "kind": kind.value,
+                "event_time_ms": now_ms,
+                "detail": detail,
+            },
+        )
+        return event
+
+    def acknowledge(self, sequence: int) -> None:
+        """The master recorded every event up to ``sequence``: forget them."""
+        self.acked_sequence = max(self.acked_sequence, sequence)
+        while self.events and self.events[0].sequence <= self.acked_sequence:
+            self.events.popleft()
+
+    def forget_settled(self) -> None:
+        """Drop dead tasks whose exit the master has acknowledged and no longer wants here."""
+        for key, record in list(self.tasks.items()):
+            if record.alive or record.exit_sequence > self.acked_sequence:
+                continue
+            if self.desired is not None and self.desired.get(key) == record.plan.incarnation:
+                continue
+            del self.tasks[key]
+
+    def known_tasks(self) -> list[KnownTask]:
+        return [
+            KnownTask(key, record.plan.incarnation, record.plan.spec_version, record.alive)
+            for key, record in self.tasks.items()
+        ]

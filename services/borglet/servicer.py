@@ -1,0 +1,189 @@
+"""The Borglet gRPC API (``borglet.proto``): Poll, StartTask, StopTask, UpdateTask.
+
+Every call names the machine (a fleet-mode Borglet routes by it: NOT_FOUND for a machine it
+does not host) and carries the master's epoch: an epoch older than the newest the machine
+has seen is refused with FAILED_PRECONDITION, so a deposed master cannot command it
+(DESIGN.md rule 7). Bad input is INVALID_ARGUMENT naming the field, and changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NoReturn
+
+import grpc
+from opentelemetry import trace
+
+from cellpilot.api.v1 import borglet_pb2, borglet_pb2_grpc
+from cellpilot_services.borglet import convert
+from cellpilot_services.borglet.convert import InvalidFieldError, RuntimeDefaults
+from cellpilot_services.borglet.fleet import Fleet, StaleIncarnationError
+from cellpilot_services.borglet.machine_agent import MachineAgent
+from cellpilot_services.borglet.task_record import Phase, TaskRecord
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
+
+
+def _traced(name: str, machine_id: str, cause_id: str) -> Any:
+    """A span for one call, carrying the machine and the cause id (DESIGN.md rule 4)."""
+    return tracer.start_as_current_span(
+        f"Borglet.{name}", attributes={"cellpilot.machine_id": machine_id, "cellpilot.cause_id": cause_id}
+    )
+
+
+async def _abort(context: Any, code: grpc.StatusCode, message: str) -> NoReturn:
+    await context.abort(code, message)
+    raise AssertionError("unreachable")  # context.abort raises
+
+
+class BorgletServicer(borglet_pb2_grpc.BorgletServicer):
+    def __init__(self, fleet: Fleet, defaults: RuntimeDefaults) -> None:
+        self.fleet = fleet
+        self.defaults = defaults
+
+    async def _machine(self, machine_id: str, epoch: int, context: Any) -> MachineAgent:
+        machine = self.fleet.machines.get(machine_id)
+        if machine is None:
+            if not machine_id:
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "machine_id: must not be empty")
+            await _abort(context, grpc.StatusCode.NOT_FOUND, f"machine_id: {machine_id!r} is not hosted here")
+        refusal = machine.admit_epoch(epoch)
+        if refusal is not None:
+            log.warning(
+                "refused a call from a deposed master", extra={"machine_id": machine_id, "epoch": epoch}
+            )
+            await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"master_epoch: {refusal}")
+        return machine
+
+    def _report(self, record: TaskRecord) -> borglet_pb2.TaskReport:
+        return convert.task_report(record, self.fleet.clock.now_ms())
+
+    async def Poll(  # noqa: N802
+        self, request: borglet_pb2.PollRequest, context: Any
+    ) -> borglet_pb2.PollResponse:
+        cause = f"poll:{request.master_replica_id}:{request.master_epoch}:{request.desired.version}"
+        with _traced("Poll", request.machine_id, cause):
+            return await self._poll(request, context, cause)
+
+    async def _poll(
+        self, request: borglet_pb2.PollRequest, context: Any, cause: str
+    ) -> borglet_pb2.PollResponse:
+        machine = await self._machine(request.machine_id, request.master_epoch, context)
+        if request.HasField("desired"):
+            try:
+                plans = [
+                    convert.task_plan(task, f"desired.tasks[{i}]", self.defaults)
+                    for i, task in enumerate(request.desired.tasks)
+                ]
+                if len({plan.key for plan in plans}) != len(plans):
+                    raise InvalidFieldError("desired.tasks", "names a task (job_id, task_index) twice")
+            except InvalidFieldError as error:
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            await self.fleet.apply_desired(machine, request.desired.version, plans, cause)
+        machine.acknowledge(request.ack_event_sequence)
+        machine.forget_settled()
+        return convert.poll_response(
+            machine_id=machine.machine_id,
+            now_ms=self.fleet.clock.now_ms(),
+            desired_version=machine.desired_version,
+            records=list(machine.tasks.values()),
+            events=list(machine.events),
+            capacity=machine.profile.capacity,
+            memory_pressure=machine.memory_pressure,
+            packages=machine.packages,
+        )
+
+    async def StartTask(  # noqa: N802
+        self, request: borglet_pb2.StartTaskRequest, context: Any
+    ) -> borglet_pb2.StartTaskResponse:
+        with _traced("StartTask", request.machine_id, request.request_id):
+            return await self._start_task(request, context)
+
+    async def _start_task(
+        self, request: borglet_pb2.StartTaskRequest, context: Any
+    ) -> borglet_pb2.StartTaskResponse:
+        machine = await self._machine(request.machine_id, request.master_epoch, context)
+        if not request.HasField("task"):
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "task: required")
+        try:
+            plan = convert.task_plan(request.task, "task", self.defaults)
+        except InvalidFieldError as error:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        try:
+            record = await self.fleet.start_task(machine, plan, request.request_id or f"start:{plan.name}")
+        except StaleIncarnationError as error:
+            await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"task.incarnation: {error}")
+        return borglet_pb2.StartTaskResponse(task=self._report(record))
+
+    async def _task(
+        self, machine: MachineAgent, job_id: str, task_index: int, incarnation: int, context: Any
+    ) -> TaskRecord:
+        record = machine.tasks.get((job_id, task_index))
+        if record is None:
+            await _abort(
+                context,
+                grpc.StatusCode.NOT_FOUND,
+                f"task {job_id}/{task_index} is not on {machine.machine_id}",
+            )
+        if record.plan.incarnation != incarnation:
+            await _abort(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"incarnation: {job_id}/{task_index} runs incarnation {record.plan.incarnation} here, "
+                f"not {incarnation}",
+            )
+        return record
+
+    async def StopTask(  # noqa: N802
+        self, request: borglet_pb2.StopTaskRequest, context: Any
+    ) -> borglet_pb2.StopTaskResponse:
+        with _traced("StopTask", request.machine_id, request.request_id):
+            return await self._stop_task(request, context)
+
+    async def _stop_task(
+        self, request: borglet_pb2.StopTaskRequest, context: Any
+    ) -> borglet_pb2.StopTaskResponse:
+        machine = await self._machine(request.machine_id, request.master_epoch, context)
+        kind = convert.STOP_REASONS.get(request.reason)
+        if kind is None:
+            await _abort(
+                context, grpc.StatusCode.INVALID_ARGUMENT, "reason: must be KILLED, PREEMPTED or EVICTED"
+            )
+        if request.grace_period_seconds < 0:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "grace_period_seconds: must be >= 0")
+        record = await self._task(machine, request.job_id, request.task_index, request.incarnation, context)
+        cause = request.request_id or f"stop:{record.plan.name}"
+        await self.fleet.stop_task(machine, record, kind, float(request.grace_period_seconds), cause)
+        return borglet_pb2.StopTaskResponse(task=self._report(record))
+
+    async def UpdateTask(  # noqa: N802
+        self, request: borglet_pb2.UpdateTaskRequest, context: Any
+    ) -> borglet_pb2.UpdateTaskResponse:
+        with _traced("UpdateTask", request.machine_id, request.request_id):
+            return await self._update_task(request, context)
+
+    async def _update_task(
+        self, request: borglet_pb2.UpdateTaskRequest, context: Any
+    ) -> borglet_pb2.UpdateTaskResponse:
+        machine = await self._machine(request.machine_id, request.master_epoch, context)
+        try:
+            limits = convert.limits(request.limits, "limits")
+            hard = convert.hard_memory_limit(request.memory_limit_kind, "memory_limit_kind")
+        except InvalidFieldError as error:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        record = await self._task(machine, request.job_id, request.task_index, request.incarnation, context)
+        if record.phase in (Phase.DEAD, Phase.STOPPING):
+            await _abort(
+                context, grpc.StatusCode.FAILED_PRECONDITION, f"task {record.plan.name} is not running"
+            )
+        self.fleet.update_task(record, limits, hard, request.priority, request.spec_version)
+        log.info(
+            "task updated in place",
+            extra={
+                "cause_id": request.request_id,
+                "task": record.plan.name,
+                "machine_id": machine.machine_id,
+            },
+        )
+        return borglet_pb2.UpdateTaskResponse(task=self._report(record))

@@ -1,0 +1,124 @@
+"""The Borglet's one settings class (environment prefix ``CELLPILOT_BORGLET_``).
+
+Built once in ``__main__`` and passed down. Lists (machine ids, Borgmaster addresses) are
+comma-separated in the environment; attributes are ``key=value`` pairs, comma-separated.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Literal
+
+from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from cellpilot.platform.settings import PlatformSettings
+
+GIB = 1 << 30
+
+
+def _split(value: object) -> object:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+class BorgletSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CELLPILOT_BORGLET_", extra="ignore")
+
+    platform: PlatformSettings = Field(default_factory=PlatformSettings)
+
+    # Where the gRPC server listens, and the host the Borgmaster is told to call back on.
+    listen_address: str = "127.0.0.1:0"
+    advertise_host: str = "127.0.0.1"
+
+    # The machines this process hosts: explicit ids, or fleet_size generated ones named
+    # "<machine_id_prefix>-r<replica>-<i>". One process per machine is fleet_size = 1.
+    machine_ids: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    fleet_size: int = Field(default=1, ge=1)
+    machine_id_prefix: str = "machine"
+    replica_index: int = Field(
+        default=0,
+        ge=0,
+        validation_alias=AliasChoices("CELLPILOT_BORGLET_REPLICA_INDEX", "CELLPILOT_REPLICA_INDEX"),
+    )
+    # Capacity of every hosted machine (Resources units: millicores, bytes, bytes, ports).
+    cpu_millicores: int = Field(default=32_000, gt=0)
+    memory_bytes: int = Field(default=128 * GIB, gt=0)
+    disk_bytes: int = Field(default=2_000 * GIB, ge=0)
+    ports: int = Field(default=1_000, ge=0)
+    first_port: int = Field(default=20_000, ge=1, le=65_535)
+    attributes: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=lambda: {"arch": "x86_64", "os": "linux"}
+    )
+    machines_per_rack: int = Field(default=40, ge=1)
+    racks_per_power_domain: int = Field(default=5, ge=1)
+
+    # The Borgmaster replicas to register with (any order; writes follow "cellpilot-leader").
+    # Empty: run standalone, driven by whoever calls the Borglet API.
+    borgmaster_addresses: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    register_backoff_initial_s: float = Field(default=0.2, gt=0)
+    register_backoff_max_s: float = Field(default=5.0, gt=0)
+
+    # Event time: simulated seconds per wall second, and the event time the clock starts at
+    # (ms since epoch; unset = the wall clock at start).
+    speedup: float = Field(default=1.0, gt=0)
+    event_start_ms: int | None = None
+
+    # Usage samples on Kafka usage.samples, batched per machine every publish interval (wall).
+    publish_samples: bool = True
+    publish_interval_s: float = Field(default=1.0, gt=0)
+    max_samples_per_batch: int = Field(default=20_000, ge=1)
+    max_buffered_samples: int = Field(default=5_000_000, ge=1)
+
+    # Limit enforcement: a machine is short of memory above this fraction of its capacity.
+    memory_pressure_fraction: float = Field(default=0.95, gt=0, le=1)
+    # Events kept per machine until the master acknowledges them (oldest dropped beyond).
+    max_unacked_events: int = Field(default=10_000, ge=1)
+
+    # Runtime defaults: for tasks whose spec names no runtime.
+    default_runtime: Literal["simulated", "process"] = "simulated"
+    default_usage_model: str = "steady"
+    # Process runtime: where task logs go, how often processes are metered (wall seconds),
+    # the cgroup v2 directory to create task cgroups under ("" = detect /sys/fs/cgroup;
+    # "none" = never use cgroups), and the environment every task process starts with.
+    allow_process_runtime: bool = True
+    work_dir: str = ""
+    meter_interval_s: float = Field(default=1.0, gt=0)
+    cgroup_root: str = ""
+    task_base_env: dict[str, str] = Field(default_factory=dict)
+    # Kill the tasks this process started when it shuts down (no orphans on a laptop).
+    kill_tasks_on_exit: bool = True
+
+    @field_validator("machine_ids", "borgmaster_addresses", mode="before")
+    @classmethod
+    def _split_list(cls, value: object) -> object:
+        return _split(value)
+
+    @field_validator("attributes", mode="before")
+    @classmethod
+    def _split_attributes(cls, value: object) -> object:
+        if isinstance(value, str):
+            pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
+            if any(len(pair) != 2 for pair in pairs):
+                raise ValueError("attributes must be key=value pairs separated by commas")
+            return {key.strip(): val.strip() for key, val in pairs}
+        return value
+
+    @model_validator(mode="after")
+    def _defaults_from_environment(self) -> BorgletSettings:
+        # Tasks inherit the Borglet's PATH and locale unless told otherwise.
+        if not self.task_base_env:
+            self.task_base_env = {
+                key: os.environ[key] for key in ("PATH", "HOME", "LANG", "LC_ALL") if key in os.environ
+            }
+        return self
+
+    def resolved_machine_ids(self) -> list[str]:
+        if self.machine_ids:
+            return list(self.machine_ids)
+        return [f"{self.machine_id_prefix}-r{self.replica_index}-{i:04d}" for i in range(self.fleet_size)]
+
+    @classmethod
+    def load(cls) -> BorgletSettings:
+        return cls(platform=PlatformSettings.load())

@@ -1,0 +1,136 @@
+"""What the Borglet knows about a task: the plan the master sent, and the live record.
+
+Plain dataclasses; ``convert`` turns protobuf messages into these and back. Task events use
+the Borg Figure 2 vocabulary of :mod:`cellpilot.borg.lifecycle`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cellpilot.borg.lifecycle import TASK_TRANSITIONS, TaskEvent, TaskState, transition
+
+TaskKey = tuple[str, int]  # (job id, task index)
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpu_millicores: int = 0  # 0 = no limit
+    memory_bytes: int = 0  # 0 = no limit
+    disk_bytes: int = 0
+    ports: int = 0
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    command: str
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class SimulatedPlan:
+    usage_model: str
+    params: tuple[tuple[str, float], ...]  # resolved (defaults filled), sorted by name
+    seed: int = 0
+    duration_seconds: int = 0  # 0 = runs until killed
+    startup_seconds: int = 0
+
+    @property
+    def params_map(self) -> Mapping[str, float]:
+        return dict(self.params)
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """A task the master wants on a machine (``TaskAssignment``)."""
+
+    job_id: str
+    task_index: int
+    incarnation: int
+    priority: int
+    band: int  # PriorityBand wire value, echoed only
+    limits: Limits
+    hard_memory_limit: bool
+    runtime: ProcessPlan | SimulatedPlan
+    package_ids: tuple[str, ...] = ()
+    ports: tuple[int, ...] = ()
+    spec_version: int = 0
+
+    @property
+    def key(self) -> TaskKey:
+        return (self.job_id, self.task_index)
+
+    @property
+    def name(self) -> str:
+        return f"{self.job_id}/{self.task_index}#{self.incarnation}"
+
+
+class Phase(enum.Enum):
+    STARTING = "starting"  # process being spawned
+    RUNNING = "running"
+    STOPPING = "stopping"  # a kill was sent; waiting for the process to exit
+    DEAD = "dead"
+
+
+@dataclass(eq=False)
+class TaskRecord:
+    """One task on one machine, from start to the master forgetting it."""
+
+    machine_id: str
+    plan: TaskPlan
+    phase: Phase
+    started_ms: int
+    exit_kind: TaskEvent | None = None  # FINISHED, FAILED, OOM, KILLED, PREEMPTED, EVICTED
+    exit_code: int = 0
+    exit_detail: str = ""
+    exit_ms: int = 0
+    exit_sequence: int = 0  # sequence of the exit event, for forgetting the task once acked
+    # Set when the Borglet kills the task itself, so the exit is reported with this kind.
+    stop_kind: TaskEvent | None = None
+    stop_detail: str = ""
+    stop_cause: str = ""
+    cpu_millicores: float = 0.0  # latest usage sample
+    memory_bytes: int = 0
+    cpu_throttled: bool = False
+    restarts: int = 0
+    process: Any = None  # the process runtime's handle
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def alive(self) -> bool:
+        return self.phase is not Phase.DEAD
+
+    @property
+    def simulated(self) -> bool:
+        return isinstance(self.plan.runtime, SimulatedPlan)
+
+
+@dataclass(frozen=True)
+class BorgletEvent:
+    """A task event this Borglet witnessed, kept until the master acknowledges its sequence."""
+
+    sequence: int
+    machine_id: str
+    job_id: str
+    task_index: int
+    incarnation: int
+    kind: TaskEvent
+    state: TaskState  # the task's state after the event (Borg Figure 2, as the master sees it)
+    event_time_ms: int
+    cause_id: str
+    detail: str
+    limits: Limits
+    cpu_millicores: float
+    memory_bytes: int
+
+
+def state_after(kind: TaskEvent) -> TaskState:
+    """The master-side task state after an event witnessed on a running task (Figure 2)."""
+    result = transition(TASK_TRANSITIONS, TaskState.RUNNING, kind)
+    if not result.allowed:
+        raise ValueError(result.reason)
+    return result.state

@@ -1,0 +1,91 @@
+"""Assembles one Borgmaster replica: database, state, gRPC server, election and leader work.
+
+:class:`Borgmaster` is usable in-process (tests start it, read ``address``, and stop it);
+:func:`serve` is what ``python -m cellpilot_services.borgmaster`` runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from cellpilot.api.v1 import borgmaster_pb2_grpc
+from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
+from cellpilot.platform.postgres import apply_migrations, create_engine
+from cellpilot.platform.telemetry import Telemetry
+from cellpilot_services.borgmaster.borglet_poller import BorgletPoller
+from cellpilot_services.borgmaster.event_publisher import EventPublisher
+from cellpilot_services.borgmaster.replica import Replica
+from cellpilot_services.borgmaster.scheduler_loop import SchedulerLoop
+from cellpilot_services.borgmaster.servicer import BorgmasterServicer
+from cellpilot_services.borgmaster.settings import BorgmasterSettings
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "cellpilot.api.v1.Borgmaster"
+
+
+class Borgmaster:
+    def __init__(self, settings: BorgmasterSettings) -> None:
+        self.settings = settings
+        self.engine = create_engine(settings.platform.postgres_url, pool_size=4)
+        self.replica = Replica(settings, self.engine, address="")
+        self.scheduler = SchedulerLoop(self.replica, settings)
+        self.poller = BorgletPoller(self.replica, settings)
+        self.publisher: EventPublisher | None = None
+        work = [self.scheduler.run, self.poller.run, self.replica.snapshot_loop]
+        if settings.publish_events:
+            self.publisher = EventPublisher(
+                self.replica, settings.platform.kafka_bootstrap, settings.events_topic
+            )
+            work.append(self.publisher.run)
+        self.replica.leader_work = work
+        self.server = GrpcServer(
+            [
+                ServiceBinding(
+                    SERVICE_NAME,
+                    borgmaster_pb2_grpc.add_BorgmasterServicer_to_server,
+                    BorgmasterServicer(self.replica),
+                )
+            ],
+            address=f"{settings.listen_host}:{settings.resolved_port}",
+        )
+        self.address = ""
+        self._stop = asyncio.Event()
+        self._election: asyncio.Task[None] | None = None
+
+    async def start(self) -> str:
+        if self.settings.apply_migrations:
+            await apply_migrations(self.settings.platform.postgres_url)
+        port = await self.server.start()
+        self.address = f"{self.settings.advertise_host}:{port}"
+        self.replica.address = self.address
+        self.replica.lease.address = self.address
+        await self.replica.load()
+        self._election = asyncio.create_task(self.replica.run(self._stop))
+        log.info(
+            "borgmaster replica serving",
+            extra={"replica_id": self.replica.replica_id, "address": self.address},
+        )
+        return self.address
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._election is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._election
+        await self.replica.shutdown()
+        await self.server.stop(1.0)
+        await self.engine.dispose()
+
+
+async def serve(
+    settings: BorgmasterSettings, stop: asyncio.Event, telemetry: Telemetry | None = None
+) -> None:
+    del telemetry  # spans go through the global tracer provider run_service configured
+    borgmaster = Borgmaster(settings)
+    await borgmaster.start()
+    try:
+        await stop.wait()
+    finally:
+        await borgmaster.stop()

@@ -1,0 +1,240 @@
+"""The checkpoint's storage encoding: log records and snapshots as ``checkpoint.proto`` bytes.
+
+Part of the service's conversion edge (DESIGN.md rule 2), kept apart from the request and
+response conversions of :mod:`convert`: a :class:`LogRecord` becomes one
+``CheckpointRecord`` (its oneof case is the mutation kind), a :class:`CellState` one
+``Snapshot``; decoding either gives back exactly what was encoded, so a replica that loads
+a snapshot and the log after it reaches the state the master had.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cellpilot.api.v1 import checkpoint_pb2, job_pb2, machine_pb2, state_pb2
+from cellpilot.borg import model as m
+from cellpilot.borg import mutations as mu
+from cellpilot.borg.cell_state import AppliedRequest, CellState, JobRecord, Leader, MachineRecord, TaskRecord
+from cellpilot.borg.lifecycle import JobState, MachineState, TaskState
+from cellpilot_services.borgmaster.convert import (
+    InvalidField,
+    enum_in,
+    enum_out,
+    job_spec_in,
+    job_spec_out,
+    job_status_out,
+    leader_out,
+    machine_out,
+    machine_spec_in,
+    machine_spec_out,
+    quota_out,
+    resources_in,
+    resources_out,
+    task_event_in,
+    task_event_out,
+    task_status_out,
+)
+
+
+def mutation_out(mutation: mu.Mutation) -> dict[str, Any]:
+    """The oneof case of ``CheckpointRecord`` for a mutation, as constructor keyword arguments."""
+    p = checkpoint_pb2
+    x: Any = mutation
+    if isinstance(x, mu.JobSubmitted):
+        msg: Any = p.JobSubmitted(
+            job_id=x.job_id, spec=job_spec_out(x.spec), state=enum_out(state_pb2.JobState, x.state)
+        )
+    elif isinstance(x, mu.JobUpdated):
+        msg = p.JobUpdated(
+            job_id=x.job_id,
+            spec=job_spec_out(x.spec),
+            spec_version=x.spec_version,
+            fencing_token=x.fencing_token,
+            max_disruptions=x.max_disruptions,
+            hold_released=x.hold_released,
+        )
+    elif isinstance(x, mu.JobKilled):
+        msg = p.JobKilled(job_id=x.job_id)
+    elif isinstance(x, mu.JobStateChanged):
+        msg = p.JobStateChanged(job_id=x.job_id, state=enum_out(state_pb2.JobState, x.state))
+    elif isinstance(x, mu.TaskScheduled):
+        msg = p.TaskScheduled(
+            job_id=x.job_id,
+            task_index=x.task_index,
+            incarnation=x.incarnation,
+            machine_id=x.machine_id,
+            ports=x.ports,
+            limits=resources_out(x.limits),
+        )
+    elif isinstance(x, mu.TaskStateChanged):
+        msg = p.TaskStateChanged(
+            job_id=x.job_id,
+            task_index=x.task_index,
+            incarnation=x.incarnation,
+            state=enum_out(state_pb2.TaskState, x.state),
+            reason=task_event_out(x.reason),
+            detail=x.detail,
+        )
+        if x.usage is not None:
+            msg.usage.CopyFrom(resources_out(x.usage))
+    elif isinstance(x, mu.MachineRegistered):
+        msg = p.MachineRegistered(spec=machine_spec_out(x.spec))
+    elif isinstance(x, mu.MachineStateChanged):
+        msg = p.MachineStateChanged(
+            machine_id=x.machine_id, state=enum_out(machine_pb2.MachineState, x.state), detail=x.detail
+        )
+    elif isinstance(x, mu.QuotaSet):
+        msg = p.QuotaSet(
+            user=x.user, band=enum_out(job_pb2.PriorityBand, x.band), limit=resources_out(x.limit)
+        )
+    else:
+        msg = p.LeaderElected(replica_id=x.replica_id, address=x.address, epoch=x.epoch)
+    return {mu.kind_of(mutation): msg}
+
+
+def record_out(record: mu.LogRecord) -> checkpoint_pb2.CheckpointRecord:
+    return checkpoint_pb2.CheckpointRecord(
+        sequence=record.sequence,
+        epoch=record.epoch,
+        event_time_ms=record.event_time_ms,
+        request_id=record.request_id,
+        cause_id=record.cause_id,
+        **mutation_out(record.mutation),
+    )
+
+
+def mutation_in(msg: checkpoint_pb2.CheckpointRecord) -> mu.Mutation:
+    case = msg.WhichOneof("mutation")
+    f = "record"
+    if case == "job_submitted":
+        x = msg.job_submitted
+        return mu.JobSubmitted(
+            x.job_id, job_spec_in(x.spec), enum_in(JobState, state_pb2.JobState, x.state, f)
+        )
+    if case == "job_updated":
+        u = msg.job_updated
+        return mu.JobUpdated(
+            u.job_id, job_spec_in(u.spec), u.spec_version, u.fencing_token, u.max_disruptions, u.hold_released
+        )
+    if case == "job_killed":
+        return mu.JobKilled(msg.job_killed.job_id)
+    if case == "job_state_changed":
+        j = msg.job_state_changed
+        return mu.JobStateChanged(j.job_id, enum_in(JobState, state_pb2.JobState, j.state, f))
+    if case == "task_scheduled":
+        t = msg.task_scheduled
+        return mu.TaskScheduled(
+            t.job_id, t.task_index, t.incarnation, t.machine_id, tuple(t.ports), resources_in(t.limits, f)
+        )
+    if case == "task_state_changed":
+        c = msg.task_state_changed
+        state = enum_in(TaskState, state_pb2.TaskState, c.state, f)
+        usage = resources_in(c.usage, f) if c.HasField("usage") else None
+        reason = task_event_in(c.reason, state, f)
+        return mu.TaskStateChanged(c.job_id, c.task_index, c.incarnation, state, reason, c.detail, usage)
+    if case == "machine_registered":
+        return mu.MachineRegistered(machine_spec_in(msg.machine_registered.spec))
+    if case == "machine_state_changed":
+        s = msg.machine_state_changed
+        return mu.MachineStateChanged(
+            s.machine_id, enum_in(m.MachineAvailability, machine_pb2.MachineState, s.state, f), s.detail
+        )
+    if case == "quota_set":
+        q = msg.quota_set
+        return mu.QuotaSet(
+            q.user, enum_in(m.PriorityBand, job_pb2.PriorityBand, q.band, f), resources_in(q.limit, f)
+        )
+    if case == "leader_elected":
+        e = msg.leader_elected
+        return mu.LeaderElected(e.replica_id, e.address, e.epoch)
+    raise InvalidField("record", f"unknown mutation {case!r}")
+
+
+def record_in(data: bytes) -> mu.LogRecord:
+    msg = checkpoint_pb2.CheckpointRecord()
+    msg.ParseFromString(data)
+    return mu.LogRecord(
+        msg.sequence, msg.epoch, msg.event_time_ms, mutation_in(msg), msg.request_id, msg.cause_id
+    )
+
+
+# ---------------------------------------------------------------------- snapshots
+def snapshot_out(state: CellState, epoch: int) -> checkpoint_pb2.Snapshot:
+    snapshot = checkpoint_pb2.Snapshot(
+        sequence=state.last_sequence, epoch=epoch, event_time_ms=state.event_time_ms
+    )
+    for job in state.jobs.values():
+        status = job_status_out(job)
+        status.tasks.extend(task_status_out(job, t) for t in job.tasks.values())
+        snapshot.jobs.append(status)
+    snapshot.machines.extend(machine_out(state, machine) for machine in state.machines.values())
+    snapshot.quotas.extend(quota_out(state, user, band) for user, band in state.quotas)
+    snapshot.applied_requests.extend(
+        checkpoint_pb2.AppliedRequest(request_id=a.request_id, sequence=a.sequence, job_id=a.job_id)
+        for a in state.applied_requests.values()
+    )
+    leader = leader_out(state.leader)
+    if leader is not None:
+        snapshot.leader.CopyFrom(leader)
+    return snapshot
+
+
+def snapshot_in(data: bytes) -> CellState:
+    snapshot = checkpoint_pb2.Snapshot()
+    snapshot.ParseFromString(data)
+    f = "snapshot"
+    jobs = []
+    for status in snapshot.jobs:
+        spec = job_spec_in(status.spec)
+        tasks = {}
+        for t in status.tasks:
+            task_state = enum_in(TaskState, state_pb2.TaskState, t.state, f)
+            tasks[t.task_index] = TaskRecord(
+                t.job_id,
+                t.task_index,
+                resources_in(t.limits, f),
+                t.spec_version,
+                t.incarnation,
+                task_state,
+                task_event_in(t.reason, task_state, f),
+                t.reason_detail,
+                t.machine_id,
+                tuple(t.ports),
+                t.restarts,
+                t.state_since_ms,
+            )
+        jobs.append(
+            JobRecord(
+                spec,
+                status.spec_version,
+                enum_in(JobState, state_pb2.JobState, status.state, f),
+                status.submitted_ms,
+                status.state_since_ms,
+                status.fencing_token,
+                status.max_disruptions,
+                tasks,
+            )
+        )
+    machines = []
+    for machine in snapshot.machines:
+        availability = enum_in(m.MachineAvailability, machine_pb2.MachineState, machine.state, f)
+        lifecycle = MachineState.DOWN if availability is m.MachineAvailability.DOWN else MachineState.UP
+        machines.append(
+            MachineRecord(
+                machine_spec_in(machine.spec),
+                lifecycle,
+                availability is m.MachineAvailability.DRAINING,
+                machine.state_since_ms,
+            )
+        )
+    quotas = [
+        (q.user, enum_in(m.PriorityBand, job_pb2.PriorityBand, q.band, f), resources_in(q.limit, f))
+        for q in snapshot.quotas
+    ]
+    applied = [AppliedRequest(a.request_id, a.sequence, a.job_id) for a in snapshot.applied_requests]
+    leader = None
+    if snapshot.HasField("leader"):
+        leader = Leader(snapshot.leader.replica_id, snapshot.leader.address, snapshot.leader.epoch)
+    return CellState.restore(
+        jobs, machines, quotas, applied, snapshot.sequence, snapshot.epoch, snapshot.event_time_ms, leader
+    )

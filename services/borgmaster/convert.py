@@ -1,0 +1,532 @@
+"""The one place where the v1 API's protobuf messages meet the Borgmaster core's plain data.
+
+Inbound conversions raise :class:`InvalidField` (naming the field) for values the core's
+types cannot hold (negative resources, unknown enum numbers); everything else the core
+validates. Outbound conversions take the service's soft state (usage, reservations, last
+contact) alongside the logical state, which is not logged.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, TypeVar
+
+from cellpilot.api.v1 import (
+    borglet_pb2,
+    borgmaster_pb2,
+    job_pb2,
+    machine_pb2,
+    resources_pb2,
+    state_pb2,
+)
+from cellpilot.borg import model as m
+from cellpilot.borg.cell_state import CellState, JobRecord, Leader, MachineRecord, TaskRecord
+from cellpilot.borg.changes import (
+    Change,
+    JobChange,
+    TaskChange,
+)
+from cellpilot.borg.lifecycle import TaskEvent, TaskState
+from cellpilot.borg.pending_reasons import PendingReport
+from cellpilot.borg.poll_diff import MachineReport, ReportedEvent, ReportedTask
+from cellpilot.schedule import RESOURCE_NAMES, Resources
+
+E = TypeVar("E", bound=Enum)
+
+
+class InvalidField(Exception):  # noqa: N818 - a request error, named for what is wrong
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+# ---------------------------------------------------------------------- enums
+def _prefix(wrapper: Any) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", wrapper.DESCRIPTOR.name).upper() + "_"
+
+
+def enum_in(core: type[E], wrapper: Any, value: int, field: str) -> E:
+    try:
+        name = wrapper.Name(value)
+    except ValueError as error:
+        raise InvalidField(field, f"unknown value {value}") from error
+    return core[name.removeprefix(_prefix(wrapper))]
+
+
+def enum_out(wrapper: Any, member: Enum) -> Any:
+    """The API enum value of a core enum member (same name, without the API's prefix)."""
+    return wrapper.Value(_prefix(wrapper) + member.name)
+
+
+def task_event_out(event: TaskEvent) -> Any:
+    kind = TaskEvent.FAILED if event is TaskEvent.FAILED_FOR_GOOD else event
+    return enum_out(state_pb2.TaskEventKind, kind)
+
+
+def task_event_in(value: int, state: TaskState, field: str) -> TaskEvent:
+    event = enum_in(TaskEvent, state_pb2.TaskEventKind, value, field)
+    if event is TaskEvent.FAILED and state is TaskState.DEAD:
+        return TaskEvent.FAILED_FOR_GOOD
+    return event
+
+
+# ---------------------------------------------------------------------- resources
+PB_RESOURCE_FIELDS = ("cpu_millicores", "memory_bytes", "disk_bytes", "ports")
+
+
+def resources_in(msg: resources_pb2.Resources, field: str) -> Resources:
+    values = [getattr(msg, name) for name in PB_RESOURCE_FIELDS]
+    for name, value in zip(PB_RESOURCE_FIELDS, values, strict=True):
+        if value < 0:
+            raise InvalidField(f"{field}.{name}", "must be >= 0")
+    return Resources(*(float(v) for v in values))
+
+
+def resources_out(r: Resources | None) -> resources_pb2.Resources:
+    if r is None:
+        return resources_pb2.Resources()
+    return resources_pb2.Resources(
+        cpu_millicores=round(r.cpu),
+        memory_bytes=round(r.ram),
+        disk_bytes=round(r.disk),
+        ports=round(r.ports),
+    )
+
+
+# ---------------------------------------------------------------------- specs
+def _vertical_in(msg: job_pb2.VerticalScalingConfig, f: str) -> m.VerticalScaling:
+    return m.VerticalScaling(
+        enum_in(m.ScalingMode, job_pb2.ScalingMode, msg.mode, f"{f}.mode"),
+        msg.min_limit,
+        msg.max_limit,
+        enum_in(m.RecommenderKind, job_pb2.RecommenderKind, msg.recommender.kind, f"{f}.recommender.kind"),
+        msg.recommender.custom_name,
+    )
+
+
+def _vertical_out(v: m.VerticalScaling) -> job_pb2.VerticalScalingConfig:
+    return job_pb2.VerticalScalingConfig(
+        mode=enum_out(job_pb2.ScalingMode, v.mode),
+        min_limit=v.min_limit,
+        max_limit=v.max_limit,
+        recommender=job_pb2.RecommenderRef(
+            kind=enum_out(job_pb2.RecommenderKind, v.recommender), custom_name=v.custom_name
+        ),
+    )
+
+
+HORIZONTAL_PLAIN = (
+    "min_tasks",
+    "max_tasks",
+    "target_utilization",
+    "averaging_window_seconds",
+    "horizon_seconds",
+    "target_size_recommender",
+    "deferred_downscaling_seconds",
+    "slow_decay_half_period_seconds",
+    "small_change_fraction",
+    "max_initializing_fraction",
+)
+
+
+def _horizontal_in(msg: job_pb2.HorizontalScalingConfig, f: str) -> m.HorizontalScaling:
+    return m.HorizontalScaling(
+        mode=enum_in(m.ScalingMode, job_pb2.ScalingMode, msg.mode, f"{f}.mode"),
+        source=enum_in(m.HorizontalSource, job_pb2.HorizontalSource, msg.source, f"{f}.source"),
+        statistic=enum_in(
+            m.HorizontalStatistic, job_pb2.HorizontalStatistic, msg.statistic, f"{f}.statistic"
+        ),
+        **{name: getattr(msg, name) for name in HORIZONTAL_PLAIN},
+    )
+
+
+def _horizontal_out(h: m.HorizontalScaling) -> job_pb2.HorizontalScalingConfig:
+    return job_pb2.HorizontalScalingConfig(
+        mode=enum_out(job_pb2.ScalingMode, h.mode),
+        source=enum_out(job_pb2.HorizontalSource, h.source),
+        statistic=enum_out(job_pb2.HorizontalStatistic, h.statistic),
+        **{name: getattr(h, name) for name in HORIZONTAL_PLAIN},
+    )
+
+
+def runtime_in(msg: job_pb2.RuntimeSpec) -> m.Runtime:
+    case = msg.WhichOneof("runtime")
+    if case == "process":
+        p = msg.process
+        return m.ProcessRuntime(p.command, tuple(p.args), tuple(sorted(p.env.items())))
+    if case == "simulated":
+        s = msg.simulated
+        return m.SimulatedRuntime(
+            s.usage_model,
+            tuple(sorted(s.params.items())),
+            s.trace_uri,
+            s.seed,
+            s.duration_seconds,
+            s.startup_seconds,
+        )
+    return None
+
+
+def runtime_out(runtime: m.Runtime) -> job_pb2.RuntimeSpec:
+    if isinstance(runtime, m.ProcessRuntime):
+        process = job_pb2.ProcessRuntime(command=runtime.command, args=runtime.args, env=dict(runtime.env))
+        return job_pb2.RuntimeSpec(process=process)
+    if isinstance(runtime, m.SimulatedRuntime):
+        simulated = job_pb2.SimulatedRuntime(
+            usage_model=runtime.usage_model,
+            params=dict(runtime.params),
+            trace_uri=runtime.trace_uri,
+            seed=runtime.seed,
+            duration_seconds=runtime.duration_seconds,
+            startup_seconds=runtime.startup_seconds,
+        )
+        return job_pb2.RuntimeSpec(simulated=simulated)
+    return job_pb2.RuntimeSpec()
+
+
+def task_spec_in(msg: job_pb2.TaskSpec, f: str) -> m.TaskSpec:
+    return m.TaskSpec(
+        resources_in(msg.limits, f"{f}.limits"),
+        enum_in(m.MemoryLimitKind, job_pb2.MemoryLimitKind, msg.memory_limit_kind, f"{f}.memory_limit_kind"),
+        runtime_in(msg.runtime),
+        tuple(msg.package_ids),
+    )
+
+
+def task_spec_out(spec: m.TaskSpec, limits: Resources | None = None) -> job_pb2.TaskSpec:
+    return job_pb2.TaskSpec(
+        limits=resources_out(limits or spec.limits),
+        memory_limit_kind=enum_out(job_pb2.MemoryLimitKind, spec.memory_limit_kind),
+        runtime=runtime_out(spec.runtime),
+        package_ids=spec.package_ids,
+    )
+
+
+def job_spec_in(msg: job_pb2.JobSpec, f: str = "spec") -> m.JobSpec:
+    constraints = tuple(
+        m.Constraint(
+            c.attribute,
+            enum_in(
+                m.ConstraintOperator, job_pb2.ConstraintOperator, c.operator, f"{f}.constraints[{i}].operator"
+            ),
+            c.value,
+            enum_in(m.ConstraintKind, job_pb2.ConstraintKind, c.kind, f"{f}.constraints[{i}].kind"),
+        )
+        for i, c in enumerate(msg.constraints)
+    )
+    a = msg.autopilot
+    return m.JobSpec(
+        name=msg.name,
+        user=msg.user,
+        priority=msg.priority,
+        task=task_spec_in(msg.task, f"{f}.task"),
+        task_count=msg.task_count,
+        band=enum_in(m.PriorityBand, job_pb2.PriorityBand, msg.band, f"{f}.band"),
+        app_class=enum_in(m.AppClass, job_pb2.AppClass, msg.app_class, f"{f}.app_class"),
+        latency_sensitivity=enum_in(
+            m.LatencySensitivity,
+            job_pb2.LatencySensitivity,
+            msg.latency_sensitivity,
+            f"{f}.latency_sensitivity",
+        ),
+        oom_tolerance=enum_in(m.OomTolerance, job_pb2.OomTolerance, msg.oom_tolerance, f"{f}.oom_tolerance"),
+        kind=enum_in(m.JobKind, job_pb2.JobKind, msg.kind, f"{f}.kind"),
+        constraints=constraints,
+        autopilot=m.AutopilotConfig(
+            _vertical_in(a.cpu, f"{f}.autopilot.cpu"),
+            _vertical_in(a.memory, f"{f}.autopilot.memory"),
+            _horizontal_in(a.horizontal, f"{f}.autopilot.horizontal"),
+        ),
+        alloc_set_job_id=msg.alloc_set_job_id,
+        labels=tuple(sorted(msg.labels.items())),
+    )
+
+
+def job_spec_out(spec: m.JobSpec) -> job_pb2.JobSpec:
+    return job_pb2.JobSpec(
+        name=spec.name,
+        user=spec.user,
+        priority=spec.priority,
+        band=enum_out(job_pb2.PriorityBand, spec.band),
+        app_class=enum_out(job_pb2.AppClass, spec.app_class),
+        latency_sensitivity=enum_out(job_pb2.LatencySensitivity, spec.latency_sensitivity),
+        oom_tolerance=enum_out(job_pb2.OomTolerance, spec.oom_tolerance),
+        kind=enum_out(job_pb2.JobKind, spec.kind),
+        task_count=spec.task_count,
+        task=task_spec_out(spec.task),
+        constraints=[
+            job_pb2.Constraint(
+                attribute=c.attribute,
+                operator=enum_out(job_pb2.ConstraintOperator, c.operator),
+                value=c.value,
+                kind=enum_out(job_pb2.ConstraintKind, c.kind),
+            )
+            for c in spec.constraints
+        ],
+        autopilot=job_pb2.AutopilotConfig(
+            cpu=_vertical_out(spec.autopilot.cpu),
+            memory=_vertical_out(spec.autopilot.memory),
+            horizontal=_horizontal_out(spec.autopilot.horizontal),
+        ),
+        alloc_set_job_id=spec.alloc_set_job_id,
+        labels=dict(spec.labels),
+    )
+
+
+def machine_spec_in(msg: machine_pb2.MachineSpec, f: str = "spec") -> m.MachineSpec:
+    return m.MachineSpec(
+        msg.machine_id,
+        msg.borglet_address,
+        resources_in(msg.capacity, f"{f}.capacity"),
+        tuple(sorted(msg.attributes.items())),
+        msg.rack,
+        msg.power_domain,
+        msg.first_port,
+    )
+
+
+def machine_spec_out(spec: m.MachineSpec) -> machine_pb2.MachineSpec:
+    return machine_pb2.MachineSpec(
+        machine_id=spec.machine_id,
+        borglet_address=spec.borglet_address,
+        capacity=resources_out(spec.capacity),
+        attributes=dict(spec.attributes),
+        rack=spec.rack,
+        power_domain=spec.power_domain,
+        first_port=spec.first_port,
+    )
+
+
+# ---------------------------------------------------------------------- soft state
+@dataclass
+class SoftState:
+    """What polls refresh every few seconds and the log does not record."""
+
+    task_usage: dict[tuple[str, int], Resources] = field(default_factory=dict)
+    task_ready: dict[tuple[str, int], bool] = field(default_factory=dict)
+    machine_usage: dict[str, Resources] = field(default_factory=dict)
+    last_contact_ms: dict[str, int] = field(default_factory=dict)
+    cached_packages: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+NO_SOFT = SoftState()
+
+
+# ---------------------------------------------------------------------- statuses
+def task_status_out(
+    job: JobRecord, task: TaskRecord, soft: SoftState = NO_SOFT, reservation: Resources | None = None
+) -> state_pb2.TaskStatus:
+    running = task.state is TaskState.RUNNING
+    return state_pb2.TaskStatus(
+        job_id=job.job_id,
+        task_index=task.index,
+        incarnation=task.incarnation,
+        state=enum_out(state_pb2.TaskState, task.state),
+        reason=task_event_out(task.reason),
+        reason_detail=task.reason_detail,
+        machine_id=task.machine_id,
+        limits=resources_out(task.limits),
+        reservation=resources_out(reservation if running else None),
+        usage=resources_out(soft.task_usage.get(task.key) if running else None),
+        ports=task.ports,
+        restarts=task.restarts,
+        ready=running and soft.task_ready.get(task.key, False),
+        spec_version=task.spec_version,
+        state_since_ms=task.state_since_ms,
+    )
+
+
+def job_status_out(
+    job: JobRecord,
+    include_tasks: bool = False,
+    soft: SoftState = NO_SOFT,
+    reservations: Mapping[tuple[str, int], Resources] | None = None,
+) -> state_pb2.JobStatus:
+    counts = job.task_counts()
+    status = state_pb2.JobStatus(
+        job_id=job.job_id,
+        spec=job_spec_out(job.spec),
+        spec_version=job.spec_version,
+        state=enum_out(state_pb2.JobState, job.state),
+        task_counts=state_pb2.TaskCounts(
+            pending=counts[TaskState.PENDING], running=counts[TaskState.RUNNING], dead=counts[TaskState.DEAD]
+        ),
+        submitted_ms=job.submitted_ms,
+        state_since_ms=job.state_since_ms,
+        fencing_token=job.fencing_token,
+        max_disruptions=job.max_disruptions,
+    )
+    if include_tasks:
+        reservations = reservations or {}
+        status.tasks.extend(
+            task_status_out(job, t, soft, reservations.get(t.key)) for t in job.visible_tasks()
+        )
+    return status
+
+
+def machine_out(state: CellState, machine: MachineRecord, soft: SoftState = NO_SOFT) -> machine_pb2.Machine:
+    allocated = [0.0] * 4
+    for _, task in state.tasks_on(machine.machine_id):
+        for i, value in enumerate(task.limits.array()):
+            allocated[i] += float(value)
+    return machine_pb2.Machine(
+        spec=machine_spec_out(machine.spec),
+        state=enum_out(machine_pb2.MachineState, machine.availability),
+        allocated=resources_out(Resources(*allocated)),
+        usage=resources_out(soft.machine_usage.get(machine.machine_id)),
+        task_count=len(machine.tasks),
+        cached_package_ids=soft.cached_packages.get(machine.machine_id, ()),
+        last_contact_ms=soft.last_contact_ms.get(machine.machine_id, 0),
+        state_since_ms=machine.state_since_ms,
+    )
+
+
+def quota_out(state: CellState, user: str, band: m.PriorityBand) -> state_pb2.Quota:
+    return state_pb2.Quota(
+        user=user,
+        band=enum_out(job_pb2.PriorityBand, band),
+        limit=resources_out(state.quotas.get((user, band), Resources())),
+        used=resources_out(state.quota_used(user, band)),
+    )
+
+
+def leader_out(leader: Leader | None) -> state_pb2.LeaderInfo | None:
+    if leader is None:
+        return None
+    return state_pb2.LeaderInfo(replica_id=leader.replica_id, address=leader.address, epoch=leader.epoch)
+
+
+# ---------------------------------------------------------------------- events
+def change_out(change: Change) -> state_pb2.BorgEvent:
+    if isinstance(change, TaskChange):
+        task = state_pb2.TaskEvent(
+            job_id=change.job_id,
+            task_index=change.task_index,
+            incarnation=change.incarnation,
+            kind=task_event_out(change.kind),
+            state=enum_out(state_pb2.TaskState, change.state),
+            machine_id=change.machine_id,
+            event_time_ms=change.event_time_ms,
+            log_sequence=change.log_sequence,
+            cause_id=change.cause_id,
+            detail=change.detail,
+            limits=resources_out(change.limits),
+            usage=resources_out(change.usage),
+        )
+        return state_pb2.BorgEvent(task=task)
+    if isinstance(change, JobChange):
+        job = state_pb2.JobEvent(
+            job_id=change.job_id,
+            kind=enum_out(state_pb2.JobEventKind, change.kind),
+            state=enum_out(state_pb2.JobState, change.state),
+            spec_version=change.spec_version,
+            event_time_ms=change.event_time_ms,
+            log_sequence=change.log_sequence,
+            cause_id=change.cause_id,
+        )
+        if change.spec is not None:
+            job.spec.CopyFrom(job_spec_out(change.spec))
+        return state_pb2.BorgEvent(job=job)
+    machine = machine_pb2.MachineEvent(
+        machine_id=change.machine_id,
+        kind=enum_out(machine_pb2.MachineEventKind, change.kind),
+        state=enum_out(machine_pb2.MachineState, change.state),
+        detail=change.detail,
+        event_time_ms=change.event_time_ms,
+        log_sequence=change.log_sequence,
+        cause_id=change.cause_id,
+    )
+    return state_pb2.BorgEvent(machine=machine)
+
+
+def task_change_out(change: TaskChange) -> state_pb2.TaskEvent:
+    return change_out(change).task
+
+
+# ---------------------------------------------------------------------- why pending
+def pending_report_out(report: PendingReport) -> borgmaster_pb2.WhyPendingResponse:
+    response = borgmaster_pb2.WhyPendingResponse(
+        job_id=report.job_id,
+        task_index=report.task_index,
+        job_state=enum_out(state_pb2.JobState, report.job_state),
+        task_state=enum_out(state_pb2.TaskState, report.task_state),
+        summary=report.summary,
+        machines_total=report.machines_total,
+        machines_feasible=report.machines_feasible,
+        evaluated_at_ms=report.evaluated_at_ms,
+    )
+    for constraint, count in report.constraint_exclusions:
+        response.constraint_exclusions.append(
+            borgmaster_pb2.ConstraintExclusion(
+                constraint=job_pb2.Constraint(
+                    attribute=constraint.attribute,
+                    value=constraint.value,
+                    operator=enum_out(job_pb2.ConstraintOperator, constraint.operator),
+                    kind=enum_out(job_pb2.ConstraintKind, constraint.kind),
+                ),
+                machines_excluded=count,
+            )
+        )
+    # Resource enum: RESOURCE_CPU = 1 .. RESOURCE_PORTS = 4, in RESOURCE_NAMES order.
+    pb_resource: dict[str, Any] = dict(zip(RESOURCE_NAMES, (1, 2, 3, 4), strict=True))
+    for shortage in report.resource_exclusions:
+        response.resource_exclusions.append(
+            borgmaster_pb2.ResourceExclusion(
+                resource=pb_resource[shortage.resource],
+                machines_excluded=shortage.machines_excluded,
+                max_available=int(shortage.max_available),
+            )
+        )
+    if report.fitting_limits is not None:
+        response.fitting_limits.CopyFrom(resources_out(report.fitting_limits))
+    return response
+
+
+# ---------------------------------------------------------------------- Borglet polls
+def desired_out(version: int, tasks: Iterable[tuple[JobRecord, TaskRecord]]) -> borglet_pb2.DesiredTasks:
+    desired = borglet_pb2.DesiredTasks(version=version)
+    for job, task in tasks:
+        desired.tasks.append(
+            borglet_pb2.TaskAssignment(
+                job_id=job.job_id,
+                task_index=task.index,
+                incarnation=task.incarnation,
+                priority=job.spec.priority,
+                band=enum_out(job_pb2.PriorityBand, job.spec.effective_band),
+                spec=task_spec_out(job.spec.task, task.limits),
+                ports=task.ports,
+                spec_version=task.spec_version,
+            )
+        )
+    return desired
+
+
+def report_in(response: borglet_pb2.PollResponse) -> MachineReport:
+    f = "poll"
+    tasks = []
+    for t in response.tasks:
+        state = enum_in(TaskState, state_pb2.TaskState, t.state, f)
+        exit_reason = None
+        if state is TaskState.DEAD and t.exit_reason:
+            exit_reason = task_event_in(t.exit_reason, TaskState.PENDING, f)
+        usage = resources_in(t.usage, f) if t.HasField("usage") else None
+        tasks.append(
+            ReportedTask(
+                t.job_id, t.task_index, t.incarnation, state, exit_reason, t.exit_code, usage, t.ready
+            )
+        )
+    events = []
+    for e in response.events:
+        ev = e.event
+        usage = resources_in(ev.usage, f) if ev.HasField("usage") else None
+        kind = task_event_in(ev.kind, TaskState.PENDING, f)
+        events.append(
+            ReportedEvent(e.sequence, ev.job_id, ev.task_index, ev.incarnation, kind, ev.detail, usage)
+        )
+    return MachineReport(
+        response.machine_id, response.event_time_ms, response.desired_version, tuple(tasks), tuple(events)
+    )

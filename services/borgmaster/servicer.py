@@ -1,0 +1,330 @@
+"""The Borgmaster gRPC API (borgmaster.proto) over one replica.
+
+Reads are answered by every replica from its in-memory copy. Writes go to the elected
+master; a follower refuses them with FAILED_PRECONDITION and names the master in the
+``cellpilot-leader`` trailing metadata. Refusals of the core map to gRPC codes
+(INVALID_ARGUMENT naming the field, RESOURCE_EXHAUSTED for quota, NOT_FOUND, ...). Each
+request's cause id (its request id, or a fresh one) goes to the log record, the logs and
+the trace span.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import uuid
+from typing import Any, NoReturn
+
+import grpc
+from opentelemetry import trace
+
+from cellpilot.api.v1 import borgmaster_pb2, borgmaster_pb2_grpc, job_pb2, machine_pb2, state_pb2
+from cellpilot.borg.decisions import (
+    Command,
+    KillJob,
+    RegisterMachine,
+    SetMachineState,
+    SetQuota,
+    SubmitJob,
+    UpdateJob,
+)
+from cellpilot.borg.lifecycle import JobState, TaskState
+from cellpilot.borg.model import MachineAvailability, PriorityBand
+from cellpilot.borg.pending_reasons import explain
+from cellpilot.borg.rejection import Code, Rejection
+from cellpilot_services.borgmaster import convert
+from cellpilot_services.borgmaster.replica import NotLeader, Replica
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
+
+LEADER_METADATA_KEY = "cellpilot-leader"
+DEFAULT_JOBS_PAGE = 100
+DEFAULT_MACHINES_PAGE = 500
+MAX_PAGE = 5_000
+STATUS = {
+    Code.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    Code.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Code.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    Code.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
+    Code.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+def _token(value: str) -> str:
+    return base64.urlsafe_b64encode(value.encode()).decode() if value else ""
+
+
+def _untoken(token: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(token.encode()).decode()
+    except (ValueError, UnicodeDecodeError) as error:
+        raise convert.InvalidField("page_token", "not a token this server issued") from error
+
+
+def _page_size(requested: int, default: int) -> int:
+    if requested < 0:
+        raise convert.InvalidField("page_size", "must be >= 0")
+    return min(requested or default, MAX_PAGE)
+
+
+class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+
+    # ------------------------------------------------------------------ plumbing
+    async def _abort(
+        self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str
+    ) -> NoReturn:
+        await context.abort(code, message)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _write(self, command: Command, context: grpc.aio.ServicerContext) -> tuple[Any, int]:
+        cause = command.request_id or f"req-{uuid.uuid4().hex[:12]}"
+        with tracer.start_as_current_span(f"Borgmaster.{type(command).__name__}") as span:
+            span.set_attribute("cellpilot.cause_id", cause)
+            try:
+                result, seq = await self.replica.execute(command, cause)
+            except NotLeader as error:
+                leader = error.leader or self.replica.leader_address() or ""
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{error}; the master is {leader or 'not known yet'}",
+                    trailing_metadata=((LEADER_METADATA_KEY, leader),),
+                )
+                raise AssertionError("unreachable") from error  # pragma: no cover
+            if isinstance(result, Rejection):
+                span.set_attribute("cellpilot.rejected", str(result))
+                log.info(
+                    "request refused",
+                    extra={"cause_id": cause, "code": result.code.value, "reason": str(result)},
+                )
+                await self._abort(context, STATUS[result.code], str(result))
+            log.info(
+                "request applied", extra={"cause_id": cause, "seq": seq, "command": type(command).__name__}
+            )
+            return result, seq
+
+    async def _convert_or_abort(self, context: grpc.aio.ServicerContext, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except convert.InvalidField as error:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+
+    # ------------------------------------------------------------------ jobs
+    async def SubmitJob(  # noqa: N802
+        self, request: borgmaster_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext
+    ) -> borgmaster_pb2.SubmitJobResponse:
+        spec = await self._convert_or_abort(context, convert.job_spec_in, request.spec, "spec")
+        result, seq = await self._write(SubmitJob(request.request_id, spec), context)
+        job = self.replica.state.jobs[result.subject]
+        return borgmaster_pb2.SubmitJobResponse(
+            job_id=job.job_id,
+            state=convert.enum_out(state_pb2.JobState, job.state),
+            spec_version=job.spec_version,
+            log_sequence=seq,
+        )
+
+    async def UpdateJob(  # noqa: N802
+        self, request: borgmaster_pb2.UpdateJobRequest, context: grpc.aio.ServicerContext
+    ) -> borgmaster_pb2.UpdateJobResponse:
+        spec = await self._convert_or_abort(context, convert.job_spec_in, request.spec, "spec")
+        command = UpdateJob(
+            request.request_id,
+            request.job_id,
+            spec,
+            tuple(request.update_mask.paths),
+            request.expected_spec_version,
+            request.fencing_token,
+            request.release_hold,
+            request.policy.max_disruptions,
+        )
+        result, seq = await self._write(command, context)
+        job = self.replica.state.jobs[result.subject]
+        return borgmaster_pb2.UpdateJobResponse(job=convert.job_status_out(job), log_sequence=seq)
+
+    async def KillJob(  # noqa: N802
+        self, request: borgmaster_pb2.KillJobRequest, context: grpc.aio.ServicerContext
+    ) -> borgmaster_pb2.KillJobResponse:
+        _, seq = await self._write(KillJob(request.request_id, request.job_id), context)
+        return borgmaster_pb2.KillJobResponse(log_sequence=seq)
+
+    async def GetJob(  # noqa: N802
+        self, request: borgmaster_pb2.GetJobRequest, context: grpc.aio.ServicerContext
+    ) -> borgmaster_pb2.GetJobResponse:
+        job = self.replica.state.job(request.job_id)
+        if job is None:
+            await self._abort(context, grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
+        reservations = {}
+        if request.include_tasks:
+            for task in job.visible_tasks():
+                reservation = self.replica.view.reservation(job.job_id, task.index)
+                if reservation is not None:
+                    reservations[task.key] = reservation
+        status = convert.job_status_out(job, request.include_tasks, self.replica.soft, reservations)
+        return borgmaster_pb2.GetJobResponse(job=status)
+
+    async def ListJobs(  # noqa: N802
+        self, request: borgmaster_pb2.ListJobsRequest, context: grpc.aio.ServicerContext
+    ) -> borgmaster_pb2.ListJobsResponse:
+        try:
+            size = _page_size(request.page_size, DEFAULT_JOBS_PAGE)
+            after = _untoken(request.page_token)
+            states = {convert.enum_in(JobState, state_pb2.JobState, s, "states") for s in request.states}
+            band = convert.enum_in(PriorityBand, job_pb2.PriorityBand, request.band, "band")
+        except convert.InvalidField as error:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        response = borgmaster_pb2.ListJobsResponse()
+        for job_id in sorted(self.replica.state.jobs):
+            if job_id <= after:
+                continue
+            job = self.replica.state.jobs[job_id]
+            spec = job.spec
+            if (
+                (request.user and spec.user != request.user)
+                or not spec.name.startswith(request.name_prefix)
+                or (states and job.state not in states)
+                or (band is not PriorityBand.UNSPECIFIED and spec.effective_band is not band)
+                or (request.autopilot_only and not spec.autopilot.active)
+            ):
+                continue
+            if len(response.jobs) == size:
+                response.next_page_token = _token(response.jobs[-1].job_id)
+                break
+            response.jobs.append(convert.job_status_out(job))
+        return response
+
+    async def GetTask(  # noqa: N802
+        self, request: borgmaster_pb2.GetTaskRequest, context: grpc.aio.ServicerContext
+    ) -> borgmaster_pb2.GetTaskResponse:
+        job = self.replica.state.job(request.job_id)
+        task = None if job is None else job.tasks.get(request.task_index)
+        if job is None or task is None or request.task_index >= job.spec.task_count:
+            await self._abort(
+                context,
+                grpc.StatusCode.NOT_FOUND,
+                f"task_index: no task {request.job_id}/{request.task_index}",
+            )
+        reservation = self.replica.view.reservation(job.job_id, task.index)
+        events = self.replica.task_events.get(task.key, ())
+        return borgmaster_pb2.GetTaskResponse(
+            task=convert.task_status_out(job, task, self.replica.soft, reservation),
+            recent_events=[convert.task_change_out(e) for e in events],
+        )
+
+    async def WhyPending(  # noqa: N802
+        self, request: borgmaster_pb2.WhyPendingRequest, context: grpc.aio.ServicerContext
+    ) -> borgmaster_pb2.WhyPendingResponse:
+        async with self.replica.lock:  # the view is also the scheduler's working copy
+            state = self.replica.state
+            job = state.job(request.job_id)
+            if job is None:
+                await self._abort(context, grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
+            if request.HasField("task_index"):
+                index = request.task_index
+                if index not in job.tasks or index >= job.spec.task_count:
+                    await self._abort(context, grpc.StatusCode.NOT_FOUND, f"task_index: no task {index}")
+            else:
+                pending = [t.index for t in job.visible_tasks() if t.state is TaskState.PENDING]
+                index = pending[0] if pending else 0
+            report = explain(self.replica.view, state, job.job_id, index)
+        return convert.pending_report_out(report)
+
+    # ------------------------------------------------------------------ machines
+    async def ListMachines(  # noqa: N802
+        self, request: borgmaster_pb2.ListMachinesRequest, context: grpc.aio.ServicerContext
+    ) -> borgmaster_pb2.ListMachinesResponse:
+        try:
+            size = _page_size(request.page_size, DEFAULT_MACHINES_PAGE)
+            after = _untoken(request.page_token)
+            states = {
+                convert.enum_in(MachineAvailability, machine_pb2.MachineState, s, "states")
+                for s in request.states
+            }
+        except convert.InvalidField as error:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        state = self.replica.state
+        response = borgmaster_pb2.ListMachinesResponse()
+        for machine_id in sorted(state.machines):
+            if machine_id <= after:
+                continue
+            machine = state.machines[machine_id]
+            if (states and machine.availability not in states) or (
+                request.rack and machine.spec.rack != request.rack
+            ):
+                continue
+            if len(response.machines) == size:
+                response.next_page_token = _token(response.machines[-1].spec.machine_id)
+                break
+            response.machines.append(convert.machine_out(state, machine, self.replica.soft))
+        return response
+
+    async def RegisterMachine(  # noqa: N802
+        self, request: borgmaster_pb2.RegisterMachineRequest, context: grpc.aio.ServicerContext
+    ) -> borgmaster_pb2.RegisterMachineResponse:
+        spec = await self._convert_or_abort(context, convert.machine_spec_in, request.spec, "spec")
+        _, seq = await self._write(RegisterMachine(request.request_id, spec), context)
+        state = self.replica.state
+        machine = state.machines[spec.machine_id]
+        return borgmaster_pb2.RegisterMachineResponse(
+            machine=convert.machine_out(state, machine, self.replica.soft), log_sequence=seq
+        )
+
+    async def SetMachineState(  # noqa: N802
+        self, request: borgmaster_pb2.SetMachineStateRequest, context: grpc.aio.ServicerContext
+    ) -> borgmaster_pb2.SetMachineStateResponse:
+        target = await self._convert_or_abort(
+            context, convert.enum_in, MachineAvailability, machine_pb2.MachineState, request.state, "state"
+        )
+        command = SetMachineState(request.request_id, request.machine_id, target, request.detail)
+        _, seq = await self._write(command, context)
+        state = self.replica.state
+        machine = state.machines[request.machine_id]
+        return borgmaster_pb2.SetMachineStateResponse(
+            machine=convert.machine_out(state, machine, self.replica.soft), log_sequence=seq
+        )
+
+    # ------------------------------------------------------------------ quota and leadership
+    async def GetQuota(  # noqa: N802
+        self, request: borgmaster_pb2.GetQuotaRequest, context: grpc.aio.ServicerContext
+    ) -> borgmaster_pb2.GetQuotaResponse:
+        state = self.replica.state
+        keys = sorted(
+            ((u, b) for u, b in state.quotas if not request.user or u == request.user),
+            key=lambda k: (k[0], k[1].value),
+        )
+        return borgmaster_pb2.GetQuotaResponse(quotas=[convert.quota_out(state, u, b) for u, b in keys])
+
+    async def SetQuota(  # noqa: N802
+        self, request: borgmaster_pb2.SetQuotaRequest, context: grpc.aio.ServicerContext
+    ) -> borgmaster_pb2.SetQuotaResponse:
+        band = await self._convert_or_abort(
+            context, convert.enum_in, PriorityBand, job_pb2.PriorityBand, request.band, "band"
+        )
+        limit = await self._convert_or_abort(context, convert.resources_in, request.limit, "limit")
+        _, seq = await self._write(SetQuota(request.request_id, request.user, band, limit), context)
+        return borgmaster_pb2.SetQuotaResponse(
+            quota=convert.quota_out(self.replica.state, request.user, band), log_sequence=seq
+        )
+
+    async def GetLeader(  # noqa: N802
+        self, request: borgmaster_pb2.GetLeaderRequest, context: grpc.aio.ServicerContext
+    ) -> borgmaster_pb2.GetLeaderResponse:
+        replica = self.replica
+        response = borgmaster_pb2.GetLeaderResponse(
+            replica_id=replica.replica_id, is_leader=replica.is_leader
+        )
+        leader = replica.known_leader
+        if replica.is_leader:
+            response.leader.CopyFrom(
+                state_pb2.LeaderInfo(
+                    replica_id=replica.replica_id, address=replica.address, epoch=replica.epoch
+                )
+            )
+        elif leader is not None:
+            response.leader.CopyFrom(
+                state_pb2.LeaderInfo(replica_id=leader.holder, address=leader.address, epoch=leader.epoch)
+            )
+        if response.HasField("leader"):
+            response.leader.log_sequence = replica.state.last_sequence
+        return response

@@ -1,0 +1,76 @@
+"""The Borgmaster's one settings class (environment prefix ``CELLPILOT_BORGMASTER_``).
+
+Built once in ``__main__`` and passed down. Replica ``i`` of ``cellpilot run`` listens on
+``base_port + i`` (7100, 7101, 7102 by default) unless ``port`` is set; its id is
+``borgmaster-<i>``.
+"""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from cellpilot.platform.settings import PlatformSettings
+
+
+class BorgmasterSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CELLPILOT_BORGMASTER_", extra="ignore")
+
+    platform: PlatformSettings = Field(default_factory=PlatformSettings)
+
+    replica_index: int = Field(
+        default=0,
+        ge=0,
+        validation_alias=AliasChoices("CELLPILOT_BORGMASTER_REPLICA_INDEX", "CELLPILOT_REPLICA_INDEX"),
+    )
+    replica_id: str = ""  # default "borgmaster-<replica_index>"
+    listen_host: str = "127.0.0.1"
+    base_port: int = Field(default=7100, ge=1, le=65_000)
+    port: int = Field(default=-1, ge=-1, le=65_535)  # -1: base_port + replica_index; 0: any free port
+    advertise_host: str = "127.0.0.1"  # the host other processes reach this replica on
+    apply_migrations: bool = True
+
+    # Election (Borg §3.1; DESIGN.md rule 7): a lease in PostgreSQL, renewed by the master.
+    lease_s: float = Field(default=3.0, gt=0)
+    renew_interval_s: float = Field(default=1.0, gt=0)
+    election_interval_s: float = Field(
+        default=0.5, gt=0
+    )  # how often a follower tries to take an expired lease
+    tail_interval_s: float = Field(default=0.2, gt=0)  # how often a follower reads new log records
+    # Snapshots bound recovery: one after this many records, or this long after the last one.
+    snapshot_every_records: int = Field(default=5_000, ge=1)
+    snapshot_interval_s: float = Field(default=60.0, gt=0)
+
+    # Scheduler (Borg §3.2, §3.4).
+    schedule_interval_s: float = Field(default=0.25, gt=0)
+    force_pass_interval_s: float = Field(default=2.0, gt=0)  # a pass even if nothing changed
+    max_tasks_per_pass: int = Field(default=10_000, ge=1)
+    packing: str = "hybrid"  # scorer of the last level: best-fit, worst-fit or hybrid
+    gpa_rho: float = Field(default=0.0, ge=0, lt=1)
+    scheduler_seed: int = 0
+    drain_evictions_per_pass: int = Field(default=10, ge=1)
+
+    # Borglet polls (Borg §3.3).
+    poll_interval_s: float = Field(default=2.0, gt=0)
+    poll_timeout_s: float = Field(default=2.0, gt=0)
+    missed_polls_down: int = Field(default=5, ge=1)
+    poll_concurrency: int = Field(default=256, ge=1)
+    max_task_failures: int = Field(default=10, ge=0)
+
+    # Events on Kafka borg.events, in log order.
+    publish_events: bool = True
+    events_topic: str = "borg.events"
+    recent_changes: int = Field(default=200_000, ge=1_000)  # log records whose events are kept in memory
+    recent_task_events: int = Field(default=10, ge=1)  # per task, for GetTask
+
+    @property
+    def resolved_replica_id(self) -> str:
+        return self.replica_id or f"borgmaster-{self.replica_index}"
+
+    @property
+    def resolved_port(self) -> int:
+        return self.base_port + self.replica_index if self.port < 0 else self.port
+
+    @classmethod
+    def load(cls) -> BorgmasterSettings:
+        return cls(platform=PlatformSettings.load())

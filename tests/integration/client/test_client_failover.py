@@ -1,0 +1,139 @@
+"""The client finds the master, follows redirects, retries unreachable replicas, keeps request ids.
+
+The servers here are real gRPC servers with tiny Borgmaster servicers that inject the
+failures (a follower's refusal, an unreachable replica); the real Borgmaster is exercised
+in tests/integration/borgmaster.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from cellpilot.api.v1 import borgmaster_pb2, borgmaster_pb2_grpc, job_pb2
+from cellpilot.client import (
+    CellpilotClient,
+    InvalidArgumentError,
+    RetryPolicy,
+    SyncCellpilotClient,
+    UnavailableError,
+)
+from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
+from cellpilot.stack.config import free_port
+
+
+class Replica(borgmaster_pb2_grpc.BorgmasterServicer):
+    def __init__(self, leader_address: str | None) -> None:
+        self.leader_address = leader_address  # None: this replica is the master
+        self.request_ids: list[str] = []
+
+    async def SubmitJob(self, request, context):  # type: ignore[no-untyped-def]
+        self.request_ids.append(request.request_id)
+        if self.leader_address is not None:
+            context.set_trailing_metadata((("cellpilot-leader", self.leader_address),))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "not the master")
+        if not request.spec.name:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "spec.name: must not be empty")
+        return borgmaster_pb2.SubmitJobResponse(
+            job_id=f"{request.spec.user}/{request.spec.name}", spec_version=1
+        )
+
+
+async def _serve(servicer: Replica, port: int) -> GrpcServer:
+    server = GrpcServer(
+        [
+            ServiceBinding(
+                "cellpilot.api.v1.Borgmaster", borgmaster_pb2_grpc.add_BorgmasterServicer_to_server, servicer
+            )
+        ],
+        address=f"127.0.0.1:{port}",
+    )
+    await server.start()
+    return server
+
+
+SPEC = job_pb2.JobSpec(name="web", user="alice", priority=9, task_count=1)
+FAST = RetryPolicy(budget_s=3.0, initial_backoff_s=0.05, max_backoff_s=0.2, call_timeout_s=1.0)
+
+
+async def test_a_follower_redirects_writes_to_the_master() -> None:
+    leader_port, follower_port = free_port(), free_port()
+    leader = Replica(None)
+    follower = Replica(f"127.0.0.1:{leader_port}")
+    servers = [await _serve(leader, leader_port), await _serve(follower, follower_port)]
+    try:
+        async with CellpilotClient(borgmaster=[f"127.0.0.1:{follower_port}"], policy=FAST) as client:
+            reply = await client.borgmaster.submit_job(SPEC, request_id="req-1")
+            assert reply.job_id == "alice/web"
+            again = await client.borgmaster.submit_job(SPEC, request_id="req-2")
+        assert again.job_id == "alice/web"
+        assert follower.request_ids == ["req-1"], "once the master is known, writes go straight to it"
+        assert leader.request_ids == ["req-1", "req-2"]
+    finally:
+        for server in servers:
+            await server.stop(0)
+
+
+async def test_an_unreachable_replica_is_skipped_and_the_request_id_is_kept() -> None:
+    dead_port, leader_port = free_port(), free_port()
+    leader = Replica(None)
+    server = await _serve(leader, leader_port)
+    try:
+        addresses = [f"127.0.0.1:{dead_port}", f"127.0.0.1:{leader_port}"]
+        async with CellpilotClient(borgmaster=addresses, policy=FAST) as client:
+            reply = await client.borgmaster.submit_job(SPEC, request_id="same-id")
+        assert reply.job_id == "alice/web"
+        assert leader.request_ids == ["same-id"]
+    finally:
+        await server.stop(0)
+
+
+async def test_bad_input_is_not_retried_and_names_the_field() -> None:
+    port = free_port()
+    leader = Replica(None)
+    server = await _serve(leader, port)
+    try:
+        async with CellpilotClient(borgmaster=[f"127.0.0.1:{port}"], policy=FAST) as client:
+            with pytest.raises(InvalidArgumentError, match=r"spec\.name"):
+                await client.borgmaster.submit_job(job_pb2.JobSpec(user="alice"))
+        assert len(leader.request_ids) == 1
+    finally:
+        await server.stop(0)
+
+
+async def test_no_replica_answering_gives_unavailable_after_the_budget() -> None:
+    async with CellpilotClient(borgmaster=[f"127.0.0.1:{free_port()}"], policy=FAST) as client:
+        with pytest.raises(UnavailableError, match="no replica"):
+            await client.borgmaster.get_leader()
+
+
+def test_the_blocking_client_behaves_like_the_async_one() -> None:
+    import asyncio
+    import threading
+
+    port = free_port()
+    leader = Replica(None)
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    holder: dict[str, GrpcServer] = {}
+
+    def serve() -> None:
+        async def main() -> None:
+            holder["server"] = await _serve(leader, port)
+            started.set()
+            await holder["server"].server.wait_for_termination()
+
+        loop.run_until_complete(main())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    try:
+        with SyncCellpilotClient(borgmaster=[f"127.0.0.1:{port}"], policy=FAST) as client:
+            assert client.borgmaster.submit_job(SPEC, request_id="sync-1").job_id == "alice/web"
+            with pytest.raises(InvalidArgumentError):
+                client.borgmaster.submit_job(job_pb2.JobSpec(user="alice"))
+    finally:
+        asyncio.run_coroutine_threadsafe(holder["server"].stop(0), loop).result(10)
+        thread.join(10)
+    assert leader.request_ids[0] == "sync-1"

@@ -1,0 +1,46 @@
+"""PostgreSQL through SQLAlchemy 2 (async) with the project's migrations applied."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
+
+from cellpilot.platform.postgres import apply_migrations, create_engine, migration_files
+from cellpilot.stack import StackEndpoints
+
+
+async def test_every_migration_is_recorded_and_reapplying_is_a_no_op(endpoints: StackEndpoints) -> None:
+    engine = create_engine(endpoints.postgres_url)
+    try:
+        async with engine.connect() as conn:
+            versions = (await conn.scalars(text("SELECT version FROM schema_migrations ORDER BY 1"))).all()
+        assert versions == [path.name for path in migration_files()]
+        assert await apply_migrations(endpoints.postgres_url) == []
+    finally:
+        await engine.dispose()
+
+
+async def test_checkpoint_log_rows_round_trip_and_seq_is_unique(endpoints: StackEndpoints) -> None:
+    engine = create_engine(endpoints.postgres_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("DELETE FROM checkpoint_log WHERE seq >= 1000000"))
+            await conn.execute(
+                text("INSERT INTO checkpoint_log (seq, epoch, kind, record) VALUES (1000000, 7, 'test', :r)"),
+                {"r": b"\x01\x02"},
+            )
+        async with engine.connect() as conn:
+            row = (
+                await conn.execute(text("SELECT epoch, kind, record FROM checkpoint_log WHERE seq = 1000000"))
+            ).one()
+        assert (row.epoch, row.kind, bytes(row.record)) == (7, "test", b"\x01\x02")
+        with pytest.raises(IntegrityError, match="duplicate key"):
+            async with engine.begin() as conn:
+                await conn.execute(
+                    text("INSERT INTO checkpoint_log (seq, epoch, kind, record) VALUES (1000000, 8, 'x', '')")
+                )
+    finally:
+        async with engine.begin() as conn:
+            await conn.execute(text("DELETE FROM checkpoint_log WHERE seq >= 1000000"))
+        await engine.dispose()

@@ -1,0 +1,147 @@
+"""The scheduling view: priority order, preemption through the log, ports, constraints, why pending."""
+
+from __future__ import annotations
+
+import pytest
+from borg_builders import Master, job_spec, machine_spec
+
+from cellpilot.borg.decisions import SubmitJob
+from cellpilot.borg.lifecycle import TaskEvent, TaskState
+from cellpilot.borg.model import Constraint, ConstraintKind, ConstraintOperator, PriorityBand
+from cellpilot.borg.mutations import TaskScheduled, TaskStateChanged
+from cellpilot.borg.pending_reasons import explain
+from cellpilot.borg.scheduling_view import allocate_ports
+from cellpilot.schedule import GIB
+
+ATTRS = {
+    "a": (("arch", "x86_64"), ("ssd", "true"), ("gen", "3")),
+    "b": (("arch", "arm64"), ("gen", "5")),
+    "c": (("arch", "x86_64"), ("gen", "7")),
+}
+
+
+def _eligible(constraint: Constraint) -> set[str]:
+    """A brute-force reading of the API operators over ATTRS."""
+    out = set()
+    for name, attrs in ATTRS.items():
+        values = dict(attrs)
+        have = constraint.attribute in values
+        value = values.get(constraint.attribute)
+        op = constraint.operator
+        if op is ConstraintOperator.EQUAL:
+            ok = have and value == constraint.value
+        elif op is ConstraintOperator.NOT_EQUAL:
+            ok = value != constraint.value
+        elif op is ConstraintOperator.LESS_THAN:
+            ok = have and float(str(value)) < float(constraint.value)
+        elif op is ConstraintOperator.GREATER_THAN:
+            ok = have and float(str(value)) > float(constraint.value)
+        else:
+            ok = have == (op is ConstraintOperator.EXISTS)
+        if ok:
+            out.add(name)
+    return out
+
+
+CONSTRAINTS = [
+    Constraint("arch", ConstraintOperator.EQUAL, "x86_64"),
+    Constraint("arch", ConstraintOperator.NOT_EQUAL, "x86_64"),
+    Constraint("gen", ConstraintOperator.LESS_THAN, "6"),
+    Constraint("gen", ConstraintOperator.GREATER_THAN, "4"),
+    Constraint("ssd", ConstraintOperator.EXISTS),
+    Constraint("ssd", ConstraintOperator.NOT_EXISTS),
+]
+
+
+@pytest.mark.parametrize("constraint", CONSTRAINTS, ids=lambda c: f"{c.attribute}-{c.operator.value}")
+def test_hard_constraints_restrict_machines_as_the_api_defines(constraint: Constraint) -> None:
+    master = Master()
+    master.add_machines(*(machine_spec(name, attributes=attrs) for name, attrs in ATTRS.items()))
+    master.grant("alice", PriorityBand.PRODUCTION)
+    master.accept(SubmitJob("s", job_spec(task_count=6, cpu=100, constraints=(constraint,))))
+    master.schedule()
+    used = {t.machine_id for t in master.state.jobs["alice/web"].tasks.values() if t.machine_id}
+    expected = _eligible(constraint)
+    assert used <= expected
+    assert used == expected, "six small tasks spread over every eligible machine"
+
+
+def test_pending_tasks_are_placed_high_priority_first_and_preemption_goes_through_the_log() -> None:
+    master = Master()
+    master.add_machines(machine_spec("m0", cpu=4000, ram_gib=8))
+    master.grant("alice", PriorityBand.PRODUCTION)
+    master.grant("bob", PriorityBand.BATCH)
+    master.accept(SubmitJob("b", job_spec("batch", user="bob", priority=3, task_count=4, cpu=1000)))
+    master.schedule()
+    batch = master.state.jobs["bob/batch"]
+    assert all(t.state is TaskState.RUNNING for t in batch.tasks.values())
+    master.accept(SubmitJob("p", job_spec("web", priority=9, task_count=2, cpu=1500)))
+    plan = master.schedule()
+    preemptions = [m for m in plan.mutations if isinstance(m, TaskStateChanged)]
+    scheduled = [m for m in plan.mutations if isinstance(m, TaskScheduled)]
+    assert len(scheduled) == 2
+    assert all(m.reason is TaskEvent.PREEMPTED for m in preemptions)
+    assert len(preemptions) == 3, "3 GiB of batch CPU must go to fit 3 cores of prod"
+    first_scheduled = plan.mutations.index(scheduled[0])
+    assert all(plan.mutations.index(p) < first_scheduled for p in preemptions[:1]), "victims logged first"
+    assert sum(t.state is TaskState.PENDING for t in batch.tasks.values()) == 3
+    assert all(t.reason is TaskEvent.PREEMPTED for t in batch.tasks.values() if t.state is TaskState.PENDING)
+    assert master.schedule().placed == 0, "victims stay pending: there is no room"
+
+
+def test_prod_never_preempts_prod() -> None:
+    master = Master()
+    master.add_machines(machine_spec("m0", cpu=2000))
+    master.grant("alice", PriorityBand.PRODUCTION)
+    master.accept(SubmitJob("a", job_spec("low", priority=9, task_count=2, cpu=1000)))
+    master.schedule()
+    master.accept(SubmitJob("b", job_spec("high", priority=10, task_count=1, cpu=1000)))
+    plan = master.schedule()
+    assert plan.mutations == ()
+    report = explain(master.view, master.state, "alice/high", 0)
+    assert report.machines_total == 1
+    assert report.machines_feasible == 0
+    cpu = next(s for s in report.resource_exclusions if s.resource == "cpu")
+    assert cpu.machines_excluded == 1
+    assert cpu.max_available == 0
+    assert "cpu" in report.summary
+
+
+def test_why_pending_names_the_constraint_and_the_fitting_limits() -> None:
+    master = Master()
+    master.add_machines(
+        machine_spec("m0", ram_gib=8), machine_spec("m1", ram_gib=4, attributes=(("ssd", "1"),))
+    )
+    master.grant("alice", PriorityBand.PRODUCTION, ram_gib=100)
+    ssd = Constraint("ssd", ConstraintOperator.EXISTS, kind=ConstraintKind.HARD)
+    master.accept(SubmitJob("s", job_spec(task_count=1, ram_gib=6, constraints=(ssd,))))
+    assert master.schedule().placed == 0
+    report = explain(master.view, master.state, "alice/web", 0)
+    assert report.constraint_exclusions == ((ssd, 1),)
+    ram = next(s for s in report.resource_exclusions if s.resource == "ram")
+    assert ram.machines_excluded == 1, "only the 4 GiB machine lacks RAM"
+    assert ram.max_available == 4 * GIB, "the ssd machine has 4 GiB"
+    assert report.fitting_limits is not None
+    assert report.fitting_limits.ram <= 4 * GIB + 1
+    assert report.fitting_limits.cpu == 1000
+
+
+@pytest.mark.parametrize(
+    ("taken", "count", "expected"),
+    [(set(), 2, (20000, 20001)), ({20000, 20002}, 2, (20001, 20003)), (set(range(20000, 20009)), 2, None)],
+    ids=["lowest-free", "skips-taken", "exhausted"],
+)
+def test_ports_are_handed_out_from_the_machine_range(
+    taken: set[int], count: int, expected: tuple[int, ...] | None
+) -> None:
+    assert allocate_ports(machine_spec(ports=10), taken, count) == expected
+
+
+def test_scheduled_tasks_get_distinct_ports_on_a_machine() -> None:
+    master = Master()
+    master.add_machines(machine_spec("m0", ports=6))
+    master.grant("alice", PriorityBand.PRODUCTION)
+    master.accept(SubmitJob("s", job_spec(task_count=3, cpu=100, ports=2)))
+    master.schedule()
+    ports = [p for t in master.state.jobs["alice/web"].tasks.values() for p in t.ports]
+    assert sorted(ports) == list(range(20000, 20006))

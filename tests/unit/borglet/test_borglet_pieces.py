@@ -1,0 +1,303 @@
+"""The Borglet's small pure pieces: desired-set diff, event clock, machine fence and events,
+request conversion and validation, sample batching, settings parsing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cellpilot.api.v1 import borglet_pb2, job_pb2, resources_pb2, state_pb2
+from cellpilot.borg.lifecycle import TaskEvent, TaskState
+from cellpilot_services.borglet import convert
+from cellpilot_services.borglet.convert import InvalidFieldError, MachineProfile, RuntimeDefaults, SampleChunk
+from cellpilot_services.borglet.desired_set import KnownTask, diff_desired
+from cellpilot_services.borglet.event_clock import EventClock
+from cellpilot_services.borglet.fleet_ticks import TaskTable, TickResult
+from cellpilot_services.borglet.machine_agent import MachineAgent
+from cellpilot_services.borglet.settings import BorgletSettings
+from cellpilot_services.borglet.task_record import Limits, Phase, SimulatedPlan, TaskPlan, TaskRecord
+
+DEFAULTS = RuntimeDefaults()
+
+
+def _plan(job: str = "u/j", index: int = 0, incarnation: int = 1, spec_version: int = 1) -> TaskPlan:
+    return TaskPlan(
+        job_id=job,
+        task_index=index,
+        incarnation=incarnation,
+        priority=0,
+        band=0,
+        limits=Limits(),
+        hard_memory_limit=True,
+        runtime=SimulatedPlan("steady", ()),
+        spec_version=spec_version,
+    )
+
+
+# ----- desired set ---------------------------------------------------------------------------
+
+K = KnownTask
+DIFF_CASES = [
+    ([], [_plan()], [], [("u/j", 0)], []),
+    ([K(("u/j", 0), 1, 1, True)], [], [("u/j", 0)], [], []),
+    ([K(("u/j", 0), 1, 1, True)], [_plan()], [], [], []),
+    ([K(("u/j", 0), 1, 1, True)], [_plan(incarnation=2)], [("u/j", 0)], [("u/j", 0)], []),
+    ([K(("u/j", 0), 1, 1, True)], [_plan(spec_version=2)], [], [], [("u/j", 0)]),
+    ([K(("u/j", 0), 1, 1, False)], [_plan()], [], [], []),
+    ([K(("u/j", 0), 1, 1, False)], [], [], [], []),
+    ([K(("u/j", 0), 1, 1, False)], [_plan(incarnation=2)], [], [("u/j", 0)], []),
+]
+
+
+@pytest.mark.parametrize(
+    ("known", "desired", "kill", "start", "update"),
+    DIFF_CASES,
+    ids=[
+        "new-task-started",
+        "undesired-duplicate-killed",
+        "same-incarnation-untouched",
+        "newer-incarnation-replaces",
+        "spec-change-updated-in-place",
+        "dead-same-incarnation-stays-dead",
+        "dead-undesired-left-alone",
+        "dead-then-new-incarnation-started",
+    ],
+)
+def test_desired_set_diff(
+    known: list[KnownTask],
+    desired: list[TaskPlan],
+    kill: list[tuple[str, int]],
+    start: list[tuple[str, int]],
+    update: list[tuple[str, int]],
+) -> None:
+    changes = diff_desired(known, desired)
+    assert [k.key for k in changes.kill] == kill
+    assert [p.key for p in changes.start] == start
+    assert [p.key for p in changes.update] == update
+
+
+def test_desired_set_naming_a_task_twice_is_refused() -> None:
+    with pytest.raises(ValueError, match="twice"):
+        diff_desired([], [_plan(), _plan(incarnation=2)])
+
+
+# ----- event clock ---------------------------------------------------------------------------
+
+
+def test_event_clock_runs_speedup_times_faster_than_the_wall() -> None:
+    wall = [100.0]
+    clock = EventClock(speedup=60, start_ms=1_000_000, monotonic=lambda: wall[0])
+    assert clock.now_ms() == 1_000_000
+    wall[0] += 2.5
+    assert clock.now_ms() == 1_000_000 + 150_000
+    assert clock.wall_seconds_until(1_000_000 + 210_000) == pytest.approx(1.0)
+    assert clock.wall_seconds_until(0) == 0.0
+    with pytest.raises(ValueError, match="speedup"):
+        EventClock(speedup=0)
+
+
+# ----- machine agent: fencing, events, forgetting ----------------------------------------------
+
+
+def _agent(max_events: int = 100) -> MachineAgent:
+    profile = MachineProfile("m1", Limits(1000, 1 << 30), {}, "r", "p", 20000)
+    return MachineAgent(profile, 0, first_sequence=5000, max_unacked_events=max_events)
+
+
+def test_fence_refuses_older_epochs_and_remembers_newer() -> None:
+    agent = _agent()
+    assert agent.admit_epoch(3) is None
+    assert agent.admit_epoch(3) is None
+    refusal = agent.admit_epoch(2)
+    assert refusal is not None
+    assert "2" in refusal
+    assert "3" in refusal
+    assert agent.admit_epoch(7) is None
+    assert agent.admit_epoch(3) is not None
+
+
+def test_events_are_kept_until_acknowledged_and_dead_tasks_forgotten_after() -> None:
+    agent = _agent()
+    record = TaskRecord("m1", _plan(), Phase.RUNNING, started_ms=0)
+    agent.tasks[record.plan.key] = record
+    started = agent.record_event(record, TaskEvent.RUNNING, 10, "c1")
+    record.phase = Phase.DEAD
+    died = agent.record_event(record, TaskEvent.OOM, 20, "c2", "over")
+    record.exit_sequence = died.sequence
+    assert (started.sequence, died.sequence) == (5000, 5001)
+    assert died.state is TaskState.PENDING  # an OOM-killed task is rescheduled (Figure 2)
+    agent.acknowledge(5000)
+    agent.forget_settled()
+    assert [e.sequence for e in agent.events] == [5001]
+    assert record.plan.key in agent.tasks  # its exit is not acknowledged yet
+    agent.desired = {record.plan.key: 1}
+    agent.acknowledge(5001)
+    agent.forget_settled()
+    assert not agent.events
+    assert record.plan.key in agent.tasks  # still named by the desired set
+    agent.desired = {}
+    agent.forget_settled()
+    assert record.plan.key not in agent.tasks
+
+
+def test_unacknowledged_events_are_bounded() -> None:
+    agent = _agent(max_events=3)
+    record = TaskRecord("m1", _plan(), Phase.RUNNING, started_ms=0)
+    for t in range(5):
+        agent.record_event(record, TaskEvent.RUNNING, t, "c")
+    assert [e.event_time_ms for e in agent.events] == [2, 3, 4]
+    assert agent.dropped_events == 2
+
+
+# ----- conversion and validation ----------------------------------------------------------------
+
+
+def _assignment(**spec_fields: object) -> borglet_pb2.TaskAssignment:
+    return borglet_pb2.TaskAssignment(
+        job_id="u/j", task_index=2, incarnation=3, priority=4, spec=job_pb2.TaskSpec(**spec_fields)
+    )
+
+
+@pytest.mark.parametrize(
+    ("assignment", "field"),
+    [
+        (borglet_pb2.TaskAssignment(task_index=0), "task.job_id"),
+        (borglet_pb2.TaskAssignment(job_id="u/j", task_index=-1), "task.task_index"),
+        (_assignment(limits=resources_pb2.Resources(memory_bytes=-1)), "task.spec.limits.memory_bytes"),
+        (
+            _assignment(runtime=job_pb2.RuntimeSpec(process=job_pb2.ProcessRuntime())),
+            "task.spec.runtime.process.command",
+        ),
+        (
+            _assignment(runtime=job_pb2.RuntimeSpec(simulated=job_pb2.SimulatedRuntime(usage_model="nope"))),
+            "task.spec.runtime.simulated.usage_model",
+        ),
+        (
+            _assignment(
+                runtime=job_pb2.RuntimeSpec(simulated=job_pb2.SimulatedRuntime(params={"bogus": 1.0}))
+            ),
+            "task.spec.runtime.simulated.params",
+        ),
+        (
+            _assignment(runtime=job_pb2.RuntimeSpec(simulated=job_pb2.SimulatedRuntime(trace_uri="x.csv"))),
+            "task.spec.runtime.simulated.trace_uri",
+        ),
+        (_assignment(memory_limit_kind=9), "task.spec.memory_limit_kind"),
+    ],
+    ids=[
+        "no-job",
+        "negative-index",
+        "negative-limit",
+        "no-command",
+        "unknown-model",
+        "unknown-param",
+        "trace",
+        "kind",
+    ],
+)
+def test_invalid_assignments_name_the_field(assignment: borglet_pb2.TaskAssignment, field: str) -> None:
+    with pytest.raises(InvalidFieldError) as error:
+        convert.task_plan(assignment, "task", DEFAULTS)
+    assert error.value.field == field
+
+
+def test_assignment_defaults_to_the_default_runtime_and_hard_limit() -> None:
+    plan = convert.task_plan(_assignment(), "task", DEFAULTS)
+    assert isinstance(plan.runtime, SimulatedPlan)
+    assert plan.runtime.usage_model == "steady"
+    assert plan.hard_memory_limit
+    soft = convert.task_plan(_assignment(memory_limit_kind=job_pb2.MEMORY_LIMIT_KIND_SOFT), "task", DEFAULTS)
+    assert not soft.hard_memory_limit
+    with pytest.raises(InvalidFieldError):
+        convert.task_plan(
+            _assignment(runtime=job_pb2.RuntimeSpec(process=job_pb2.ProcessRuntime(command="x"))),
+            "task",
+            RuntimeDefaults(allow_process=False),
+        )
+
+
+def test_a_dead_task_reports_its_exit_and_its_event_the_kind() -> None:
+    record = TaskRecord("m1", _plan(), Phase.DEAD, started_ms=5, exit_kind=TaskEvent.OOM, exit_code=-9)
+    report = convert.task_report(record, now_ms=100)
+    assert report.state == state_pb2.TASK_STATE_DEAD
+    assert report.exit_reason == state_pb2.TASK_EVENT_KIND_OOM
+    assert report.exit_code == -9
+    assert not report.ready
+
+
+def _chunk(machine: list[int], seconds: list[int], sampled: list[list[bool]]) -> SampleChunk:
+    m = np.array(machine, dtype=np.intp)
+    n, k = len(machine), len(seconds)
+    table = TaskTable(
+        machine=m,
+        priority=np.zeros(n, dtype=np.int64),
+        cpu_limit=np.zeros(n),
+        memory_limit=np.zeros(n),
+        hard_memory_limit=np.zeros(n, dtype=bool),
+        simulated=np.ones(n, dtype=bool),
+        start_s=np.zeros(n),
+        duration_s=np.zeros(n),
+        groups=(),
+        memory_capacity=np.ones(2),
+        pressure_fraction=1.0,
+        machine_bounds=TaskTable.bounds(m, 2),
+    )
+    result = TickResult(
+        seconds=np.array(seconds, dtype=np.int64),
+        cpu=np.arange(k * n, dtype=np.float64).reshape(k, n),
+        memory=np.arange(k * n, dtype=np.int64).reshape(k, n) * 10,
+        throttled=np.zeros((k, n), dtype=bool),
+        sampled=np.array(sampled, dtype=bool),
+        finished=(),
+        kills=(),
+        memory_pressure=np.zeros(2, dtype=bool),
+        memory_used=np.zeros(2),
+    )
+    identities = [(f"u/j{i}", i, 1) for i in range(n)]
+    return SampleChunk(table, identities, result)
+
+
+def test_sample_batches_are_per_machine_in_time_order_split_and_sequenced() -> None:
+    chunks = [
+        _chunk([0, 0, 1], [100, 101], [[True, True, True], [True, False, True]]),
+        _chunk([0, 0, 1], [102], [[True, True, True]]),
+    ]
+    sequences = {"a": 50, "b": 70}
+    batches = convert.sample_batches(chunks, ["a", "b"], sequences, max_samples=4)
+    by_machine: dict[str, list[borglet_pb2.PollResponse]] = {}
+    for machine_id, batch in batches:
+        assert batch.machine_id == machine_id
+        by_machine.setdefault(machine_id, []).append(batch)
+    a = [(s.job_id, s.event_time_ms) for b in by_machine["a"] for s in b.samples]
+    assert a == [
+        ("u/j0", 100_000),
+        ("u/j1", 100_000),
+        ("u/j0", 101_000),
+        ("u/j0", 102_000),
+        ("u/j1", 102_000),
+    ]
+    assert [len(b.samples) for b in by_machine["a"]] == [4, 1]
+    assert [b.batch_sequence for b in by_machine["a"]] == [50, 51]
+    assert [(s.event_time_ms, s.memory_bytes) for b in by_machine["b"] for s in b.samples] == [
+        (100_000, 20),
+        (101_000, 50),
+        (102_000, 20),
+    ]
+    assert sequences == {"a": 52, "b": 71}
+
+
+# ----- settings ------------------------------------------------------------------------------------
+
+
+def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CELLPILOT_BORGLET_BORGMASTER_ADDRESSES", "h1:1, h2:2")
+    monkeypatch.setenv("CELLPILOT_BORGLET_ATTRIBUTES", "arch=arm, zone=b")
+    monkeypatch.setenv("CELLPILOT_BORGLET_FLEET_SIZE", "3")
+    monkeypatch.setenv("CELLPILOT_REPLICA_INDEX", "2")
+    settings = BorgletSettings()
+    assert settings.borgmaster_addresses == ["h1:1", "h2:2"]
+    assert settings.attributes == {"arch": "arm", "zone": "b"}
+    assert settings.resolved_machine_ids() == ["machine-r2-0000", "machine-r2-0001", "machine-r2-0002"]
+    assert "PATH" in settings.task_base_env
+    monkeypatch.setenv("CELLPILOT_BORGLET_MACHINE_IDS", "x,y")
+    assert BorgletSettings().resolved_machine_ids() == ["x", "y"]

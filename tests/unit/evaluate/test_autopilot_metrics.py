@@ -1,0 +1,240 @@
+"""Autopilot's §4.1.1 metrics per job-day, Table 2's thresholds, the summary and the goals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cellpilot.evaluate.autopilot_metrics import (
+    TABLE2_ROWS,
+    DayAccumulator,
+    JobDays,
+    cdf,
+    goals,
+    seriously_impacted,
+    summarise,
+    summarise_study,
+    table2_label,
+)
+
+WPD = 12  # a short "day" keeps the brute force readable
+
+
+def _random_day(rng: np.random.Generator, sizes: list[int]) -> dict[str, np.ndarray]:
+    n = sum(sizes)
+    running = rng.random((WPD, n)) < 0.8
+    weight = np.where(running, np.where(rng.random((WPD, n)) < 0.1, 0.8, 1.0), 0.0)
+    return {
+        "limit": rng.uniform(5.0, 10.0, (WPD, n)),
+        "usage": np.where(running, rng.uniform(1.0, 6.0, (WPD, n)), np.nan),
+        "weight": weight,
+        "oom": running & (rng.random((WPD, n)) < 0.05),
+        "changes": rng.integers(0, 2, (WPD, len(sizes))),
+    }
+
+
+def _brute_force(day: dict[str, np.ndarray], sizes: list[int]) -> list[dict[str, float]]:
+    """§4.1.1 by the definitions, one task-window at a time."""
+    out = []
+    lo = 0
+    for j, size in enumerate(sizes):
+        limit_seconds = usage_seconds = runtime = 0.0
+        values = []
+        ooms = 0
+        for t in range(WPD):
+            for i in range(lo, lo + size):
+                w = day["weight"][t, i]
+                if w > 0:
+                    limit_seconds += day["limit"][t, i] * w
+                    usage_seconds += day["usage"][t, i] * w
+                    runtime += w
+                    values.append(day["usage"][t, i])
+                ooms += int(day["oom"][t, i])
+        average_limit = limit_seconds / runtime
+        usage = float(np.percentile(values, 95))
+        tasks = runtime / WPD
+        out.append(
+            {
+                "tasks": tasks,
+                "footprint": limit_seconds / WPD,
+                "absolute_slack": (limit_seconds - usage_seconds) / WPD,
+                "relative_slack": (average_limit - usage) / average_limit,
+                "ooms": ooms,
+                "relative_oom_rate": ooms / tasks,
+                "limit_changes": int(day["changes"][:, j].sum()),
+            }
+        )
+        lo += size
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2], ids=["seed0", "seed1", "seed2"])
+def test_a_day_of_windows_matches_the_definitions(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    sizes = [3, 1, 4]
+    day = _random_day(rng, sizes)
+    bounds = np.concatenate(([0], np.cumsum(sizes)))
+    acc = DayAccumulator(bounds, WPD)
+    for t in range(WPD):
+        acc.add(t, day["limit"][t], day["usage"][t], day["weight"][t], day["oom"][t], day["changes"][t])
+    rows = acc.close_day(np.array([10, 11, 12]), 4, np.array([True, True, False]), np.array([0, 1, 2]))
+    expected = _brute_force(day, sizes)
+    assert list(rows.job_id) == [10, 11, 12]
+    assert list(rows.day) == [4, 4, 4]
+    for j, want in enumerate(expected):
+        for key, value in want.items():
+            # The day's usage values are kept as float32 (memory): agreement to ~1e-7.
+            assert getattr(rows, key)[j] == pytest.approx(value, rel=1e-6), key
+    # The accumulator starts the next day empty.
+    assert acc.weight.sum() == 0
+    assert np.isnan(acc.usage).all()
+
+
+def test_jobs_that_did_not_run_are_left_out() -> None:
+    acc = DayAccumulator(np.array([0, 1, 2]), WPD)
+    for t in range(WPD):
+        acc.add(
+            t, np.ones(2), np.array([0.5, np.nan]), np.array([1.0, 0.0]), np.zeros(2, bool), np.zeros(2, int)
+        )
+    rows = acc.close_day(np.array([1, 2]), 0, np.array([True, True]), np.array([0, 0]))
+    assert list(rows.job_id) == [1]
+    assert rows.relative_slack[0] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    ("ooms", "tasks", "row", "expected"),
+    [
+        (5, 10, (5, 7), True),  # 5 OOMs, max(5, 10/7) = 5
+        (4, 10, (5, 7), False),
+        (14, 100, (5, 7), False),  # max(5, 100/7 = 14.3)
+        (15, 100, (5, 7), True),
+        (3, 7, (3, 7), True),
+        (2, 7, (3, 7), False),
+        (20, 200, (4, 10), True),
+        (19, 200, (4, 10), False),
+    ],
+    ids=[
+        "at-count",
+        "below-count",
+        "below-fraction",
+        "at-fraction",
+        "row5",
+        "row5-below",
+        "tenth",
+        "tenth-below",
+    ],
+)
+def test_seriously_impacted_thresholds(ooms: int, tasks: float, row: tuple[int, int], expected: bool) -> None:
+    assert bool(seriously_impacted([ooms], [tasks], row[0], 1.0 / row[1])[0]) is expected
+
+
+def _rows(**columns: list[float]) -> JobDays:
+    n = len(next(iter(columns.values())))
+    base: dict[str, np.ndarray] = {
+        "job_id": np.arange(n),
+        "day": np.zeros(n, dtype=np.int64),
+        "serving": np.ones(n, dtype=bool),
+        "oom_tolerance": np.zeros(n, dtype=np.int64),
+        "tasks": np.ones(n),
+        "footprint": np.ones(n),
+        "absolute_slack": np.zeros(n),
+        "average_limit": np.ones(n),
+        "usage_p95": np.ones(n),
+        "relative_slack": np.zeros(n),
+        "ooms": np.zeros(n, dtype=np.int64),
+        "relative_oom_rate": np.zeros(n),
+        "limit_changes": np.zeros(n, dtype=np.int64),
+        "cpu_relative_slack": np.full(n, np.nan),
+        "cpu_throttled_fraction": np.full(n, np.nan),
+    }
+    for key, values in columns.items():
+        base[key] = np.asarray(values, dtype=base[key].dtype)
+    return JobDays(**base)  # type: ignore[arg-type]
+
+
+def test_summary_by_hand() -> None:
+    rows = _rows(
+        relative_slack=[0.1, 0.2, 0.3, 0.6],
+        absolute_slack=[2.0, 2.0, 4.0, 8.0],
+        footprint=[4.0, 4.0, 8.0, 16.0],
+        ooms=[0, 0, 5, 1],
+        tasks=[1.0, 2.0, 10.0, 4.0],
+        relative_oom_rate=[0.0, 0.0, 0.5, 0.25],
+        limit_changes=[0, 0, 1, 3],
+    )
+    summary = summarise(rows, machine_bytes=2.0, days=2)
+    assert summary["relative_slack_mean"] == pytest.approx(0.3)
+    assert summary["relative_slack_median"] == pytest.approx(0.25)
+    assert summary["absolute_slack_machines"] == pytest.approx(16.0 / 2 / 2.0)
+    assert summary["footprint_machines"] == pytest.approx(32.0 / 2 / 2.0)
+    assert summary["relative_oom_rate_per_task_day"] == pytest.approx(0.1875)
+    assert summary["oom_free_job_days_fraction"] == pytest.approx(0.5)
+    assert summary["seriously_impacted_job_days"][table2_label((5, 7))] == 1
+    assert summary["seriously_impacted_job_days"][table2_label((3, 7))] == 1
+    assert summary["limit_changes_per_job_day_p99"] == pytest.approx(np.percentile([0, 0, 1, 3], 99))
+    assert summary["job_days_without_limit_changes_fraction"] == pytest.approx(0.5)
+    assert summary["job_days"] == 4
+    assert set(summary["seriously_impacted_job_days"]) == {table2_label(r) for r in TABLE2_ROWS}
+
+
+def test_study_summary_uses_serving_jobs_and_breaks_down_the_rest() -> None:
+    rows = _rows(relative_slack=[0.2, 0.4, 0.9], serving=[True, True, False], oom_tolerance=[0, 1, 1])
+    study = summarise_study(rows, 1.0, 1)
+    assert study["relative_slack_mean"] == pytest.approx(0.3)
+    assert study["job_days"] == 2
+    assert study["breakdown"]["all_jobs"]["relative_slack_mean"] == pytest.approx(0.5)
+    assert study["breakdown"]["batch_jobs"]["job_days"] == 1
+    assert study["breakdown"]["serving_oom_tolerance_low"]["relative_slack_mean"] == pytest.approx(0.4)
+    with pytest.raises(ValueError):
+        summarise_study(rows, 1.0, 1, population="nope")
+
+
+def _summary(slack: float, free: float = 1.0, oom: float = 0.0) -> dict[str, float]:
+    return {
+        "relative_slack_mean": slack,
+        "oom_free_job_days_fraction": free,
+        "relative_oom_rate_per_task_day": oom,
+    }
+
+
+@pytest.mark.parametrize(
+    ("summaries", "expected"),
+    [
+        (
+            {
+                "manual-hard": _summary(0.6),
+                "manual-soft": _summary(0.46),
+                "moving-window": _summary(0.31, 0.996),
+                "ml": _summary(0.23, 0.997, 0.01),
+                "vpa": _summary(0.3, 0.99, 0.02),
+            },
+            [True, True, True, True],
+        ),
+        (
+            {
+                "manual-hard": _summary(0.6),
+                "manual-soft": _summary(0.46),
+                "moving-window": _summary(0.2, 0.99),
+                "ml": _summary(0.23, 0.995, 0.03),
+                "vpa": _summary(0.3, 0.99, 0.02),
+            },
+            [False, False, True, False],
+        ),
+    ],
+    ids=["paper-like", "missed"],
+)
+def test_goals(summaries: dict[str, dict[str, float]], expected: list[bool]) -> None:
+    assert [g.met for g in goals(summaries)] == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=300))
+def test_cdf_is_monotone_and_ends_at_one(values: list[float]) -> None:
+    xs, ys = cdf(values, points=50)
+    assert xs == sorted(xs)
+    assert ys == sorted(ys)
+    assert ys[-1] == pytest.approx(1.0)
+    assert xs[-1] == max(values)
+    assert len(xs) <= 50

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cellpilot.cli import run, stack
+from cellpilot.cli import borgmaster, eval_autopilot, eval_compaction, eval_gpa, eval_lava, run, stack
 
 app = typer.Typer(
     name="cellpilot",
@@ -16,6 +16,9 @@ eval_app = typer.Typer(help="Offline studies that reproduce the papers' comparis
 
 app.add_typer(stack.app, name="stack")
 app.add_typer(eval_app, name="eval")
+app.add_typer(borgmaster.app, name="borgmaster")
+for study in (eval_autopilot, eval_gpa, eval_compaction, eval_lava):
+    study.register(eval_app)
 app.command("run")(run.run)
 app.command("stop")(run.stop)
 

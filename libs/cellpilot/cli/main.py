@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import typer
 
-from cellpilot.cli import borgmaster, eval_autopilot, eval_compaction, eval_gpa, eval_lava, run, stack
+from cellpilot.cli import (
+    autopilot_cmd,
+    borgmaster,
+    cell,
+    certs,
+    eval_autopilot,
+    eval_compaction,
+    eval_gpa,
+    eval_lava,
+    job,
+    run,
+    stack,
+)
 
 app = typer.Typer(
     name="cellpilot",
@@ -17,6 +29,10 @@ eval_app = typer.Typer(help="Offline studies that reproduce the papers' comparis
 app.add_typer(stack.app, name="stack")
 app.add_typer(eval_app, name="eval")
 app.add_typer(borgmaster.app, name="borgmaster")
+app.add_typer(job.app, name="job")
+app.add_typer(autopilot_cmd.app, name="autopilot")
+app.add_typer(cell.app, name="cell")
+app.add_typer(certs.app, name="certs")
 for study in (eval_autopilot, eval_gpa, eval_compaction, eval_lava):
     study.register(eval_app)
 app.command("run")(run.run)

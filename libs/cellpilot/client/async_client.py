@@ -222,6 +222,32 @@ class MonitoringClient(_ServiceClient):
                 return histograms
             request.page_token = page.next_page_token
 
+    async def task_usage(
+        self, request: monitoring_pb2.GetTaskUsageRequest
+    ) -> list[monitoring_pb2.TaskUsageWindow]:
+        windows: list[monitoring_pb2.TaskUsageWindow] = []
+        while True:
+            page = await self._call(
+                monitoring_pb2_grpc.MonitoringStub,
+                "GetTaskUsage",
+                request,
+                monitoring_pb2.GetTaskUsageResponse,
+            )
+            windows.extend(page.windows)
+            if not page.next_page_token:
+                return windows
+            request.page_token = page.next_page_token
+
+    async def bucket_scheme(self, scheme_id: str, version: int) -> usage_pb2.BucketScheme:
+        request = monitoring_pb2.GetBucketSchemeRequest(scheme_id=scheme_id, version=version)
+        page = await self._call(
+            monitoring_pb2_grpc.MonitoringStub,
+            "GetBucketScheme",
+            request,
+            monitoring_pb2.GetBucketSchemeResponse,
+        )
+        return page.scheme
+
 
 class CellpilotClient:
     """One client for the whole API. Pass the addresses of each service's replicas you use."""

@@ -18,6 +18,7 @@ from typing import TypeVar
 import grpc
 
 from cellpilot.client.errors import error_from_status
+from cellpilot.platform.grpc_tracing import client_interceptors
 
 LEADER_METADATA_KEY = "cellpilot-leader"
 T = TypeVar("T")
@@ -63,9 +64,13 @@ class ReplicaChannels:
     def channel(self, address: str) -> grpc.aio.Channel:
         if address not in self._channels:
             if self.credentials is None:
-                self._channels[address] = grpc.aio.insecure_channel(address, options=self.options)
+                self._channels[address] = grpc.aio.insecure_channel(
+                    address, options=self.options, interceptors=client_interceptors()
+                )
             else:
-                self._channels[address] = grpc.aio.secure_channel(address, self.credentials, self.options)
+                self._channels[address] = grpc.aio.secure_channel(
+                    address, self.credentials, self.options, interceptors=client_interceptors()
+                )
         return self._channels[address]
 
     def prefer(self, address: str) -> None:

@@ -16,6 +16,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from cellpilot.platform.grpc_tracing import TraceContextServerInterceptor
+
 log = logging.getLogger(__name__)
 
 # Messages larger than this are refused before a handler sees them.
@@ -38,15 +40,18 @@ class GrpcServer:
         address: str = "127.0.0.1:0",
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         credentials: grpc.ServerCredentials | None = None,
+        max_receive_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
+        """``credentials`` None listens in plaintext: pass them from
+        ``cellpilot.security.tls.SecuritySettings.server_options`` (plaintext only in plaintext-dev)."""
         self.bindings = list(bindings)
         self.address = address
         self.credentials = credentials
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(
-            interceptors=list(interceptors),
+            interceptors=[TraceContextServerInterceptor(), *interceptors],  # trace context first
             options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", max_receive_message_bytes),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.so_reuseport", 0),
             ],

@@ -1,0 +1,331 @@
+"""``cellpilot autopilot show|config``: what Autopilot recommends for a job, and its settings.
+
+    cellpilot autopilot show alice/web [--json]
+    cellpilot autopilot config alice/web --opt-in                      # CPU and memory ON
+    cellpilot autopilot config alice/web --dry-run --resource memory   # recommend, never apply
+    cellpilot autopilot config alice/web --bounds cpu=100m:4 --bounds memory=256Mi:8Gi \\
+        --bounds tasks=1:20 --recommender cpu=ml
+
+Autopilot §3.1: jobs opt in per resource; dry-run jobs get recommendations that are shown
+but never actuated (§5); users bound the limits and may override the recommender.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from cellpilot.api.v1 import autopilot_pb2, job_pb2, recommendation_pb2, resources_pb2
+from cellpilot.cli.job import job_id, quantity
+from cellpilot.cli.job_spec_file import RECOMMENDERS
+from cellpilot.cli.output import (
+    DEFAULT_AUTOPILOT,
+    DEFAULT_BORGMASTER,
+    AutopilotOption,
+    BorgmasterOption,
+    JsonOption,
+    TimeoutOption,
+    connect,
+    console,
+    cores,
+    enum_label,
+    errors,
+    gib,
+    message_dict,
+    print_json,
+    recommender_name,
+)
+from cellpilot.client import SyncCellpilotClient, UnavailableError
+
+app = typer.Typer(
+    help="Autopilot's recommendations and per-job settings (Autopilot §3).", no_args_is_help=True
+)
+
+JobArgument = Annotated[str, typer.Argument(help="The job, <user>/<name>.", show_default=False)]
+RESOURCES = ("cpu", "memory", "tasks")
+
+
+def _amount(resource: int, value: float) -> str:
+    return f"{cores(value)} cores" if resource == resources_pb2.RESOURCE_CPU else gib(value)
+
+
+def why(recommendation: recommendation_pb2.Recommendation) -> str:
+    """The chosen value's explanation in words (Autopilot §3.2: limits must be explainable)."""
+    e = recommendation.explanation
+    parts = []
+    if e.statistic:
+        parts.append(e.statistic)
+    if e.HasField("ml_model"):
+        m = e.ml_model
+        parts.append(f"ML model #{m.model_index} (decay {m.decay_rate:g}, margin {m.safety_margin:g})")
+    if recommendation.margin:
+        parts.append(f"+ margin {_amount(recommendation.resource, recommendation.margin)}")
+    if e.clamped_by not in (
+        recommendation_pb2.CLAMP_REASON_UNSPECIFIED,
+        recommendation_pb2.CLAMP_REASON_NONE,
+    ):
+        clamp = enum_label(recommendation_pb2.ClampReason, e.clamped_by, "CLAMP_REASON_")
+        parts.append(f"clamped by {clamp} (from {_amount(recommendation.resource, e.unclamped_value)})")
+    if e.note:
+        parts.append(e.note)
+    return ", ".join(parts)
+
+
+def _print_recommendations(job: str, recs: autopilot_pb2.JobRecommendations) -> None:
+    held = " [yellow](held until its first recommendation)[/yellow]" if recs.held else ""
+    console.print(f"[bold]{job}[/bold]{held}", highlight=False)
+    for decision in recs.vertical:
+        resource = enum_label(resources_pb2.Resource, decision.resource, "RESOURCE_")
+        mode = _mode_label(decision.mode)
+        table = Table(
+            title=f"{resource}: mode {mode}, limit now {_amount(decision.resource, decision.current_limit)}",
+            title_justify="left",
+        )
+        for column in ("recommender", "value", "raw", "margin", "why", ""):
+            table.add_column(column)
+        chosen = decision.chosen
+        for candidate in decision.candidates:
+            selected = candidate.recommender == decision.selected
+            table.add_row(
+                recommender_name(candidate.recommender),
+                _amount(decision.resource, candidate.value),
+                _amount(decision.resource, candidate.raw_value),
+                _amount(decision.resource, candidate.margin),
+                why(candidate),
+                "[green]selected[/green]" if selected else "",
+            )
+        console.print(table)
+        if chosen.recommendation_id:
+            console.print(
+                f"  chosen: {recommender_name(decision.selected)} -> "
+                f"{_amount(decision.resource, chosen.value)} ({why(chosen) or 'no explanation'})",
+                highlight=False,
+            )
+        else:
+            console.print("  no recommendation yet (waiting for usage history)")
+    if recs.HasField("horizontal"):
+        h = recs.horizontal
+        mode = _mode_label(h.mode)
+        stabiliser = enum_label(recommendation_pb2.Stabiliser, h.chosen.stabiliser, "STABILISER_")
+        console.print(
+            f"tasks: mode {mode}, now {h.current_task_count}, recommended {h.chosen.task_count} "
+            f"(raw {h.chosen.raw_task_count:.2f}, decided by {stabiliser})",
+            highlight=False,
+        )
+
+
+@app.command()
+def show(
+    job: JobArgument,
+    autopilot: AutopilotOption = DEFAULT_AUTOPILOT,
+    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
+    as_json: JsonOption = False,
+    timeout: TimeoutOption = 5.0,
+) -> None:
+    """Current limits, every recommender's value, the chosen one and why."""
+    job = job_id(job)
+    with connect(borgmaster, autopilot, timeout_s=timeout) as client:
+        try:
+            answer = client.autopilot.get_recommendation(job, include_candidates=True)
+        except UnavailableError as error:
+            _show_without_autopilot(client, job, as_json, error)
+            return
+    if as_json:
+        print_json(answer.recommendations)
+    else:
+        _print_recommendations(job, answer.recommendations)
+
+
+def _show_without_autopilot(
+    client: SyncCellpilotClient, job: str, as_json: bool, error: UnavailableError
+) -> None:
+    """Autopilot is down: show what the Borgmaster knows, and say so."""
+    errors.print(f"[yellow]warning:[/yellow] Autopilot is not reachable ({error.details})", highlight=False)
+    status = client.borgmaster.get_job(job).job
+    limits = status.spec.task.limits
+    if as_json:
+        print_json(
+            {
+                "job_id": job,
+                "autopilot_available": False,
+                "limits": message_dict(limits),
+                "task_count": status.spec.task_count,
+                "autopilot": message_dict(status.spec.autopilot),
+            }
+        )
+        return
+    console.print(
+        f"[bold]{job}[/bold]: limits now {cores(limits.cpu_millicores)} cores, {gib(limits.memory_bytes)}, "
+        f"{status.spec.task_count} tasks; no recommendations while Autopilot is down",
+        highlight=False,
+    )
+
+
+def _mode(opt_in: bool, dry_run: bool, off: bool) -> Any:
+    chosen = [m for m, on in ((job_pb2.SCALING_MODE_ON, opt_in), (job_pb2.SCALING_MODE_DRY_RUN, dry_run),
+                              (job_pb2.SCALING_MODE_OFF, off)) if on]  # fmt: skip
+    if len(chosen) > 1:
+        raise typer.BadParameter("give only one of --opt-in, --dry-run, --off")
+    return chosen[0] if chosen else None
+
+
+def _pairs(values: list[str], option: str) -> list[tuple[str, str]]:
+    pairs = []
+    for value in values:
+        resource, sep, rest = value.partition("=")
+        if not sep or resource not in RESOURCES:
+            raise typer.BadParameter(
+                f"{value!r}: expected RESOURCE=..., RESOURCE one of {RESOURCES}", param_hint=option
+            )
+        pairs.append((resource, rest))
+    return pairs
+
+
+def apply_options(
+    config: job_pb2.AutopilotConfig,
+    resources: list[str],
+    mode: Any,
+    bounds: list[str],
+    recommenders: list[str],
+    target_utilization: float | None,
+) -> job_pb2.AutopilotConfig:
+    """The config after the command's options; options are validated with the option named."""
+    config = job_pb2.AutopilotConfig.FromString(config.SerializeToString())
+    for resource in resources:
+        if resource not in RESOURCES:
+            raise typer.BadParameter(f"{resource!r}; one of {', '.join(RESOURCES)}", param_hint="--resource")
+    if mode is not None:
+        for resource in resources:
+            section = config.horizontal if resource == "tasks" else getattr(config, resource)
+            section.mode = mode
+    for resource, text in _pairs(bounds, "--bounds"):
+        low, sep, high = text.partition(":")
+        if not sep:
+            raise typer.BadParameter(
+                f"{resource}={text!r}: expected MIN:MAX (either may be empty)", param_hint="--bounds"
+            )
+        if resource == "tasks":
+            try:
+                config.horizontal.min_tasks = int(low) if low else 0
+                config.horizontal.max_tasks = int(high) if high else 0
+            except ValueError:
+                raise typer.BadParameter(
+                    f"tasks={text!r}: task counts are whole numbers", param_hint="--bounds"
+                ) from None
+            low_value, high_value = config.horizontal.min_tasks, config.horizontal.max_tasks
+        else:
+            section = getattr(config, resource)
+            section.min_limit = quantity("--bounds", low, resource) if low else 0
+            section.max_limit = quantity("--bounds", high, resource) if high else 0
+            low_value, high_value = section.min_limit, section.max_limit
+        if high_value and low_value > high_value:
+            raise typer.BadParameter(
+                f"{resource}={text!r}: the minimum is above the maximum", param_hint="--bounds"
+            )
+    for resource, name in _pairs(recommenders, "--recommender"):
+        if resource == "tasks":
+            raise typer.BadParameter("the task count has no recommender choice", param_hint="--recommender")
+        ref = getattr(config, resource).recommender
+        if name.startswith("custom:"):
+            ref.kind, ref.custom_name = job_pb2.RECOMMENDER_KIND_CUSTOM, name.removeprefix("custom:")
+        elif name in RECOMMENDERS and name != "custom":
+            ref.kind, ref.custom_name = RECOMMENDERS[name], ""  # type: ignore[assignment]
+        else:
+            known = ", ".join([*RECOMMENDERS, "custom:<name>"])
+            raise typer.BadParameter(f"{name!r}; one of {known}", param_hint="--recommender")
+    if target_utilization is not None:
+        config.horizontal.target_utilization = target_utilization
+    return config
+
+
+@app.command()
+def config(
+    job: JobArgument,
+    opt_in: Annotated[bool, typer.Option("--opt-in", help="Let Autopilot change the resources.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Recommend but never apply.")] = False,
+    off: Annotated[bool, typer.Option("--off", help="Turn Autopilot off for the resources.")] = False,
+    resource: Annotated[
+        list[str] | None, typer.Option("--resource", help="cpu, memory, tasks (default: cpu and memory).")
+    ] = None,
+    bounds: Annotated[
+        list[str] | None,
+        typer.Option("--bounds", help="RESOURCE=MIN:MAX, e.g. cpu=100m:4, memory=256Mi:8Gi, tasks=1:20."),
+    ] = None,
+    recommender: Annotated[
+        list[str] | None,
+        typer.Option("--recommender", help="RESOURCE=NAME, e.g. cpu=ml, memory=moving-window-max."),
+    ] = None,
+    target_utilization: Annotated[
+        float | None, typer.Option(min=0.01, max=1.0, help="Horizontal: target CPU use per task, (0, 1].")
+    ] = None,
+    autopilot: AutopilotOption = DEFAULT_AUTOPILOT,
+    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
+    as_json: JsonOption = False,
+    timeout: TimeoutOption = 5.0,
+) -> None:
+    """Opt a job in or out, switch it to dry-run, bound its limits or pick its recommender."""
+    job = job_id(job)
+    mode = _mode(opt_in, dry_run, off)
+    resources = resource or ["cpu", "memory"]
+    with connect(borgmaster, autopilot, timeout_s=timeout) as client:
+        try:
+            current = client.autopilot.get_config(job).config
+        except UnavailableError as error:
+            _config_at_borgmaster(
+                client, job, resources, mode, bounds, recommender, target_utilization, error
+            )
+            return
+        wanted = apply_options(current, resources, mode, bounds or [], recommender or [], target_utilization)
+        answer = client.autopilot.set_config(job, wanted)
+    if as_json:
+        print_json(answer)
+        return
+    console.print(f"{job}: Autopilot config stored (spec version {answer.spec_version})", highlight=False)
+    _print_config(answer.effective)
+
+
+def _config_at_borgmaster(
+    client: SyncCellpilotClient,
+    job: str,
+    resources: list[str],
+    mode: Any,
+    bounds: list[str] | None,
+    recommenders: list[str] | None,
+    target_utilization: float | None,
+    error: UnavailableError,
+) -> None:
+    """Autopilot is down: store the config in the job's spec directly; it applies when Autopilot runs."""
+    errors.print(
+        f"[yellow]warning:[/yellow] Autopilot is not reachable ({error.details}); storing the config in "
+        "the job's spec at the Borgmaster, where Autopilot reads it when it runs",
+        highlight=False,
+    )
+    current = client.borgmaster.get_job(job).job.spec.autopilot
+    wanted = apply_options(current, resources, mode, bounds or [], recommenders or [], target_utilization)
+    answer = client.borgmaster.update_job(job, job_pb2.JobSpec(autopilot=wanted), ["autopilot"])
+    console.print(f"{job}: Autopilot config stored (spec version {answer.job.spec_version})", highlight=False)
+    _print_config(answer.job.spec.autopilot)
+
+
+def _mode_label(mode: int) -> str:
+    return enum_label(job_pb2.ScalingMode, mode or job_pb2.SCALING_MODE_OFF, "SCALING_MODE_")
+
+
+def _print_config(config: job_pb2.AutopilotConfig) -> None:
+    for name in ("cpu", "memory"):
+        section: job_pb2.VerticalScalingConfig = getattr(config, name)
+        resource = resources_pb2.RESOURCE_CPU if name == "cpu" else resources_pb2.RESOURCE_MEMORY
+        low, high = (_amount(resource, v) if v else "-" for v in (section.min_limit, section.max_limit))
+        console.print(
+            f"  {name}: {_mode_label(section.mode)}, bounds {low}..{high}, "
+            f"recommender {recommender_name(section.recommender)}",
+            highlight=False,
+        )
+    h = config.horizontal
+    console.print(
+        f"  tasks: {_mode_label(h.mode)}, bounds {h.min_tasks or 1}..{h.max_tasks or '-'}, "
+        f"target utilization {h.target_utilization:g}",
+        highlight=False,
+    )

@@ -1,0 +1,290 @@
+"""``cellpilot job submit|list|show|kill|update|why-pending``: jobs at the live Borgmaster.
+
+cellpilot job submit web.yaml            # a YAML spec (cellpilot.cli.job_spec_file)
+cellpilot job list [--user alice] [--state running] [--json]
+cellpilot job show alice/web [--json]
+cellpilot job update alice/web --tasks 5 --cpu 750m --memory 2Gi
+cellpilot job why-pending alice/web [--task 3] [--json]
+cellpilot job kill alice/web
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+from rich.table import Table
+
+from cellpilot.api.v1 import borgmaster_pb2, job_pb2, resources_pb2, state_pb2
+from cellpilot.cli import job_spec_file
+from cellpilot.cli.output import (
+    DEFAULT_BORGMASTER,
+    BorgmasterOption,
+    JsonOption,
+    TimeoutOption,
+    connect,
+    console,
+    cores,
+    enum_label,
+    errors,
+    gib,
+    print_json,
+)
+
+app = typer.Typer(help="Submit, inspect, change and kill jobs (Borg §2).", no_args_is_help=True)
+
+JobArgument = Annotated[str, typer.Argument(help="The job, <user>/<name>.", show_default=False)]
+STATES = {enum_label(state_pb2.JobState, v, "JOB_STATE_"): v for v in state_pb2.JobState.values() if v}
+
+
+def job_id(value: str) -> str:
+    user, _, name = value.partition("/")
+    if not user or not name or "/" in name:
+        raise typer.BadParameter(f"{value!r}: a job is named <user>/<name>, e.g. alice/web")
+    return value
+
+
+def quantity(option: str, text: str, kind: str) -> int:
+    """Parse ``--cpu 500m`` / ``--memory 2Gi`` with the spec file's rules, naming the option."""
+    node = job_spec_file._Node(yaml.compose(f'"{text}"') or yaml.ScalarNode("", text), option)
+    try:
+        return job_spec_file._millicores(node) if kind == "cpu" else job_spec_file._bytes(node)
+    except job_spec_file.JobSpecError as error:
+        raise typer.BadParameter(error.message, param_hint=option) from None
+
+
+@app.command()
+def submit(
+    file: Annotated[Path, typer.Argument(help="A YAML job spec.", show_default=False)],
+    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
+    as_json: JsonOption = False,
+    timeout: TimeoutOption = 10.0,
+) -> None:
+    """Validate a YAML job spec and submit it; errors name the line and the field."""
+    try:
+        text = file.read_text()
+    except OSError as error:
+        errors.print(f"[red]error:[/red] cannot read {file}: {error.strerror}")
+        raise typer.Exit(2) from error
+    try:
+        spec = job_spec_file.parse_job_spec(text)
+    except job_spec_file.JobSpecError as error:
+        errors.print(f"[red]error:[/red] {file}: {error}", highlight=False)
+        raise typer.Exit(2) from None
+    with connect(borgmaster, timeout_s=timeout) as client:
+        answer: borgmaster_pb2.SubmitJobResponse = client.borgmaster.submit_job(spec)
+    if as_json:
+        print_json(answer)
+        return
+    state = enum_label(state_pb2.JobState, answer.state, "JOB_STATE_")
+    console.print(
+        f"submitted [bold]{answer.job_id}[/bold]: {state}, spec version {answer.spec_version}",
+        highlight=False,
+    )
+
+
+@app.command("list")
+def list_jobs(
+    user: Annotated[str, typer.Option(help="Only this user's jobs.")] = "",
+    state: Annotated[
+        list[str] | None, typer.Option(help=f"Only jobs in these states: {', '.join(STATES)}.")
+    ] = None,
+    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
+    as_json: JsonOption = False,
+    timeout: TimeoutOption = 10.0,
+) -> None:
+    """Every job (not its tasks), ordered by id."""
+    request = borgmaster_pb2.ListJobsRequest(user=user)
+    for name in state or []:
+        if name not in STATES:
+            raise typer.BadParameter(f"{name!r}; one of {', '.join(STATES)}", param_hint="--state")
+        request.states.append(STATES[name])  # type: ignore[arg-type]
+    with connect(borgmaster, timeout_s=timeout) as client:
+        jobs: list[state_pb2.JobStatus] = client.borgmaster.list_jobs(request)
+    if as_json:
+        print_json(jobs)
+        return
+    table = Table(title=f"{len(jobs)} jobs")
+    for column in ("job", "state", "priority", "tasks", "pending", "running", "cpu", "memory", "autopilot"):
+        table.add_column(column)
+    for job in jobs:
+        limits = job.spec.task.limits
+        table.add_row(
+            job.job_id,
+            enum_label(state_pb2.JobState, job.state, "JOB_STATE_"),
+            str(job.spec.priority),
+            str(job.spec.task_count),
+            str(job.task_counts.pending),
+            str(job.task_counts.running),
+            cores(limits.cpu_millicores),
+            gib(limits.memory_bytes),
+            autopilot_modes(job.spec.autopilot),
+        )
+    console.print(table)
+
+
+def autopilot_modes(config: job_pb2.AutopilotConfig) -> str:
+    parts = []
+    for name, mode in (
+        ("cpu", config.cpu.mode),
+        ("mem", config.memory.mode),
+        ("tasks", config.horizontal.mode),
+    ):
+        if mode not in (job_pb2.SCALING_MODE_UNSPECIFIED, job_pb2.SCALING_MODE_OFF):
+            parts.append(f"{name}:{enum_label(job_pb2.ScalingMode, mode, 'SCALING_MODE_')}")
+    return " ".join(parts) or "off"
+
+
+@app.command()
+def show(
+    job: JobArgument,
+    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
+    as_json: JsonOption = False,
+    timeout: TimeoutOption = 10.0,
+) -> None:
+    """A job's spec, state and every task."""
+    with connect(borgmaster, timeout_s=timeout) as client:
+        status: state_pb2.JobStatus = client.borgmaster.get_job(job_id(job), include_tasks=True).job
+    if as_json:
+        print_json(status)
+        return
+    spec, limits = status.spec, status.spec.task.limits
+    console.print(
+        f"[bold]{status.job_id}[/bold] {enum_label(state_pb2.JobState, status.state, 'JOB_STATE_')}, "
+        f"spec version {status.spec_version}, priority {spec.priority}, {spec.task_count} tasks of "
+        f"{cores(limits.cpu_millicores)} cores, {gib(limits.memory_bytes)}; "
+        f"autopilot {autopilot_modes(spec.autopilot)}",
+        highlight=False,
+    )
+    table = Table()
+    for column in ("task", "state", "reason", "machine", "cpu used", "mem used", "restarts", "detail"):
+        table.add_column(column)
+    for task in status.tasks:
+        table.add_row(
+            str(task.task_index),
+            enum_label(state_pb2.TaskState, task.state, "TASK_STATE_"),
+            enum_label(state_pb2.TaskEventKind, task.reason, "TASK_EVENT_KIND_"),
+            task.machine_id or "-",
+            cores(task.usage.cpu_millicores),
+            gib(task.usage.memory_bytes),
+            str(task.restarts),
+            task.reason_detail,
+        )
+    console.print(table)
+
+
+@app.command()
+def kill(
+    job: JobArgument,
+    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
+    timeout: TimeoutOption = 10.0,
+) -> None:
+    """Kill every task of a job; the job becomes dead."""
+    with connect(borgmaster, timeout_s=timeout) as client:
+        answer = client.borgmaster.kill_job(job_id(job))
+    console.print(f"killed {job} (log position {answer.log_sequence})", highlight=False)
+
+
+@app.command()
+def update(
+    job: JobArgument,
+    tasks: Annotated[int | None, typer.Option("--tasks", min=0, help="New task count.")] = None,
+    cpu: Annotated[str | None, typer.Option(help="New per-task CPU limit: cores or 500m.")] = None,
+    memory: Annotated[str | None, typer.Option(help="New per-task memory limit, e.g. 2Gi.")] = None,
+    priority: Annotated[int | None, typer.Option(min=0, max=11, help="New priority, 0-11.")] = None,
+    expected_version: Annotated[
+        int, typer.Option(min=0, help="Refuse unless the job's spec version is this (0: any).")
+    ] = 0,
+    max_disruptions: Annotated[
+        int, typer.Option(min=0, help="Most tasks the rolling update disrupts at once (0: no cap).")
+    ] = 0,
+    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
+    as_json: JsonOption = False,
+    timeout: TimeoutOption = 10.0,
+) -> None:
+    """Change a job's task count, limits or priority (a rolling update, Borg §2.3)."""
+    spec = job_pb2.JobSpec()
+    paths: list[str] = []
+    if tasks is not None:
+        spec.task_count = tasks
+        paths.append("task_count")
+    if cpu is not None:
+        spec.task.limits.cpu_millicores = quantity("--cpu", cpu, "cpu")
+        paths.append("task.limits.cpu_millicores")
+    if memory is not None:
+        spec.task.limits.memory_bytes = quantity("--memory", memory, "memory")
+        paths.append("task.limits.memory_bytes")
+    if priority is not None:
+        spec.priority = priority
+        paths.append("priority")
+    if not paths:
+        raise typer.BadParameter("nothing to change: give --tasks, --cpu, --memory or --priority")
+    with connect(borgmaster, timeout_s=timeout) as client:
+        answer = client.borgmaster.update_job(
+            job_id(job),
+            spec,
+            paths,
+            expected_spec_version=expected_version,
+            max_disruptions=max_disruptions,
+        )
+    if as_json:
+        print_json(answer)
+        return
+    console.print(
+        f"updated {answer.job.job_id} ({', '.join(paths)}): spec version {answer.job.spec_version}",
+        highlight=False,
+    )
+
+
+@app.command("why-pending")
+def why_pending(
+    job: JobArgument,
+    task: Annotated[int | None, typer.Option(min=0, help="The task (default: its first pending).")] = None,
+    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
+    as_json: JsonOption = False,
+    timeout: TimeoutOption = 10.0,
+) -> None:
+    """What keeps a task from scheduling and the smallest change that would let it (Borg §2.6)."""
+    with connect(borgmaster, timeout_s=timeout) as client:
+        answer: borgmaster_pb2.WhyPendingResponse = client.borgmaster.why_pending(job_id(job), task)
+    if as_json:
+        print_json(answer)
+        return
+    state = enum_label(state_pb2.TaskState, answer.task_state, "TASK_STATE_")
+    console.print(f"[bold]{answer.job_id}/{answer.task_index}[/bold] is {state}", highlight=False)
+    if answer.summary:
+        console.print(answer.summary, highlight=False)
+    if answer.task_state != state_pb2.TASK_STATE_PENDING:
+        return
+    console.print(f"feasible machines: {answer.machines_feasible} of {answer.machines_total} up")
+    for exclusion in answer.constraint_exclusions:
+        c = exclusion.constraint
+        operator = enum_label(job_pb2.ConstraintOperator, c.operator, "CONSTRAINT_OPERATOR_")
+        console.print(
+            f"  constraint {c.attribute} {operator} {c.value}: "
+            f"excludes {exclusion.machines_excluded} machines",
+            highlight=False,
+        )
+    for resource in answer.resource_exclusions:
+        name = enum_label(resources_pb2.Resource, resource.resource, "RESOURCE_")
+        console.print(
+            f"  not enough {name} on {resource.machines_excluded} machines "
+            f"(most available: {format_amount(resource.resource, resource.max_available)})",
+            highlight=False,
+        )
+    if answer.HasField("fitting_limits"):
+        fit = answer.fitting_limits
+        console.print(
+            f"  would fit with limits cpu {cores(fit.cpu_millicores)} cores, memory {gib(fit.memory_bytes)}",
+            highlight=False,
+        )
+
+
+def format_amount(resource: int, amount: int) -> str:
+    if resource == resources_pb2.RESOURCE_CPU:
+        return f"{cores(amount)} cores"
+    if resource in (resources_pb2.RESOURCE_MEMORY, resources_pb2.RESOURCE_DISK):
+        return gib(amount)
+    return str(amount)

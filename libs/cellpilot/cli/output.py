@@ -1,0 +1,151 @@
+"""What the API commands share: service addresses, the client, JSON output, error messages.
+
+Addresses default to the stack's agreed ports (Borgmaster 7100-7102, Monitoring 7300-7301,
+Autopilot 7400-7401) and can be set per command (``--borgmaster``, ``--autopilot``) or
+through ``CELLPILOT_CLI_BORGMASTER`` / ``CELLPILOT_CLI_AUTOPILOT`` (comma-separated).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+from rich.console import Console
+
+from cellpilot.api.v1 import job_pb2
+from cellpilot.client import CellpilotError, RetryPolicy, SyncCellpilotClient
+from cellpilot.client.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    InvalidArgumentError,
+    NotFoundError,
+    QuotaExceededError,
+    UnavailableError,
+)
+
+DEFAULT_BORGMASTER = "127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102"
+DEFAULT_AUTOPILOT = "127.0.0.1:7400,127.0.0.1:7401"
+DEFAULT_MONITORING = "127.0.0.1:7300,127.0.0.1:7301"
+GIB = 1 << 30
+MIB = 1 << 20
+
+console = Console()
+errors = Console(stderr=True)
+
+BorgmasterOption = Annotated[
+    str,
+    typer.Option(
+        "--borgmaster",
+        envvar="CELLPILOT_CLI_BORGMASTER",
+        help="Borgmaster replicas, host:port[,host:port...]; the master is found automatically.",
+    ),
+]
+AutopilotOption = Annotated[
+    str,
+    typer.Option(
+        "--autopilot", envvar="CELLPILOT_CLI_AUTOPILOT", help="Autopilot replicas, host:port[,...]."
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's answer as JSON.")]
+TimeoutOption = Annotated[
+    float, typer.Option("--timeout", min=0.5, help="Seconds to keep trying unreachable replicas.")
+]
+
+
+def addresses(value: str) -> list[str]:
+    found = [a.strip() for a in value.split(",") if a.strip()]
+    if not found:
+        raise typer.BadParameter("give at least one host:port")
+    for address in found:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise typer.BadParameter(f"{address!r} is not host:port")
+    return found
+
+
+@contextmanager
+def connect(
+    borgmaster: str = DEFAULT_BORGMASTER,
+    autopilot: str = DEFAULT_AUTOPILOT,
+    monitoring: str = DEFAULT_MONITORING,
+    timeout_s: float = 10.0,
+) -> Iterator[SyncCellpilotClient]:
+    """A blocking client; gRPC failures inside the block become a one-line message and exit 1."""
+    policy = RetryPolicy(budget_s=timeout_s, call_timeout_s=min(10.0, timeout_s), max_backoff_s=1.0)
+    client = SyncCellpilotClient(
+        addresses(borgmaster), addresses(autopilot), addresses(monitoring), policy=policy
+    )
+    try:
+        with api_errors():
+            yield client
+    finally:
+        client.close()
+
+
+def describe_error(error: CellpilotError) -> str:
+    """One line a person can act on, from a client exception."""
+    method = f" ({error.method})" if error.method else ""
+    match error:
+        case UnavailableError():
+            return (
+                f"cannot reach the service{method}: {error.details}. Is it running? "
+                "Start everything with `cellpilot run`, or pass the address with --borgmaster/--autopilot."
+            )
+        case InvalidArgumentError():
+            return f"the request was refused as invalid{method}: {error.details}"
+        case NotFoundError():
+            return f"not found{method}: {error.details}"
+        case QuotaExceededError():
+            return f"over quota{method}: {error.details} (see `cellpilot cell quota`)"
+        case AlreadyExistsError():
+            return f"already exists{method}: {error.details}"
+        case ConflictError():
+            return f"conflict{method}: {error.details}"
+    return f"{error.code.name.lower()}{method}: {error.details}"
+
+
+@contextmanager
+def api_errors() -> Iterator[None]:
+    try:
+        yield
+    except CellpilotError as error:
+        errors.print(f"[red]error:[/red] {describe_error(error)}", highlight=False)
+        raise typer.Exit(1) from error
+
+
+def message_dict(message: Message) -> dict[str, Any]:
+    return MessageToDict(message, preserving_proto_field_name=True)
+
+
+def print_json(value: Any) -> None:
+    if isinstance(value, Message):
+        value = message_dict(value)
+    elif isinstance(value, list):
+        value = [message_dict(v) if isinstance(v, Message) else v for v in value]
+    typer.echo(json.dumps(value, indent=2, sort_keys=True))
+
+
+def enum_label(enum: Any, value: int, prefix: str) -> str:
+    """``JOB_STATE_RUNNING`` -> ``running``."""
+    name: str = enum.Name(value)
+    return name.removeprefix(prefix).lower().replace("_", "-")
+
+
+def cores(millicores: float) -> str:
+    return f"{millicores / 1000:.3g}"
+
+
+def gib(memory_bytes: float) -> str:
+    return f"{memory_bytes / GIB:.3g}Gi" if memory_bytes >= GIB else f"{memory_bytes / MIB:.4g}Mi"
+
+
+def recommender_name(ref: job_pb2.RecommenderRef) -> str:
+    """``RECOMMENDER_KIND_MOVING_WINDOW_P95`` -> ``moving-window-p95``; custom ones by name."""
+    if ref.kind == job_pb2.RECOMMENDER_KIND_CUSTOM:
+        return f"custom:{ref.custom_name}"
+    return enum_label(job_pb2.RecommenderKind, ref.kind or job_pb2.RECOMMENDER_KIND_AUTO, "RECOMMENDER_KIND_")

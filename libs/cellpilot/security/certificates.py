@@ -1,0 +1,264 @@
+"""A local certificate authority and per-service certificates for mutual TLS.
+
+``cellpilot certs issue`` writes one directory that every process of a stack mounts:
+
+    ca.crt                 the CA certificate every process trusts
+    ca.key                 the CA's private key (only the issuing command needs it; mode 0600)
+    <identity>.crt/.key    one certificate per service identity (server and client use)
+    token-secret.key       the HMAC secret bearer tokens are signed with (see tokens.py)
+
+A certificate's common name is the service identity (``borgmaster``, ``actuator``,
+``borglet-r0``, ...). Its subject alternative names let clients verify the server at
+``127.0.0.1``, ``::1``, ``localhost`` and the compose service names (the identity and its
+kind, e.g. ``borglet-r0`` and ``borglet``), plus two URIs the authoriser reads back:
+``spiffe://cellpilot.local/service/<identity>`` and, for Borglets, one
+``spiffe://cellpilot.local/machines/<glob>`` per machine-id pattern the Borglet may report for.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+CA_CERT = "ca.crt"
+CA_KEY = "ca.key"
+SPIFFE_SERVICE_PREFIX = "spiffe://cellpilot.local/service/"
+SPIFFE_MACHINES_PREFIX = "spiffe://cellpilot.local/machines/"
+IDENTITY_PATTERN = re.compile(r"[a-z][a-z0-9-]{0,62}")
+MACHINE_GLOB_PATTERN = re.compile(r"[A-Za-z0-9._*-]{1,128}")
+LOCAL_HOSTS = ("localhost",)
+LOCAL_IPS = ("127.0.0.1", "::1")
+
+# The identities of the embedded stack (ports.md): one certificate per service kind, the
+# Borglet fleet replica 0 scoped to the machines it generates ("machine-r0-<i>").
+DEFAULT_IDENTITIES = (
+    "borgmaster",
+    "borglet-r0",
+    "aggregator",
+    "recommender",
+    "autopilot",
+    "actuator",
+    "dashboard",
+    "client",  # user programs (CLI, scripts): transport only, the user comes from a bearer token
+)
+
+
+class CertificateError(ValueError):
+    """A bad identity, machine pattern or certificate directory."""
+
+
+def identity_kind(identity: str) -> str:
+    """The service kind of an identity: ``borglet-r0`` -> ``borglet``, ``borgmaster`` -> itself."""
+    return identity.split("-", 1)[0]
+
+
+def default_machine_globs(identity: str) -> tuple[str, ...]:
+    """Machines a Borglet identity reports for when none are given.
+
+    ``borglet-r<N>`` hosts the fleet BorgletSettings names ``machine-r<N>-<i>``; any other
+    Borglet identity hosts exactly the machine of its own name (``borglet-<machine_id>``).
+    """
+    if identity_kind(identity) != "borglet" or "-" not in identity:
+        return ()
+    suffix = identity.split("-", 1)[1]
+    if re.fullmatch(r"r\d+", suffix):
+        return (f"machine-{suffix}-*",)
+    return (suffix,)
+
+
+@dataclass(frozen=True)
+class IdentityRequest:
+    """One certificate to issue."""
+
+    identity: str
+    machine_globs: tuple[str, ...] = ()
+    extra_dns_names: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not IDENTITY_PATTERN.fullmatch(self.identity):
+            raise CertificateError(
+                f"identity {self.identity!r}: use 1-63 characters of a-z, 0-9 and '-', starting with a letter"
+            )
+        for glob in self.machine_globs:
+            if not MACHINE_GLOB_PATTERN.fullmatch(glob):
+                raise CertificateError(f"machine pattern {glob!r}: use letters, digits, '.', '_', '-', '*'")
+
+
+@dataclass(frozen=True)
+class CertificateAuthority:
+    certificate: x509.Certificate
+    key: ec.EllipticCurvePrivateKey
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    path.chmod(0o600)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def create_ca(
+    out_dir: Path, valid_days: int = 3650, common_name: str = "Cellpilot local CA"
+) -> CertificateAuthority:
+    """Make a fresh CA key and self-signed certificate in ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = _now()
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=valid_days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    _write_private(out_dir / CA_KEY, _key_pem(key))
+    (out_dir / CA_CERT).write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    return CertificateAuthority(certificate, key)
+
+
+def load_ca(out_dir: Path) -> CertificateAuthority:
+    try:
+        certificate = x509.load_pem_x509_certificate((out_dir / CA_CERT).read_bytes())
+        key = serialization.load_pem_private_key((out_dir / CA_KEY).read_bytes(), password=None)
+    except (OSError, ValueError) as error:
+        raise CertificateError(f"no usable CA in {out_dir}: {error}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise CertificateError(f"{out_dir / CA_KEY} is not an EC key")
+    return CertificateAuthority(certificate, key)
+
+
+def load_or_create_ca(out_dir: Path, valid_days: int = 3650) -> CertificateAuthority:
+    if (out_dir / CA_CERT).exists() and (out_dir / CA_KEY).exists():
+        return load_ca(out_dir)
+    return create_ca(out_dir, valid_days)
+
+
+def issue_certificate(
+    ca: CertificateAuthority, request: IdentityRequest, out_dir: Path, valid_days: int = 825
+) -> Path:
+    """Issue ``<identity>.crt``/``.key`` signed by ``ca``; returns the certificate's path."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    dns_names = dict.fromkeys(
+        [request.identity, identity_kind(request.identity), *LOCAL_HOSTS, *request.extra_dns_names]
+    )
+    names: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
+    names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in LOCAL_IPS]
+    names.append(x509.UniformResourceIdentifier(SPIFFE_SERVICE_PREFIX + request.identity))
+    names += [x509.UniformResourceIdentifier(SPIFFE_MACHINES_PREFIX + g) for g in request.machine_globs]
+    now = _now()
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, request.identity)]))
+        .issuer_name(ca.certificate.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=valid_days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+            critical=False,
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False
+        )
+        .sign(ca.key, hashes.SHA256())
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_private(out_dir / f"{request.identity}.key", _key_pem(key))
+    path = out_dir / f"{request.identity}.crt"
+    path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    return path
+
+
+def issue_all(out_dir: Path, requests: Sequence[IdentityRequest], valid_days: int = 825) -> list[Path]:
+    """The CA (kept if it exists, so earlier certificates stay valid) and every requested certificate."""
+    ca = load_or_create_ca(out_dir)
+    return [issue_certificate(ca, request, out_dir, valid_days) for request in requests]
+
+
+@dataclass(frozen=True)
+class CertificateIdentity:
+    """What a verified peer certificate says about its holder."""
+
+    identity: str
+    machine_globs: tuple[str, ...]
+
+
+def identity_from_certificate(pem: bytes) -> CertificateIdentity:
+    """The service identity (the SPIFFE service URI, else the common name) and machine scopes."""
+    certificate = x509.load_pem_x509_certificate(pem)
+    uris: list[str] = []
+    try:
+        san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        uris = list(san.get_values_for_type(x509.UniformResourceIdentifier))
+    except x509.ExtensionNotFound:
+        pass
+    services = [u.removeprefix(SPIFFE_SERVICE_PREFIX) for u in uris if u.startswith(SPIFFE_SERVICE_PREFIX)]
+    common_names = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    identity = services[0] if services else (str(common_names[0].value) if common_names else "")
+    globs = tuple(
+        u.removeprefix(SPIFFE_MACHINES_PREFIX) for u in uris if u.startswith(SPIFFE_MACHINES_PREFIX)
+    )
+    return CertificateIdentity(identity, globs)
+
+
+def parse_identity_requests(services: Iterable[str], machines: Iterable[str]) -> list[IdentityRequest]:
+    """``--services a,b`` and ``--machines IDENTITY=GLOB[;GLOB]`` into requests.
+
+    A Borglet identity without ``--machines`` gets :func:`default_machine_globs`.
+    """
+    scopes: dict[str, tuple[str, ...]] = {}
+    for item in machines:
+        identity, sep, globs = item.partition("=")
+        if not sep or not globs:
+            raise CertificateError(f"--machines {item!r}: expected IDENTITY=GLOB[;GLOB...]")
+        scopes[identity.strip()] = tuple(g.strip() for g in globs.split(";") if g.strip())
+    names = [name.strip() for chunk in services for name in chunk.split(",") if name.strip()]
+    unknown = set(scopes) - set(names)
+    if unknown:
+        raise CertificateError(f"--machines names identities not in --services: {', '.join(sorted(unknown))}")
+    return [
+        IdentityRequest(name, scopes.get(name, default_machine_globs(name))) for name in dict.fromkeys(names)
+    ]

@@ -1,0 +1,166 @@
+"""The grpc.aio server interceptor that admits a call before any servicer logic runs.
+
+For each call, in order:
+
+1. authenticate (bearer token and/or verified client certificate) -> UNAUTHENTICATED;
+2. validate the request's shape against :class:`RequestLimits` -> INVALID_ARGUMENT naming the field;
+3. authorise it with :func:`cellpilot.security.policy.authorize` -> PERMISSION_DENIED with the reason;
+4. run the servicer with the caller in :data:`cellpilot.security.identity.current_principal`.
+
+Health checks and reflection pass untouched (in mTLS mode the TLS handshake has already
+required a certificate). Streaming-request methods have no rules and are refused.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, NoReturn
+
+import grpc
+from google.protobuf.message import Message
+
+from cellpilot.security.authentication import AuthenticationError, Authenticator
+from cellpilot.security.identity import Principal, current_principal
+from cellpilot.security.policy import JobOwnerLookup, RecommenderOwnerLookup, authorize
+from cellpilot.security.request_limits import (
+    DEFAULT_LIMITS,
+    InvalidRequestError,
+    RequestLimits,
+    validate_request,
+)
+
+log = logging.getLogger(__name__)
+
+PUBLIC_PREFIXES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+
+
+async def _refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str) -> NoReturn:
+    await context.abort(code, reason)
+    raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
+
+
+class SecurityInterceptor(grpc.aio.ServerInterceptor):
+    """Authenticates, validates and authorises every non-public call (see module doc).
+
+    ``refusals`` counts refused calls by (method, status code name), for metrics and tests.
+    """
+
+    def __init__(
+        self,
+        authenticator: Authenticator,
+        *,
+        job_owner_lookup: JobOwnerLookup | None = None,
+        recommender_owner_lookup: RecommenderOwnerLookup | None = None,
+        limits: RequestLimits = DEFAULT_LIMITS,
+        public_prefixes: Sequence[str] = PUBLIC_PREFIXES,
+    ) -> None:
+        self.authenticator = authenticator
+        self.job_owner_lookup = job_owner_lookup
+        self.recommender_owner_lookup = recommender_owner_lookup
+        self.limits = limits
+        self.public_prefixes = tuple(public_prefixes)
+        self.refusals: Counter[tuple[str, str]] = Counter()
+
+    async def _refuse(
+        self, context: grpc.aio.ServicerContext, method: str, code: grpc.StatusCode, reason: str
+    ) -> NoReturn:
+        self.refusals[(method, code.name)] += 1
+        log.info("call refused", extra={"method": method, "code": code.name, "reason": reason})
+        await _refuse(context, code, reason)
+
+    async def admit(
+        self,
+        method: str,
+        metadata: Sequence[tuple[str, str | bytes]] | None,
+        request: Message,
+        context: grpc.aio.ServicerContext,
+    ) -> Principal:
+        """The caller, if the call may proceed; otherwise aborts the call with the reason."""
+        try:
+            principal = self.authenticator.authenticate(metadata, context.auth_context())
+        except AuthenticationError as error:
+            await self._refuse(context, method, grpc.StatusCode.UNAUTHENTICATED, str(error))
+        try:
+            validate_request(request, self.limits)
+        except InvalidRequestError as error:
+            await self._refuse(context, method, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        decision = authorize(principal, method, request, self.job_owner_lookup, self.recommender_owner_lookup)
+        if decision.code is not None:
+            await self._refuse(context, method, decision.code, decision.reason)
+        return principal
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method: str = handler_call_details.method  # type: ignore[attr-defined]
+        if handler is None or method.startswith(self.public_prefixes):
+            return handler
+        metadata = tuple(handler_call_details.invocation_metadata or ())  # type: ignore[attr-defined]
+
+        if handler.unary_unary is not None:
+            inner_unary = handler.unary_unary
+
+            async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                principal = await self.admit(method, metadata, request, context)
+                token = current_principal.set(principal)
+                try:
+                    result = inner_unary(request, context)
+                    return await result if inspect.isawaitable(result) else result
+                finally:
+                    current_principal.reset(token)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary_unary,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                principal = await self.admit(method, metadata, request, context)
+                token = current_principal.set(principal)
+                try:
+                    result = inner_stream(request, context)
+                    if inspect.isasyncgen(result):
+                        async for item in result:
+                            yield item
+                    else:
+                        for item in await result if inspect.isawaitable(result) else result:
+                            yield item
+                finally:
+                    current_principal.reset(token)
+
+            return grpc.unary_stream_rpc_method_handler(
+                unary_stream,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return self._refusing_stream_handler(method, handler)
+
+    def _refusing_stream_handler(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        async def refuse(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+            await self._refuse(
+                context, method, grpc.StatusCode.PERMISSION_DENIED, f"no authorisation rule for {method}"
+            )
+
+        factory = (
+            grpc.stream_unary_rpc_method_handler
+            if handler.stream_unary is not None
+            else grpc.stream_stream_rpc_method_handler
+        )
+        return factory(
+            refuse,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )

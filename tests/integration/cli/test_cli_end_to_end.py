@@ -1,0 +1,188 @@
+"""The ``cellpilot job|cell|autopilot`` commands against a real Borgmaster and Borglet fleet.
+
+Three 4-core / 8 GiB machines; a job that fits runs, one that asks for more CPU than any
+machine has stays pending and ``why-pending`` says so; updates, kills, malformed YAML,
+an unreachable Borgmaster and a missing Autopilot each get the answer a user needs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cell_processes import grant_quota, running_cell, wait_for_machines
+from typer.testing import CliRunner
+
+from cellpilot.cli.main import app
+from cellpilot.stack import StackEndpoints
+from cellpilot.stack.config import free_port
+
+pytestmark = pytest.mark.timeout(120)
+USER = f"cli{uuid.uuid4().hex[:6]}"
+WEB = f"""\
+name: web
+user: {USER}
+priority: 9
+app_class: latency-sensitive
+task_count: 2
+limits: {{cpu: 500m, memory: 1Gi}}
+runtime:
+  simulated: {{model: steady}}
+"""
+HUGE = (
+    WEB.replace("name: web", "name: huge")
+    .replace("cpu: 500m", "cpu: 16")
+    .replace("task_count: 2", "task_count: 1")
+)
+MALFORMED = WEB.replace("limits: {cpu: 500m, memory: 1Gi}", "limits: {cpu: 500m, memroy: 1Gi}")
+
+
+@pytest.fixture(scope="module")
+def cell(
+    endpoints: StackEndpoints, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    database_url = request.getfixturevalue("module_database_url")
+    log_dir = tmp_path_factory.mktemp("cli-logs")
+    with running_cell(endpoints, database_url, log_dir, machines=3) as address:
+        wait_for_machines(address, 3)
+        grant_quota(address, USER)
+        yield address
+
+
+@pytest.fixture(scope="module")
+def module_database_url(endpoints: StackEndpoints) -> Iterator[str]:
+    import asyncio
+
+    from sqlalchemy import make_url
+
+    from cellpilot.platform.postgres import apply_migrations, drop_database, ensure_database
+
+    url = str(make_url(endpoints.postgres_url).set(database=f"cli_{uuid.uuid4().hex[:10]}"))
+    asyncio.run(ensure_database(url))
+    asyncio.run(apply_migrations(url))
+    yield url
+    asyncio.run(drop_database(url))
+
+
+def cli(*args: str) -> Any:
+    return CliRunner().invoke(app, list(args), catch_exceptions=False)
+
+
+def cli_json(*args: str) -> Any:
+    result = cli(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def eventually(check: Any, timeout_s: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.3)
+
+
+def test_submit_list_show_update_kill(cell: str, tmp_path: Path) -> None:
+    spec = tmp_path / "web.yaml"
+    spec.write_text(WEB)
+    submitted = cli("job", "submit", str(spec), "--borgmaster", cell)
+    assert submitted.exit_code == 0, submitted.output
+    assert f"submitted {USER}/web" in submitted.output
+
+    listed = cli_json("job", "list", "--user", USER, "--borgmaster", cell)
+    assert [j["job_id"] for j in listed] == [f"{USER}/web"]
+
+    def running() -> Any:
+        job = cli_json("job", "show", f"{USER}/web", "--borgmaster", cell)
+        tasks = job.get("tasks", [])
+        return job if len(tasks) == 2 and all(t.get("state") == "TASK_STATE_RUNNING" for t in tasks) else None
+
+    job = eventually(running)
+    assert job, "the job's two tasks never ran"
+    assert {t["machine_id"] for t in job["tasks"]} <= {
+        m["spec"]["machine_id"] for m in cli_json("cell", "machines", "--borgmaster", cell)
+    }
+    assert job["spec"]["task"]["limits"]["cpu_millicores"] == "500"
+
+    human = cli("job", "show", f"{USER}/web", "--borgmaster", cell)
+    assert human.exit_code == 0
+    assert "running" in human.output
+
+    updated = cli_json(
+        "job", "update", f"{USER}/web", "--tasks", "3", "--memory", "2Gi", "--borgmaster", cell
+    )
+    assert updated["job"]["spec_version"] == "2"
+    assert updated["job"]["spec"]["task_count"] == 3
+    assert updated["job"]["spec"]["task"]["limits"]["memory_bytes"] == str(2 << 30)
+
+    killed = cli("job", "kill", f"{USER}/web", "--borgmaster", cell)
+    assert killed.exit_code == 0, killed.output
+    state = eventually(
+        lambda: cli_json("job", "show", f"{USER}/web", "--borgmaster", cell)["state"] == "JOB_STATE_DEAD"
+    )
+    assert state, "the killed job never became dead"
+
+
+def test_why_pending_names_the_missing_cpu(cell: str, tmp_path: Path) -> None:
+    spec = tmp_path / "huge.yaml"
+    spec.write_text(HUGE)
+    assert cli("job", "submit", str(spec), "--borgmaster", cell).exit_code == 0
+    answer = eventually(
+        lambda: cli_json("job", "why-pending", f"{USER}/huge", "--borgmaster", cell).get("summary")
+    )
+    assert answer
+    why = cli_json("job", "why-pending", f"{USER}/huge", "--borgmaster", cell)
+    assert why["task_state"] == "TASK_STATE_PENDING"
+    assert why.get("machines_feasible", 0) == 0
+    cpu = [r for r in why["resource_exclusions"] if r["resource"] == "RESOURCE_CPU"]
+    assert cpu
+    assert cpu[0]["machines_excluded"] == 3
+    human = cli("job", "why-pending", f"{USER}/huge", "--borgmaster", cell)
+    assert "not enough cpu on 3 machines" in human.output
+
+    quota = cli_json("cell", "quota", "--user", USER, "--borgmaster", cell)
+    assert {q["band"] for q in quota} == {"PRIORITY_BAND_PRODUCTION", "PRIORITY_BAND_BATCH"}
+
+
+def test_malformed_yaml_names_line_and_field(cell: str, tmp_path: Path) -> None:
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(MALFORMED)
+    result = cli("job", "submit", str(spec), "--borgmaster", cell)
+    assert result.exit_code == 2
+    assert "line 6" in result.output
+    assert "limits.memroy" in result.output
+    assert "memory" in result.output
+    spec.write_text("name: web\nuser: [unclosed\n")
+    result = cli("job", "submit", str(spec), "--borgmaster", cell)
+    assert result.exit_code == 2
+    assert "not valid YAML" in result.output
+    assert "line 3" in result.output
+
+
+def test_unreachable_services_get_clear_messages(cell: str, tmp_path: Path) -> None:
+    nobody = f"127.0.0.1:{free_port()}"
+    result = cli("job", "list", "--borgmaster", nobody, "--timeout", "1")
+    assert result.exit_code == 1
+    assert "cannot reach the service (ListJobs)" in result.output
+    assert "cellpilot run" in result.output
+
+    missing = cli("job", "show", f"{USER}/nope", "--borgmaster", cell)
+    assert missing.exit_code == 1
+    assert "not found" in missing.output
+
+    # Autopilot not running: `autopilot show` degrades to the Borgmaster's view and says so.
+    spec = tmp_path / "web.yaml"
+    spec.write_text(WEB.replace("name: web", "name: quiet"))
+    assert cli("job", "submit", str(spec), "--borgmaster", cell).exit_code == 0
+    shown = cli(
+        "autopilot", "show", f"{USER}/quiet", "--borgmaster", cell, "--autopilot", nobody, "--timeout", "1"
+    )
+    assert shown.exit_code == 0, shown.output
+    assert "Autopilot is not reachable" in shown.output
+    assert "0.5 cores" in shown.output

@@ -1,0 +1,50 @@
+"""``cellpilot certs``: issues the CA, certificates and tokens; bad arguments get a clear message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cellpilot.cli.certs import app
+from cellpilot.security.certificates import identity_from_certificate
+from cellpilot.security.identity import ADMIN
+from cellpilot.security.tokens import TokenError, load_signer
+
+runner = CliRunner()
+
+
+def test_issue_then_token_then_revoke(tmp_path: Path) -> None:
+    out = tmp_path / "certs"
+    result = runner.invoke(
+        app, ["issue", "--out", str(out), "--services", "borgmaster,borglet-r1,actuator,client"]
+    )
+    assert result.exit_code == 0, result.output
+    for name in ("ca", "borgmaster", "borglet-r1", "actuator", "client"):
+        assert (out / f"{name}.crt").exists()
+        assert (out / f"{name}.key").exists()
+    assert identity_from_certificate((out / "borglet-r1.crt").read_bytes()).machine_globs == ("machine-r1-*",)
+
+    admin = runner.invoke(app, ["token", "--user", "root", "--admin", "--certs-dir", str(out)])
+    assert admin.exit_code == 0, admin.output
+    token = admin.stdout.strip().splitlines()[-1]
+    claims = load_signer(out).verify(token)
+    assert (claims.subject, claims.capabilities) == ("root", (ADMIN,))
+
+    revoked = runner.invoke(app, ["revoke", token, "--certs-dir", str(out)])
+    assert revoked.exit_code == 0, revoked.output
+    with pytest.raises(TokenError, match="revoked"):
+        load_signer(out).verify(token)
+
+
+def test_bad_arguments_are_refused_with_a_reason(tmp_path: Path) -> None:
+    bad_identity = runner.invoke(app, ["issue", "--out", str(tmp_path), "--services", "Borg_Master"])
+    assert bad_identity.exit_code == 2
+    assert "identity 'Borg_Master'" in bad_identity.output
+    no_secret = runner.invoke(app, ["token", "--user", "alice", "--certs-dir", str(tmp_path / "none")])
+    assert no_secret.exit_code == 2
+    assert "certs issue" in no_secret.output
+    both = runner.invoke(app, ["token", "--user", "a", "--service", "b", "--certs-dir", str(tmp_path)])
+    assert both.exit_code == 2
+    assert "exactly one" in both.output

@@ -38,17 +38,20 @@ def compaction(
     ] = False,
 ) -> None:
     """Removes machines until the workload no longer fits, per policy; reports the 90th percentile."""
-    config = CompactionConfig(
-        machines=machines,
-        tasks=tasks,
-        fill=fill,
-        mix=workload,
-        workload_seed=seed,
-        seeds=seeds,
-        policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
-        reclaimed=reclamation,
-        relaxed_randomization=relaxed_randomization,
-    )
+    try:
+        config = CompactionConfig(
+            machines=machines,
+            tasks=tasks,
+            fill=fill,
+            mix=workload,
+            workload_seed=seed,
+            seeds=seeds,
+            policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
+            reclaimed=reclamation,
+            relaxed_randomization=relaxed_randomization,
+        )
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from err
     with Progress(console=console, transient=True) as progress:
         bars = {p: progress.add_task(f"{p}: seeds", total=seeds) for p in config.policies}
         summary = run_compaction(config, progress=lambda p, done: progress.update(bars[p], completed=done))

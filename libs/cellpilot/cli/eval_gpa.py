@@ -66,22 +66,33 @@ def gpa(
     ] = None,
 ) -> None:
     """Runs GPA §5's Monte Carlo experiment on synthetic tasks (and on trace files if given)."""
-    config = GpaStudyConfig(
-        instances=instances,
-        tasks=tasks,
-        realizations=realizations,
-        observe=observe,
-        seed=seed,
-        algorithm=algorithm,
-        rebalance=rebalance,
-    )
-    summary = _run(config, "synthetic")
-    sections = ["## Synthetic tasks (GPA §3.5 shapes)\n", *_report(summary, out)]
+    try:
+        config = GpaStudyConfig(
+            instances=instances,
+            tasks=tasks,
+            realizations=realizations,
+            observe=observe,
+            seed=seed,
+            algorithm=algorithm,
+            rebalance=rebalance,
+        )
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from err
+    parsed = None
     if trace:
         lines: list[str] = []
         for path in trace:
-            lines.extend(path.read_text().splitlines())
-        parsed = read_gpa_trace(lines)
+            try:
+                lines.extend(path.read_text().splitlines())
+            except OSError as err:
+                raise typer.BadParameter(f"cannot read {path}: {err}", param_hint="--trace") from err
+        try:
+            parsed = read_gpa_trace(lines)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--trace") from err
+    summary = _run(config, "synthetic")
+    sections = ["## Synthetic tasks (GPA §3.5 shapes)\n", *_report(summary, out)]
+    if trace and parsed is not None:
         trace_config = GpaStudyConfig(
             instances=instances,
             tasks=min(tasks, parsed.inst.shape[0]),

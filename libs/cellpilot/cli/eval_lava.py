@@ -113,6 +113,25 @@ def write_report(summary: dict[str, Any], out: Path) -> list[str]:
         "## Lifetime model (§3, §6.4, §6.5)\n",
         markdown_table(model_rows, ("metric", "value")),
     ]
+    if model.get("f1_by_uptime_quantile"):
+        f1 = model["f1_by_uptime_quantile"]
+        f1_rows = [
+            {"uptime / lifetime": f"{q / len(f1):.2f}", "F1 (7-day split)": v} for q, v in enumerate(f1)
+        ]
+        sections += [
+            "### F1 of the 7-day split by uptime quantile (Figure 9)\n",
+            markdown_table(f1_rows, ("uptime / lifetime", "F1 (7-day split)"), {"F1 (7-day split)": ".3f"}),
+        ]
+    if model.get("class_confusion"):
+        names = ("<1 h", "1-10 h", "10-100 h", ">=100 h")
+        confusion_rows = [
+            {"true class": names[i], **{names[j]: n for j, n in enumerate(row)}}
+            for i, row in enumerate(model["class_confusion"])
+        ]
+        sections += [
+            "### LAVA lifetime classes (§4.3): true (rows) vs predicted at creation (columns), VMs\n",
+            markdown_table(confusion_rows, ("true class", *names)),
+        ]
     if summary["lars"]:
         lars_rows = [{"key": k, "value": v} for k, v in summary["lars"].items()]
         sections += ["## LARS migration order (§6.3, Table 2)\n", markdown_table(lars_rows, ("key", "value"))]
@@ -149,8 +168,13 @@ def lava(
     history_days: Annotated[float, typer.Option(help="days of history the model trains on")] = 21.0,
     label: Annotated[str, typer.Option(help="model label: mean (E[T_r|T_u], §3) or log")] = "mean",
     defrag_below: Annotated[float, typer.Option(help="defragment when empty hosts fall below this %")] = 5.0,
-    maintenance_every: Annotated[float, typer.Option(help="hours between maintenance rounds (0: off)")] = 6.0,
+    maintenance_every: Annotated[
+        float, typer.Option(help="hours between maintenance rounds of the LARS run (§6.3; 0: no LARS run)")
+    ] = 6.0,
     maintenance_hosts: Annotated[int, typer.Option(help="hosts drained per maintenance round")] = 2,
+    maintenance_in_runs: Annotated[
+        bool, typer.Option(help="also drain hosts for maintenance in the policy runs (not in §6.1)")
+    ] = False,
 ) -> None:
     """Replays a VM trace against a host pool under best fit, LA-Binary, LAS and LAVA."""
     try:
@@ -166,8 +190,11 @@ def lava(
             training=TrainingParams(label=LabelTransform(label)),
             drain=DrainConfig(
                 defrag_below_pct=defrag_below,
-                maintenance_every=maintenance_every * HOUR,
+                maintenance_every=maintenance_every * HOUR if maintenance_in_runs else 0.0,
                 maintenance_hosts=maintenance_hosts,
+            ),
+            lars_drain=DrainConfig(
+                maintenance_every=maintenance_every * HOUR, maintenance_hosts=maintenance_hosts
             ),
         )
     except ValueError as err:

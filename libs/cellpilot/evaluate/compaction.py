@@ -53,6 +53,8 @@ class CompactionConfig:
             raise ValueError(f"policies must be among {PACKING_SCORERS}, got {list(self.policies)}")
         if self.machines < 1 or self.tasks < 1 or self.seeds < 1:
             raise ValueError("machines, tasks and seeds must be >= 1")
+        if not 0.0 < self.fill <= 1.0:
+            raise ValueError(f"fill must be in (0, 1], got {self.fill}")
 
 
 @dataclass(frozen=True)

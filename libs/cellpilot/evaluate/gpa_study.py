@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from cellpilot.schedule.gpa import pack, size_av, size_cantelli
+from cellpilot.schedule.gpa import ALGORITHMS, pack, size_av, size_cantelli
 from cellpilot.workloads.gpa_tasks import synthetic_usage
 
 F32 = npt.NDArray[np.float32]
@@ -70,6 +70,8 @@ class GpaStudyConfig:
             raise ValueError("observe must be in (0, 1]")
         if self.capacity <= 0:
             raise ValueError("capacity must be > 0")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
 
     def split(self, realizations: int) -> tuple[slice, slice]:
         """Observation and evaluation columns (GPA §5.1)."""

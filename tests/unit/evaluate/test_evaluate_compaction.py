@@ -1,16 +1,10 @@
-"""Cell compaction (Borg §5.1), the synthetic cell workload, and the two CLI commands."""
+"""Cell compaction (Borg §5.1) and the synthetic cell workload (the CLI is in test_eval_cli.py)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
-import typer
-from typer.testing import CliRunner
 
-from cellpilot.cli import eval_compaction, eval_gpa
 from cellpilot.evaluate.compaction import (
     CompactionConfig,
     Workload,
@@ -113,45 +107,3 @@ def test_synthetic_cell_workload_is_heterogeneous_and_sized_to_fill() -> None:
     reclaimed = jobs[0].tasks(reclaimed=True)[0]
     assert reclaimed.reservation is not None
     assert np.all(reclaimed.reservation.array() <= reclaimed.shape.limits.array() + 1e-9)
-
-
-def cli() -> typer.Typer:
-    app = typer.Typer()
-    eval_app = typer.Typer()
-    eval_gpa.register(eval_app)
-    eval_compaction.register(eval_app)
-    app.add_typer(eval_app, name="eval")
-    return app
-
-
-def test_cli_eval_compaction_writes_the_report(tmp_path: Path) -> None:
-    result = CliRunner().invoke(
-        cli(),
-        ["eval", "compaction", "--workload", "heterogeneous", "--policies", "best-fit,hybrid",
-         "--machines", "20", "--tasks", "80", "--seeds", "1", "--out", str(tmp_path)],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert [row["policy"] for row in summary["rows"]] == ["best-fit", "hybrid"]
-    assert all(isinstance(row["machines"], float | int) for row in summary["rows"])
-    assert (tmp_path / "machines.png").stat().st_size > 0
-    assert "| policy |" in (tmp_path / "results.md").read_text()
-
-
-def test_cli_eval_gpa_writes_every_method(tmp_path: Path) -> None:
-    trace = tmp_path / "trace.txt"
-    trace.write_text("\n".join(f"t{i} inst " + " ".join(["0.05", "0.1"] * 50) for i in range(40)) + "\n")
-    result = CliRunner().invoke(
-        cli(),
-        ["eval", "gpa", "--instances", "2", "--tasks", "60", "--realizations", "200", "--observe", "0.5",
-         "--seed", "4", "--out", str(tmp_path / "out"), "--trace", str(trace)],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    names = {row["method"] for row in summary["rows"]}
-    assert {"gpa-0.1", "gpa-0.05", "gpa-0.01", "gpa-0.001", "perc-90", "av-1.25", "cantelli-4.4"} <= names
-    assert all({"m", "q"} <= set(row) for row in summary["rows"])
-    assert summary["settings"]["observe"] == 0.5
-    assert summary["trace"]["settings"]["tasks"] == 40  # capped at the trace's size
-    for name in ("machines_vs_overflow.png", "gpa_relative_error.png", "results.md"):
-        assert (tmp_path / "out" / name).exists()

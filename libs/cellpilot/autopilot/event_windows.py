@@ -478,22 +478,36 @@ class PartitionWindows:
     def close_ready(self) -> ClosedWindows:
         """Close every window the watermark has passed by the grace period."""
         watermark = self.watermark_ms
-        empty = ClosedWindows(
-            TaskWindows.empty(self.config.window_ms), (), np.zeros(0, dtype=np.int64), self.closed_through_ms
-        )
         if watermark is None:
-            return empty
-        end = self.config.closable_end(watermark)
-        if self.closed_through_ms is not None and end <= self.closed_through_ms:
-            return empty
+            return ClosedWindows(
+                TaskWindows.empty(self.config.window_ms),
+                (),
+                np.zeros(0, dtype=np.int64),
+                self.closed_through_ms,
+            )
+        return self.close_through(self.config.closable_end(watermark))
+
+    def close_through(self, end_ms: int) -> ClosedWindows:
+        """Close every window ending at or before ``end_ms`` regardless of the watermark.
+
+        Used when the windows up to ``end_ms`` were already summed without this partition
+        (it was idle): samples for them that arrive from now on count as late.
+        """
+        if self.closed_through_ms is not None and end_ms <= self.closed_through_ms:
+            return ClosedWindows(
+                TaskWindows.empty(self.config.window_ms),
+                (),
+                np.zeros(0, dtype=np.int64),
+                self.closed_through_ms,
+            )
         self._fold()
-        closing = (self.open.stats.start_ms + self.config.window_ms) <= end
+        closing = (self.open.stats.start_ms + self.config.window_ms) <= end_ms
         closed = self.open.select(closing)
         self.open = self.open.select(~closing)
-        self.closed_through_ms = end
+        self.closed_through_ms = end_ms
         job_ids, task_index = self.tasks.identities(closed.stats.keys)
         self.tasks.retain(self.open.stats.keys)
-        return ClosedWindows(closed, job_ids, task_index, end)
+        return ClosedWindows(closed, job_ids, task_index, end_ms)
 
     def flush(self) -> ClosedWindows:
         """Close every open window now: the input has gone quiet (end of stream).

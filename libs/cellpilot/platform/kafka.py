@@ -226,3 +226,63 @@ class MessageConsumer:
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._consumer.assignment())
+
+
+class AssignedConsumer:
+    """Reads every partition of some topics without a consumer group, from given offsets.
+
+    For a consumer whose position is part of its own state (an :class:`AppliedOffsets`
+    stored with that state, e.g. by an elected leader under its fencing token): a new
+    reader starts exactly where the stored offsets say, with no group rebalance to wait
+    for when the previous reader died.
+    """
+
+    def __init__(self, bootstrap: str, topics: list[str], client_id: str = "cellpilot") -> None:
+        self.topics = topics
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            client_id=client_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+
+    async def start(self, offsets: AppliedOffsets | None = None) -> None:
+        """Assign all partitions; each starts at ``offsets``' next offset (else the earliest)."""
+        await self._consumer.start()
+        partitions: list[TopicPartition] = []
+        for topic in self.topics:
+            ids = self._consumer.partitions_for_topic(topic)
+            if ids is None:
+                await self._consumer.topics()  # fetches the cluster's metadata
+                ids = self._consumer.partitions_for_topic(topic) or set()
+            partitions.extend(TopicPartition(topic, p) for p in sorted(ids))
+        self._consumer.assign(partitions)
+        known = offsets.next_offset if offsets is not None else {}
+        for tp in partitions:
+            start = known.get((tp.topic, tp.partition))
+            if start is None:
+                await self._consumer.seek_to_beginning(tp)
+            else:
+                self._consumer.seek(tp, start)
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+    async def batches(self, timeout_ms: int = 500, max_records: int = 500) -> AsyncIterator[list[Record]]:
+        """Yields batches of records (possibly empty, so the caller can notice time passing)."""
+        while True:
+            fetched = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+            yield [
+                Record(
+                    topic=m.topic,
+                    partition=m.partition,
+                    offset=m.offset,
+                    key=(m.key or b"").decode(errors="replace"),
+                    value=m.value or b"",
+                    headers=tuple(m.headers or ()),
+                    timestamp_ms=m.timestamp,
+                )
+                for messages in fetched.values()
+                for m in messages
+            ]

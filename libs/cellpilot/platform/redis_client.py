@@ -16,3 +16,12 @@ def ping_redis(url: str, timeout_s: float = 1.0) -> bool:
         return bool(client.ping())
     finally:
         client.close()
+
+
+def reply_bytes(value: bytes | str) -> bytes:
+    """A Redis reply as bytes (services connect with ``decode_responses=False``; the types say either)."""
+    return value if isinstance(value, bytes) else value.encode()
+
+
+def reply_text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -38,6 +38,9 @@ SERVICES: tuple[ServiceSpec, ...] = (
             "CELLPILOT_BORGLET_BORGMASTER_ADDRESSES": "127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102",
         },
     ),
+    ServiceSpec("aggregator", "aggregator", 2),  # Monitoring API on 127.0.0.1:7300-7301
+    ServiceSpec("recommender", "recommender", 3),  # one consumer group; gRPC health 7500-7502
+    ServiceSpec("dashboard", "dashboard", 1),  # http://127.0.0.1:8080/ (and /metrics, /docs)
 )
 
 STOP_TIMEOUT_S = 15.0

@@ -1,0 +1,349 @@
+"""The aggregator: ``usage.samples`` -> 5-minute per-task and per-job histograms (Autopilot §3.2.1).
+
+A loop per replica: read a batch of sample records -> convert (``convert.decode_samples``)
+-> fold into the partition's event-time windows (:mod:`cellpilot.autopilot.event_windows`,
+off the event loop) -> close the windows the watermark has passed -> checkpoint (windows,
+offset, closed task rows; one fenced transaction) -> commit the Kafka offset. A second loop
+sums job windows once every partition has closed them and publishes them
+(:mod:`job_stage`). The Monitoring API answers from the same tables.
+
+Replicas share the partitions of ``usage.samples`` through one consumer group. A crash
+loses no window: the successor claims the partition (a new owner epoch), restores the
+last checkpoint and re-reads from its offset, skipping what the checkpoint already holds
+(:class:`~cellpilot.platform.kafka.AppliedOffsets`); nothing is counted twice because the
+closed rows and the offset after them are written together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+
+from cellpilot.api.v1 import monitoring_pb2_grpc, usage_pb2
+from cellpilot.autopilot.event_windows import ClosedWindows, PartitionWindows, WindowingConfig
+from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
+from cellpilot.platform.kafka import (
+    AppliedOffsets,
+    MessageConsumer,
+    MessageProducer,
+    PoisonRecordError,
+    Record,
+    dead_letter,
+)
+from cellpilot.platform.postgres import apply_migrations
+from cellpilot.platform.telemetry import Telemetry
+from cellpilot_services.aggregator import convert
+from cellpilot_services.aggregator.history_store import FencedError, HistoryStore, PartitionProgress
+from cellpilot_services.aggregator.job_stage import close_job_windows, publish_job_histograms
+from cellpilot_services.aggregator.monitoring import MonitoringServicer
+from cellpilot_services.aggregator.settings import AggregatorSettings
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
+
+
+@dataclass
+class OwnedPartition:
+    partition: int
+    epoch: int
+    windows: PartitionWindows
+    fence: AppliedOffsets
+    last_record_s: float
+    last_checkpoint_s: float
+    dirty: bool = False
+    idle: bool = False
+    invalid_samples: int = 0
+    pending_rows: list[ClosedWindows] = field(default_factory=list)
+
+
+class Aggregator:
+    def __init__(self, settings: AggregatorSettings, telemetry: Telemetry | None = None) -> None:
+        self.settings = settings
+        self.telemetry = telemetry
+        self.replica_id = settings.resolved_replica_id
+        self.config = WindowingConfig(settings.window_ms, settings.out_of_orderness_ms, settings.grace_ms)
+        self.store: HistoryStore | None = None
+        self.consumer: MessageConsumer | None = None
+        self.producer: MessageProducer | None = None
+        self.server: GrpcServer | None = None
+        self.owned: dict[int, OwnedPartition] = {}
+        self.port = 0
+        self._stop = asyncio.Event()
+        self._job_trigger = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> int:
+        platform = self.settings.platform
+        if self.settings.apply_migrations:
+            await apply_migrations(platform.postgres_url)
+        self.store = await HistoryStore.connect(platform.postgres_url)
+        await self.store.ensure_partitions(self.settings.samples_topic, self.settings.sample_partitions)
+        self.producer = MessageProducer(platform.kafka_bootstrap, client_id=self.replica_id)
+        await self.producer.start()
+        self.consumer = MessageConsumer(
+            platform.kafka_bootstrap,
+            [self.settings.samples_topic],
+            group_id=self.settings.consumer_group,
+            client_id=self.replica_id,
+        )
+        await self.consumer.start()
+        self.server = GrpcServer(
+            [
+                ServiceBinding(
+                    "cellpilot.api.v1.Monitoring",
+                    monitoring_pb2_grpc.add_MonitoringServicer_to_server,
+                    MonitoringServicer(self.store),
+                )
+            ],
+            address=f"{self.settings.listen_host}:{self.settings.resolved_port}",
+        )
+        self.port = await self.server.start()
+        self._tasks = [
+            asyncio.create_task(self._consume_loop()),
+            asyncio.create_task(self._job_loop()),
+        ]
+        log.info("aggregator serving", extra={"replica": self.replica_id, "port": self.port})
+        return self.port
+
+    async def stop(self) -> None:
+        self._stop.set()
+        self._job_trigger.set()
+        for task in self._tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, timeout=15)
+        if self.server is not None:
+            await self.server.stop(1.0)
+        # A clean stop checkpoints what it owns, so a successor re-reads little.
+        for owned in list(self.owned.values()):
+            with contextlib.suppress(Exception):
+                await self._checkpoint(owned, force=True)
+        if self.consumer is not None:
+            await self.consumer.stop()
+        if self.producer is not None:
+            await self.producer.stop()
+        if self.store is not None:
+            await self.store.close()
+
+    # -- consuming ---------------------------------------------------------------------
+
+    async def _consume_loop(self) -> None:
+        assert self.consumer is not None
+        async for records in self.consumer.batches(
+            timeout_ms=200, max_records=self.settings.max_poll_records
+        ):
+            if self._stop.is_set():
+                return
+            try:
+                await self._sync_assignment()
+                by_partition: dict[int, list[Record]] = defaultdict(list)
+                for record in records:
+                    by_partition[record.partition].append(record)
+                for partition, part in by_partition.items():
+                    owned = self.owned.get(partition)
+                    if owned is None:
+                        continue  # revoked meanwhile: the new owner re-reads it from its checkpoint
+                    if owned.idle and not await self._reactivate(owned):
+                        continue
+                    with tracer.start_as_current_span("aggregate samples") as span:
+                        span.set_attribute("messaging.kafka.partition", partition)
+                        span.set_attribute("cellpilot.records", len(part))
+                        poison = await asyncio.to_thread(self._apply, owned, part)
+                    for error in poison:
+                        assert self.producer is not None
+                        await dead_letter(self.producer, error)
+                await self._checkpoint_due()
+            except Exception:
+                log.exception("aggregator step failed; continuing")
+                await asyncio.sleep(0.5)
+
+    async def _reactivate(self, owned: OwnedPartition) -> bool:
+        """An idle partition has input again: active in the database before it is applied.
+
+        Job windows summed while it was idle are closed for it (their samples count late).
+        False if another replica has taken the partition over.
+        """
+        assert self.store is not None
+        try:
+            jobs_closed = await self.store.reactivate(
+                self.settings.samples_topic, owned.partition, owned.epoch
+            )
+        except FencedError:
+            log.warning("partition taken over while idle", extra={"partition": owned.partition})
+            self.owned.pop(owned.partition, None)
+            return False
+        if jobs_closed is not None:
+            closed = owned.windows.close_through(jobs_closed)
+            if len(closed):
+                owned.pending_rows.append(closed)
+        owned.idle = False
+        return True
+
+    def _apply(self, owned: OwnedPartition, records: list[Record]) -> list[PoisonRecordError]:
+        """Fold records into the partition's windows (runs in a worker thread)."""
+        poison: list[PoisonRecordError] = []
+        windows = owned.windows
+        for record in records:
+            if not owned.fence.is_new(record):
+                continue  # already in the checkpoint we resumed from
+            try:
+                batch = record.decode(usage_pb2.UsageSampleBatch)
+            except PoisonRecordError as error:
+                poison.append(error)
+                owned.fence.mark(record)
+                continue
+            if batch.batch_sequence == 0 or windows.accept_batch(batch.machine_id, batch.batch_sequence):
+                decoded = convert.decode_samples(batch, windows.tasks)
+                windows.add(decoded.chunk)
+                owned.invalid_samples += decoded.invalid
+            owned.fence.mark(record)
+            owned.dirty = True
+        if records:
+            owned.last_record_s = time.monotonic()
+            owned.idle = False
+        return poison
+
+    async def _sync_assignment(self) -> None:
+        assert self.consumer is not None
+        assert self.store is not None
+        assigned = {
+            tp.partition for tp in self.consumer.assignment() if tp.topic == self.settings.samples_topic
+        }
+        for partition in set(self.owned) - assigned:
+            log.info("partition revoked", extra={"partition": partition, "replica": self.replica_id})
+            del self.owned[partition]
+        for partition in sorted(assigned - set(self.owned)):
+            claim = await self.store.claim(self.settings.samples_topic, partition, self.replica_id)
+            if claim.checkpoint is not None:
+                windows = await asyncio.to_thread(
+                    PartitionWindows.from_bytes,
+                    claim.checkpoint,
+                    self.config,
+                    self.settings.fold_every_samples,
+                )
+            else:
+                windows = PartitionWindows(self.config, self.settings.fold_every_samples)
+            fence = AppliedOffsets({(self.settings.samples_topic, partition): claim.next_offset})
+            now = time.monotonic()
+            owned = OwnedPartition(partition, claim.epoch, windows, fence, now, now)
+            if claim.jobs_closed_through_ms is not None:
+                closed = windows.close_through(claim.jobs_closed_through_ms)
+                if len(closed):
+                    owned.pending_rows.append(closed)
+            self.owned[partition] = owned
+            log.info(
+                "partition claimed",
+                extra={
+                    "partition": partition,
+                    "epoch": claim.epoch,
+                    "next_offset": claim.next_offset,
+                    "replica": self.replica_id,
+                },
+            )
+
+    async def _checkpoint_due(self) -> None:
+        now = time.monotonic()
+        for owned in list(self.owned.values()):
+            closed = owned.windows.close_ready()
+            if len(closed):
+                owned.pending_rows.append(closed)
+            became_idle = False
+            if not owned.idle and now - owned.last_record_s >= self.settings.idle_after_s:
+                flushed = owned.windows.flush()
+                if len(flushed):
+                    owned.pending_rows.append(flushed)
+                owned.idle = became_idle = True
+                owned.dirty = True
+            due = now - owned.last_checkpoint_s >= self.settings.checkpoint_interval_s
+            # Closed windows and a partition going idle are saved at once: the job stage
+            # waits for both (an idle partition is no longer waited for).
+            if owned.pending_rows or became_idle or (owned.dirty and due):
+                await self._checkpoint(owned)
+
+    async def _checkpoint(self, owned: OwnedPartition, force: bool = False) -> None:
+        assert self.store is not None
+        assert self.consumer is not None
+        topic = self.settings.samples_topic
+        pending = owned.pending_rows
+        rows = await asyncio.to_thread(
+            lambda: [r for closed in pending for r in convert.task_window_rows(closed, owned.partition)]
+        )
+        checkpoint = await asyncio.to_thread(owned.windows.to_bytes)
+        next_offset = owned.fence.next_offset.get((topic, owned.partition), 0)
+        windows = owned.windows
+        progress = PartitionProgress(
+            next_offset=next_offset,
+            closed_through_ms=windows.closed_through_ms,
+            watermark_ms=windows.watermark_ms,
+            idle=owned.idle,
+            accepted_samples=windows.accepted_samples,
+            late_samples=windows.late_samples,
+            duplicate_batches=windows.duplicate_batches,
+        )
+        with tracer.start_as_current_span("checkpoint partition") as span:
+            span.set_attribute("messaging.kafka.partition", owned.partition)
+            span.set_attribute("cellpilot.closed_rows", len(rows))
+            saved = await self.store.save(topic, owned.partition, owned.epoch, checkpoint, progress, rows)
+        if not saved:
+            log.warning(
+                "partition taken over by another replica; dropping it",
+                extra={"partition": owned.partition, "epoch": owned.epoch, "replica": self.replica_id},
+            )
+            self.owned.pop(owned.partition, None)
+            return
+        owned.pending_rows = []
+        owned.dirty = False
+        owned.last_checkpoint_s = time.monotonic()
+        if rows:
+            self._job_trigger.set()
+        if next_offset > 0 and not force:
+            marker = Record(topic, owned.partition, next_offset - 1, "", b"", (), 0)
+            try:
+                await self.consumer.commit([marker])
+            except Exception as error:  # rebalancing: the checkpoint is what counts
+                log.info("offset commit skipped", extra={"partition": owned.partition, "error": str(error)})
+
+    # -- job windows -------------------------------------------------------------------
+
+    async def _job_loop(self) -> None:
+        assert self.store is not None
+        assert self.producer is not None
+        settings = self.settings
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._job_trigger.wait(), timeout=settings.job_stage_interval_s)
+            self._job_trigger.clear()
+            if self._stop.is_set():
+                return
+            try:
+                while await close_job_windows(
+                    self.store, settings.samples_topic, settings.sample_partitions, settings.window_ms
+                ):
+                    pass
+                while (
+                    await publish_job_histograms(
+                        self.store, self.producer, settings.histograms_topic, settings.publish_batch
+                    )
+                    == settings.publish_batch
+                ):
+                    pass
+            except Exception:
+                log.exception("job window stage failed; retrying")
+
+
+async def serve(
+    settings: AggregatorSettings, stop: asyncio.Event, telemetry: Telemetry | None = None
+) -> None:
+    aggregator = Aggregator(settings, telemetry)
+    await aggregator.start()
+    try:
+        await stop.wait()
+    finally:
+        await aggregator.stop()

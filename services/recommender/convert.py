@@ -1,0 +1,162 @@
+"""The recommender worker's one meeting place of wire types and core types.
+
+* ``usage.histograms`` UsageHistogram (CPU in millicores) -> :class:`HistogramInput`
+  (dense counts in the scheme, usage in the scheme's unit: cores or bytes);
+* ``borg.events`` BorgEvent with an OOM TaskEvent -> :class:`OomInput`;
+* a job's newest :class:`CandidateRow` per resource -> one RecommendationSet for
+  ``recommendations`` (values in millicores / bytes, with the explanation fields).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from cellpilot.api.v1 import job_pb2, recommendation_pb2, resources_pb2, state_pb2, usage_pb2
+from cellpilot.autopilot.candidates import KINDS, STATISTIC_NAMES, CandidateKind
+from cellpilot.autopilot.job_recommendations import (
+    CandidateRow,
+    HistogramInput,
+    JobState,
+    OomInput,
+    RecommenderConfig,
+)
+from cellpilot.platform.kafka import PoisonRecordError, Record
+from cellpilot.usage.buckets import Resource
+
+MILLI = 1000.0  # millicores per core: the wire is in millicores, the CPU scheme in cores
+RESOURCES_BY_CODE = {resources_pb2.RESOURCE_CPU: Resource.CPU, resources_pb2.RESOURCE_MEMORY: Resource.MEMORY}
+RESOURCE_CODES = {resource: code for code, resource in RESOURCES_BY_CODE.items()}
+KIND_CODES = {kind: job_pb2.RecommenderKind.Value(f"RECOMMENDER_KIND_{kind.value.upper()}") for kind in KINDS}
+
+
+def wire_factor(resource: Resource) -> float:
+    return MILLI if resource is Resource.CPU else 1.0
+
+
+def histogram_in(record: Record, config: RecommenderConfig) -> HistogramInput:
+    """Decode and validate one ``usage.histograms`` record; PoisonRecordError names the field."""
+    message = record.decode(usage_pb2.UsageHistogram)
+
+    def bad(field: str, why: str) -> PoisonRecordError:
+        return PoisonRecordError(record, f"UsageHistogram.{field}: {why}")
+
+    if not message.job_id:
+        raise bad("job_id", "is required")
+    resource = RESOURCES_BY_CODE.get(message.resource)
+    if resource is None:
+        raise bad("resource", "must be RESOURCE_CPU or RESOURCE_MEMORY")
+    if message.HasField("task_index"):
+        raise bad("task_index", "recommenders take job histograms (no task_index)")
+    scheme = config.for_resource(resource).scheme
+    if (message.bucket_scheme_id, message.bucket_scheme_version) != scheme.key():
+        raise bad(
+            "bucket_scheme_id",
+            f"{message.bucket_scheme_id!r} v{message.bucket_scheme_version}, expected {scheme.key}",
+        )
+    if message.window_end_ms <= message.window_start_ms:
+        raise bad("window_end_ms", "must be after window_start_ms")
+    if len(message.bucket_indices) != len(message.counts):
+        raise bad("counts", "needs one count per bucket index")
+    indices = np.asarray(message.bucket_indices, dtype=np.int64)
+    counts = np.asarray(message.counts, dtype=np.float64)
+    if indices.size and (indices.min() < 0 or indices.max() >= scheme.size):
+        raise bad("bucket_indices", f"must be in [0, {scheme.size})")
+    if np.any(counts < 0):
+        raise bad("counts", "must be >= 0")
+    if not math.isfinite(message.mean_total_usage) or message.mean_total_usage < 0:
+        raise bad("mean_total_usage", "must be a finite value >= 0")
+    dense = np.zeros(scheme.size)
+    np.add.at(dense, indices, counts)
+    return HistogramInput(
+        message.job_id,
+        resource,
+        int(message.window_end_ms),
+        dense,
+        float(message.mean_total_usage) / wire_factor(resource),
+    )
+
+
+def oom_in(record: Record) -> OomInput | None:
+    """The OOM in a ``borg.events`` record, or None for every other event."""
+    event = record.decode(state_pb2.BorgEvent)
+    if event.WhichOneof("event") != "task" or event.task.kind != state_pb2.TASK_EVENT_KIND_OOM:
+        return None
+    task = event.task
+    if not task.job_id:
+        raise PoisonRecordError(record, "TaskEvent.job_id: is required")
+    return OomInput(
+        task.job_id, int(task.event_time_ms), float(task.limits.memory_bytes), float(task.usage.memory_bytes)
+    )
+
+
+def _recommendation(
+    job_id: str, resource: Resource, column: int, row: CandidateRow, config: RecommenderConfig
+) -> recommendation_pb2.Recommendation | None:
+    kind = KINDS[column]
+    value = float(row.value[column])
+    if math.isnan(value):
+        return None
+    factor = wire_factor(resource)
+    raw = float(row.raw_value[column])
+    relative = float(row.margin[column])
+    unclamped = raw * (1.0 + relative) if not math.isnan(relative) else value
+    explanation = recommendation_pb2.Explanation(
+        clamped_by=(
+            recommendation_pb2.CLAMP_REASON_LAST_HOUR_MAX
+            if row.raised_by_window_max[column]
+            else recommendation_pb2.CLAMP_REASON_NONE
+        ),
+        unclamped_value=round(unclamped * factor),
+        note="bumped after OOM" if row.oom_bumped else "",
+    )
+    if kind is CandidateKind.ML:
+        if row.ml_model >= 0:
+            grid = config.for_resource(resource).ensemble.grid
+            explanation.ml_model.CopyFrom(
+                recommendation_pb2.MlModelChoice(
+                    model_index=row.ml_model,
+                    decay_rate=grid.decay_rates[row.ml_model],
+                    safety_margin=raw * grid.margins[row.ml_model] * factor,
+                    cost=0.0 if math.isnan(row.ml_cost) else row.ml_cost,
+                )
+            )
+    else:
+        explanation.statistic = STATISTIC_NAMES[kind]
+    raw_wire = round(raw * factor) if not math.isnan(raw) else 0
+    return recommendation_pb2.Recommendation(
+        recommendation_id=f"{job_id}/{resource.value}/{kind.value}/{row.time_ms}",
+        job_id=job_id,
+        resource=RESOURCE_CODES[resource],  # type: ignore[arg-type]
+        recommender=job_pb2.RecommenderRef(kind=KIND_CODES[kind]),
+        value=round(value * factor),
+        raw_value=raw_wire,
+        margin=max(round(unclamped * factor) - raw_wire, 0),
+        explanation=explanation,
+        window_end_ms=row.time_ms,
+    )
+
+
+def recommendation_set(
+    job_id: str, state: JobState, window_end_ms: int, producer: str, config: RecommenderConfig
+) -> recommendation_pb2.RecommendationSet:
+    """Every recommender's newest value per resource for one job, plus the r_S signal (§3.3)."""
+    out = recommendation_pb2.RecommendationSet(job_id=job_id, window_end_ms=window_end_ms, producer=producer)
+    for resource, row in sorted(state.rows.items()):
+        for column in range(len(KINDS)):
+            rec = _recommendation(job_id, resource, column, row, config)
+            if rec is not None:
+                out.vertical.append(rec)
+    cpu_row = state.rows.get(Resource.CPU)
+    if cpu_row is not None and not math.isnan(state.usage_statistic):
+        out.horizontal.append(
+            recommendation_pb2.HorizontalRecommendation(
+                recommendation_id=f"{job_id}/tasks/builtin/{cpu_row.time_ms}",
+                job_id=job_id,
+                recommender=job_pb2.RecommenderRef(kind=job_pb2.RECOMMENDER_KIND_AUTO),
+                usage_statistic=state.usage_statistic * MILLI,
+                window_end_ms=cpu_row.time_ms,
+            )
+        )
+    return out

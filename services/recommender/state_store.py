@@ -1,0 +1,77 @@
+"""Checkpoints of the recommender workers in Redis, fenced per ``usage.histograms`` partition.
+
+Per partition ``p`` (keys ``<prefix>:<group>:p<p>:...``):
+
+* ``epoch``: bumped (INCR) by a worker claiming the partition; the fencing token;
+* ``offsets``: the :class:`~cellpilot.platform.kafka.AppliedOffsets` of the partition's
+  state (its ``usage.histograms`` partition and every ``borg.events`` partition), JSON;
+* ``jobs``: a hash job id -> :class:`~cellpilot.autopilot.job_recommendations.JobState` bytes.
+
+A save writes the changed jobs and the offsets in one Lua script that first checks the
+epoch, so state and offsets move together (a successor resumes without a gap or a double
+apply) and a deposed worker can never write (DESIGN.md rule 7).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from cellpilot.autopilot.job_recommendations import JobState
+from cellpilot.platform.kafka import AppliedOffsets
+from cellpilot.platform.redis_client import reply_bytes, reply_text
+
+_SAVE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[2], ARGV[2])
+for i = 3, #ARGV, 2 do
+  redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
+end
+return 1
+"""
+
+
+@dataclass
+class PartitionCheckpoint:
+    epoch: int
+    offsets: AppliedOffsets
+    jobs: dict[str, JobState]
+
+
+class StateStore:
+    def __init__(self, redis: aioredis.Redis, prefix: str, group: str) -> None:
+        self.redis = redis
+        self.prefix = f"{prefix}:{group}"
+
+    def _keys(self, partition: int) -> tuple[str, str, str]:
+        base = f"{self.prefix}:p{partition}"
+        return f"{base}:epoch", f"{base}:offsets", f"{base}:jobs"
+
+    async def claim(self, partition: int) -> PartitionCheckpoint:
+        """A new epoch for the partition and the state to resume from."""
+        epoch_key, offsets_key, jobs_key = self._keys(partition)
+        epoch = int(await self.redis.incr(epoch_key))
+        raw_offsets = await self.redis.get(offsets_key)
+        offsets = (
+            AppliedOffsets.from_mapping(json.loads(reply_text(raw_offsets)))
+            if raw_offsets is not None
+            else AppliedOffsets()
+        )
+        raw_jobs = await self.redis.hgetall(jobs_key)
+        jobs = {reply_text(k): JobState.from_bytes(reply_bytes(v)) for k, v in raw_jobs.items()}
+        return PartitionCheckpoint(epoch, offsets, jobs)
+
+    async def save(
+        self, partition: int, epoch: int, offsets: AppliedOffsets, jobs: Mapping[str, JobState]
+    ) -> bool:
+        """Write the changed jobs and the offsets atomically; False if another epoch owns it."""
+        args: list[str | bytes] = [str(epoch), json.dumps(offsets.to_mapping())]
+        for job_id, state in jobs.items():
+            args.extend((job_id, state.to_bytes()))
+        result = await self.redis.eval(_SAVE, 3, *self._keys(partition), *args)  # type: ignore[misc]
+        return bool(int(result))

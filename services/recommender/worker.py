@@ -1,0 +1,309 @@
+"""A recommender worker: job histograms in, every recommender's output out (Autopilot §3.1-§3.3).
+
+A loop per replica: read a batch of ``usage.histograms`` records (and, without waiting,
+OOM events from ``borg.events``) -> convert (:mod:`convert`) -> update every applicable
+recommender of each job, batched across jobs (:mod:`cellpilot.autopilot.job_recommendations`,
+off the event loop) -> publish one RecommendationSet per job and window (once both
+resources of the window are in; at once after an OOM) -> checkpoint the changed jobs and
+the offsets in Redis (:mod:`state_store`, fenced) -> commit the Kafka offset.
+
+Replicas share the partitions of ``usage.histograms`` through one consumer group; a job's
+state lives with its partition (records are keyed by job id). A worker taking over a
+partition bumps its epoch and resumes from the checkpoint, skipping records the
+checkpoint already holds (:class:`~cellpilot.platform.kafka.AppliedOffsets`). Publishing
+before checkpointing makes the output at-least-once with deterministic ids: a crash
+between the two re-publishes the same sets, it never loses one.
+
+OOM feedback (§3.2, Figure 9a): every worker reads all of ``borg.events`` and applies an
+OOM to the job only if it owns the job's partition, fenced by the ``borg.events`` offsets
+stored in that partition's checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from aiokafka.partitioner import DefaultPartitioner
+from opentelemetry import trace
+
+from cellpilot.autopilot.job_recommendations import (
+    HistogramInput,
+    JobState,
+    OomInput,
+    RecommenderConfig,
+    apply_histograms,
+    apply_ooms,
+)
+from cellpilot.platform.grpc_server import GrpcServer
+from cellpilot.platform.kafka import (
+    AppliedOffsets,
+    AssignedConsumer,
+    MessageConsumer,
+    MessageProducer,
+    PoisonRecordError,
+    Record,
+    dead_letter,
+)
+from cellpilot.platform.metrics import CellpilotMetrics
+from cellpilot.platform.redis_client import connect_redis
+from cellpilot.platform.telemetry import Telemetry
+from cellpilot_services.recommender import convert
+from cellpilot_services.recommender.settings import RecommenderSettings
+from cellpilot_services.recommender.state_store import StateStore
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
+
+
+@dataclass
+class OwnedPartition:
+    partition: int
+    epoch: int
+    fence: AppliedOffsets
+    jobs: dict[str, JobState]
+    changed: set[str] = field(default_factory=set)  # jobs whose state changed since the checkpoint
+    oom_jobs: set[str] = field(default_factory=set)  # jobs bumped by an OOM since then
+    ready: list[tuple[str, int, JobState]] = field(default_factory=list)  # sets to publish
+    dirty: bool = False
+
+
+@dataclass
+class StepOutput:
+    published: int = 0
+    poison: list[PoisonRecordError] = field(default_factory=list)
+
+
+class RecommenderWorker:
+    def __init__(self, settings: RecommenderSettings, telemetry: Telemetry | None = None) -> None:
+        self.settings = settings
+        self.replica_id = settings.resolved_replica_id
+        self.config = RecommenderConfig()
+        self.metrics = CellpilotMetrics.on(telemetry.meter) if telemetry is not None else None
+        self.redis = connect_redis(settings.platform.redis_url)
+        self.store = StateStore(self.redis, settings.state_prefix, settings.consumer_group)
+        bootstrap = settings.platform.kafka_bootstrap
+        self.producer = MessageProducer(bootstrap, client_id=self.replica_id)
+        self.consumer = MessageConsumer(
+            bootstrap,
+            [settings.histograms_topic],
+            group_id=settings.consumer_group,
+            client_id=self.replica_id,
+        )
+        self.events: AssignedConsumer | None = None
+        self.server = GrpcServer([], address=f"{settings.listen_host}:{settings.resolved_port}")
+        self.owned: dict[int, OwnedPartition] = {}
+        self.partitions = settings.histogram_partitions
+        self._partitioner = DefaultPartitioner()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.port = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> int:
+        await self.producer.start()
+        await self.consumer.start()
+        self.port = await self.server.start()
+        self._task = asyncio.create_task(self._run())
+        log.info("recommender worker serving", extra={"replica": self.replica_id, "port": self.port})
+        return self.port
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._task, timeout=15)
+        await self.server.stop(1.0)
+        if self.events is not None:
+            await self.events.stop()
+        await self.consumer.stop()
+        await self.producer.stop()
+        await self.redis.aclose()
+
+    def partition_of(self, job_id: str) -> int:
+        every = list(range(self.partitions))
+        return int(self._partitioner(job_id.encode(), every, every))
+
+    # -- the loop ----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        settings = self.settings
+        async for records in self.consumer.batches(
+            timeout_ms=settings.poll_timeout_ms, max_records=settings.max_poll_records
+        ):
+            if self._stop.is_set():
+                return
+            try:
+                await self._sync_assignment()
+                events = await self._poll_events()
+                await self._step(records, events)
+            except Exception:
+                log.exception("recommender step failed; continuing")
+                await asyncio.sleep(0.5)
+
+    async def _sync_assignment(self) -> None:
+        topic = self.settings.histograms_topic
+        assigned = {tp.partition for tp in self.consumer.assignment() if tp.topic == topic}
+        changed = False
+        for partition in set(self.owned) - assigned:
+            log.info("partition revoked", extra={"partition": partition, "replica": self.replica_id})
+            del self.owned[partition]
+            changed = True
+        for partition in sorted(assigned - set(self.owned)):
+            checkpoint = await self.store.claim(partition)
+            self.owned[partition] = OwnedPartition(
+                partition, checkpoint.epoch, checkpoint.offsets, checkpoint.jobs
+            )
+            log.info(
+                "partition claimed",
+                extra={
+                    "partition": partition,
+                    "epoch": checkpoint.epoch,
+                    "jobs": len(checkpoint.jobs),
+                    "replica": self.replica_id,
+                },
+            )
+            changed = True
+        if changed:
+            await self._restart_events()
+
+    async def _restart_events(self) -> None:
+        """Read ``borg.events`` from the oldest position any owned partition still needs."""
+        if not self.settings.events_topic:
+            return
+        if self.events is not None:
+            await self.events.stop()
+            self.events = None
+        if not self.owned:
+            return
+        events_topic = self.settings.events_topic
+        starts: dict[tuple[str, int], int] = {}
+        positions = [o.fence.next_offset for o in self.owned.values()]
+        keys = {k for p in positions for k in p if k[0] == events_topic}
+        for key in keys:
+            # A partition with no position for this events partition needs it from the start.
+            starts[key] = min(p.get(key, 0) for p in positions)
+        self.events = AssignedConsumer(
+            self.settings.platform.kafka_bootstrap, [events_topic], client_id=f"{self.replica_id}-events"
+        )
+        await self.events.start(AppliedOffsets(starts))
+
+    async def _poll_events(self) -> list[Record]:
+        if self.events is None:
+            return []
+        return await anext(self.events.batches(timeout_ms=1, max_records=self.settings.max_poll_records))
+
+    async def _step(self, records: list[Record], events: list[Record]) -> None:
+        by_partition: dict[int, list[Record]] = defaultdict(list)
+        for record in records:
+            if record.partition in self.owned:
+                by_partition[record.partition].append(record)
+        if not by_partition and not events:
+            return
+        with tracer.start_as_current_span("recommend") as span:
+            span.set_attribute("cellpilot.records", len(records))
+            span.set_attribute("cellpilot.events", len(events))
+            out = await asyncio.to_thread(self._apply, by_partition, events)
+        for error in out.poison:
+            await dead_letter(self.producer, error)
+        await self._publish_and_checkpoint()
+
+    def _apply(self, by_partition: dict[int, list[Record]], events: list[Record]) -> StepOutput:
+        """Convert and fold records into the owned partitions' job states (a worker thread)."""
+        out = StepOutput()
+        for partition, records in by_partition.items():
+            owned = self.owned[partition]
+            inputs: list[HistogramInput] = []
+            for record in records:
+                if not owned.fence.is_new(record):
+                    continue  # already in the checkpoint we resumed from
+                owned.fence.mark(record)
+                owned.dirty = True
+                try:
+                    inputs.append(convert.histogram_in(record, self.config))
+                except PoisonRecordError as error:
+                    out.poison.append(error)
+            result = apply_histograms(self.config, owned.jobs, inputs)
+            owned.changed |= result.changed
+            owned.ready.extend(result.ready)
+        ooms: dict[int, list[OomInput]] = defaultdict(list)
+        for record in events:
+            try:
+                oom = convert.oom_in(record)
+            except PoisonRecordError as error:  # the Borgmaster's stream: every worker reads it
+                log.warning("skipped a malformed borg.events record", extra={"reason": error.reason})
+                oom = None
+            target = self.partition_of(oom.job_id) if oom is not None else -1
+            for owned in self.owned.values():
+                if not owned.fence.is_new(record):
+                    continue
+                owned.fence.mark(record)
+                owned.dirty = True
+                if oom is not None and owned.partition == target:
+                    ooms[target].append(oom)
+        for partition, items in ooms.items():
+            owned = self.owned[partition]
+            bumped = apply_ooms(self.config, owned.jobs, items)
+            owned.changed |= bumped
+            for job_id in bumped:
+                owned.oom_jobs.add(job_id)
+        return out
+
+    async def _publish_and_checkpoint(self) -> None:
+        topic = self.settings.histograms_topic
+        for owned in list(self.owned.values()):
+            if not owned.dirty:
+                continue
+            per_job: dict[str, list[tuple[int, JobState]]] = defaultdict(list)
+            for job_id, end, state in owned.ready:
+                per_job[job_id].append((end, state))
+            for job_id in sorted(owned.oom_jobs):
+                state = owned.jobs[job_id]
+                per_job[job_id].append((max(row.time_ms for row in state.rows.values()), state))
+            if per_job:
+                await asyncio.gather(*(self._send_in_order(job_id, sets) for job_id, sets in per_job.items()))
+                if self.metrics is not None:
+                    self.metrics.recommendations.add(sum(len(sets) for sets in per_job.values()))
+            changed = {job_id: owned.jobs[job_id] for job_id in owned.changed}
+            saved = await self.store.save(owned.partition, owned.epoch, owned.fence, changed)
+            if not saved:
+                log.warning(
+                    "partition taken over by another worker; dropping it",
+                    extra={"partition": owned.partition, "epoch": owned.epoch, "replica": self.replica_id},
+                )
+                self.owned.pop(owned.partition, None)
+                continue
+            owned.changed.clear()
+            owned.oom_jobs.clear()
+            owned.ready.clear()
+            owned.dirty = False
+            next_offset = owned.fence.next_offset.get((topic, owned.partition), 0)
+            if next_offset > 0:
+                marker = Record(topic, owned.partition, next_offset - 1, "", b"", (), 0)
+                try:
+                    await self.consumer.commit([marker])
+                except Exception as error:  # rebalancing: the checkpoint is what counts
+                    log.info(
+                        "offset commit skipped", extra={"partition": owned.partition, "error": str(error)}
+                    )
+
+    async def _send_in_order(self, job_id: str, sets: list[tuple[int, JobState]]) -> None:
+        """One job's sets one after the other, so they stay in order on its partition."""
+        for end, state in sets:
+            message = convert.recommendation_set(job_id, state, end, self.replica_id, self.config)
+            await self.producer.send(self.settings.recommendations_topic, job_id, message)
+
+
+async def serve(
+    settings: RecommenderSettings, stop: asyncio.Event, telemetry: Telemetry | None = None
+) -> None:
+    worker = RecommenderWorker(settings, telemetry)
+    await worker.start()
+    try:
+        await stop.wait()
+    finally:
+        await worker.stop()

@@ -110,6 +110,7 @@ class Replica:
         self.leader_work: list[LeaderWork] = []
         self._leader_tasks: list[asyncio.Task[None]] = []
         self.records_since_snapshot = 0
+        self.loaded_snapshot_seq = 0  # the snapshot the state was last loaded from (0: none)
         self.promoted_at = 0.0
 
     # ------------------------------------------------------------------ state
@@ -120,6 +121,7 @@ class Replica:
             if snapshot is not None:
                 self.state = checkpoint_codec.snapshot_in(snapshot[1])
                 self.recent = RecentChanges(self.settings.recent_changes)
+                self.loaded_snapshot_seq = snapshot[0]
             self.view.rebuild(self.state)
             applied = await self.catch_up()
         log.info(

@@ -57,6 +57,13 @@ async def _replay(database_url: str, *args: str) -> Any:
     return json.loads(result.output)
 
 
+async def _cellpilot(database_url: str, *args: str) -> Any:
+    from cellpilot.cli.main import app as cellpilot
+
+    command = ["borgmaster", "replay", "--database-url", database_url, *args]
+    return await asyncio.to_thread(CliRunner().invoke, cellpilot, command)
+
+
 async def _replayed_view(database_url: str, seq: int) -> dict[str, Any]:
     jobs = await _replay(database_url, "--to", str(seq), "jobs")
     detail = {j["jobId"]: await _replay(database_url, "--to", str(seq), "job", j["jobId"]) for j in jobs}
@@ -122,6 +129,17 @@ async def test_replay_at_earlier_positions_equals_what_the_live_master_reported(
             summary = await _replay(fresh_database_url, "--to", str(second_seq))
             assert summary["from_snapshot"] == snapshot_seq
             assert summary["log_sequence"] == second_seq
+
+            # Through the registered `cellpilot` command: the human-readable answer, and a clear
+            # error for a position the log does not hold.
+            head = master.replica.state.last_sequence
+            table = await _cellpilot(fresh_database_url, "--to", str(first_seq), "jobs")
+            assert table.exit_code == 0, table.output
+            assert "alice/web" in table.output
+            assert "bob/batch" in table.output
+            beyond = await _cellpilot(fresh_database_url, "--to", str(head + 1000))
+            assert beyond.exit_code != 0
+            assert "the log holds positions" in beyond.output
 
             # "Schedule all pending" offline, at the position just after the first submission.
             offline = await _replay(

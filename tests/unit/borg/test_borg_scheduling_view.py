@@ -89,6 +89,24 @@ def test_pending_tasks_are_placed_high_priority_first_and_preemption_goes_throug
     assert master.schedule().placed == 0, "victims stay pending: there is no room"
 
 
+def test_a_pass_takes_users_round_robin_within_a_priority() -> None:
+    # Room for four 1-core tasks. Alice submitted first and has four; without round-robin
+    # she would take the whole machine (Borg §3.2: round-robin across users in a priority).
+    master = Master()
+    master.add_machines(machine_spec("m0", cpu=4000, ram_gib=64))
+    for user in ("alice", "bob", "carol", "dave"):
+        master.grant(user, PriorityBand.PRODUCTION)
+    master.accept(SubmitJob("a", job_spec("a", user="alice", priority=9, task_count=4, cpu=1000)))
+    master.accept(SubmitJob("b", job_spec("b", user="bob", priority=9, task_count=4, cpu=1000)))
+    master.accept(SubmitJob("c", job_spec("c", user="carol", priority=9, task_count=1, cpu=1000)))
+    master.accept(SubmitJob("d", job_spec("d", user="dave", priority=10, task_count=1, cpu=1000)))
+    plan = master.schedule()
+    placed = sorted(f"{m.job_id}/{m.task_index}" for m in plan.mutations if isinstance(m, TaskScheduled))
+    assert placed == ["alice/a/0", "bob/b/0", "carol/c/0", "dave/d/0"], "higher priority first, then one each"
+    next_pass = master.schedule()
+    assert next_pass.placed == 0, "full: the rest stays pending"
+
+
 def test_prod_never_preempts_prod() -> None:
     master = Master()
     master.add_machines(machine_spec("m0", cpu=2000))

@@ -9,6 +9,7 @@ CDF plots of Figures 3a, 3b, 3c, 5 and 7. ``cellpilot eval autopilot-tune`` runs
 from __future__ import annotations
 
 import json
+import resource
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,6 +22,7 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cellpilot.evaluate import autopilot_tuning
 from cellpilot.evaluate.autopilot_metrics import TABLE2_ROWS, JobDays, cdf, table2_label
 from cellpilot.evaluate.autopilot_policies import parse_recommenders
 from cellpilot.evaluate.autopilot_replay import ReplayConfig, StudyResult, run_study
@@ -72,10 +74,26 @@ FORMATS = {
 }
 
 
+# The §3.2.3 sweep's outcome, committed with its report (docs/results/ml-tuning.md).
+TUNED_ML_CONFIG = Path(autopilot_tuning.__file__).resolve().parent / "data" / "ml_tuned.json"
+
+
 def load_ml_config(path: Path) -> EnsembleConfig:
     """An ML configuration file: ``{"hyperparameters": {cost_decay, w_overrun, ...}}`` or the bare mapping."""
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise typer.BadParameter(f"--ml-config {path}: {error}") from error
     return config_from_hyperparameters(data.get("hyperparameters", data))
+
+
+def choose_ml_config(path: Path | None, tuned: bool) -> tuple[EnsembleConfig, str]:
+    """The ML configuration of a replay and where it came from."""
+    if path is not None:
+        return load_ml_config(path), str(path)
+    if tuned and TUNED_ML_CONFIG.exists():
+        return load_ml_config(TUNED_ML_CONFIG), f"tuned ({TUNED_ML_CONFIG.name})"
+    return EnsembleConfig(), "library defaults"
 
 
 def _trace_jobs(spec: str, min_coverage: float) -> tuple[list[JobSignals], str]:
@@ -83,7 +101,10 @@ def _trace_jobs(spec: str, min_coverage: float) -> tuple[list[JobSignals], str]:
     if kind not in ("google2011", "google2019") or not location:
         raise typer.BadParameter("--trace must be google2011:PATH or google2019:PATH")
     reader = read_google2011 if kind == "google2011" else read_google2019
-    trace = reader(Path(location))
+    try:
+        trace = reader(Path(location))
+    except (OSError, ValueError) as error:
+        raise typer.BadParameter(f"{kind} trace {location}: {error}", param_hint="--trace") from error
     days = trace.windows // WINDOWS_PER_DAY
     if days < 1:
         raise typer.BadParameter(f"{location}: less than one day of usage")
@@ -93,10 +114,16 @@ def _trace_jobs(spec: str, min_coverage: float) -> tuple[list[JobSignals], str]:
     return jobs, f"{kind} trace {location}: {len(jobs)} long-running jobs, {days} days"
 
 
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and its finished children (the replay's worker processes)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _save(fig: Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    fig.savefig(path, dpi=90, bbox_inches="tight")
     return path
 
 
@@ -237,8 +264,11 @@ def autopilot(
     workers: Annotated[int, typer.Option(help="processes")] = 2,
     cpu: Annotated[bool, typer.Option(help="also replay CPU limits (throttling)")] = False,
     ml_config: Annotated[
-        Path | None, typer.Option(help="ML hyperparameters JSON (e.g. evaluate/data/ml_tuned.json)")
+        Path | None, typer.Option(help="ML hyperparameters JSON (default: the committed tuned configuration)")
     ] = None,
+    tuned_ml: Annotated[
+        bool, typer.Option(help="use the committed tuned ML hyperparameters (else the library defaults)")
+    ] = True,
     population: Annotated[
         str, typer.Option(help="serving (the paper's §4.1.2 population) or all")
     ] = "serving",
@@ -248,13 +278,21 @@ def autopilot(
     min_coverage: Annotated[float, typer.Option(help="trace jobs must run in this share of windows")] = 0.9,
 ) -> None:
     """Replays manual limits, Autopilot's moving window and ML recommenders and VPA (Autopilot §4)."""
-    specs = parse_recommenders(recommenders)
+    try:
+        specs = parse_recommenders(recommenders)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--recommenders") from error
+    if jobs < 1 or days < 1 or warmup_days < 0 or workers < 1:
+        raise typer.BadParameter("--jobs, --days and --workers must be >= 1, --warmup-days >= 0")
+    if population not in ("serving", "all"):
+        raise typer.BadParameter("--population must be 'serving' or 'all'")
+    ml, ml_source = choose_ml_config(ml_config, tuned_ml)
     config = ReplayConfig(
         warmup_days=warmup_days,
         actuation_delay_ms=int(actuation_delay_minutes * 60_000),
         cpu=cpu,
         seed=seed,
-        ml=load_ml_config(ml_config) if ml_config else EnsembleConfig(),
+        ml=ml,
     )
     source: AutopilotWorkloadConfig | list[JobSignals]
     if trace:
@@ -264,6 +302,8 @@ def autopilot(
             raise typer.BadParameter("--workload must be 'synthetic' (or give --trace)")
         source = AutopilotWorkloadConfig(jobs=jobs, days=days + warmup_days, seed=seed, with_cpu=cpu)
         description = f"synthetic workload: {jobs} jobs, seed {seed}"
+    description += f"; ML hyperparameters: {ml_source}"
+    cpu_started = _cpu_seconds()
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -281,27 +321,40 @@ def autopilot(
             population=population,
             progress=lambda done, total: progress.update(bar, completed=done, total=total),
         )
+    cpu_seconds = _cpu_seconds() - cpu_started
     summary = {name: {**{k: s.get(k) for k in SUMMARY_KEYS}, **s} for name, s in result.summaries.items()}
     write_summary(out, summary)
     run_info = {
         "description": description,
         "settings": result.settings,
+        "ml_config": ml_source,
         "measured_days": result.measured_days,
         "replayed_job_days": result.replayed_job_days,
         "seconds": result.seconds,
-        "job_days_per_second": result.replayed_job_days * len(specs) / max(result.seconds, 1e-9),
+        "cpu_seconds": cpu_seconds,
+        # Job-days, each replayed through every compared recommender, per wall / per CPU second.
+        "job_days_per_second": result.replayed_job_days / max(result.seconds, 1e-9),
+        "job_days_per_cpu_second": result.replayed_job_days / max(cpu_seconds, 1e-9),
         "goals": [{"goal": g.name, "met": g.met, "numbers": g.detail} for g in result.goals],
     }
     write_summary(out, run_info, name="run.json")
     sections = _sections(result, description)
+    workload_args = (
+        f"--trace {trace}" if trace else f"--workload synthetic --jobs {jobs} --days {days} --seed {seed}"
+    )
+    sections.insert(
+        1,
+        f"Reproduce: `cellpilot eval autopilot {workload_args} --recommenders {recommenders} "
+        f"--warmup-days {warmup_days} --population {population} --out DIR`\n",
+    )
     plots = write_plots(out, result.rows, config.machine_memory_bytes, population)
     sections.append("## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n")
     write_markdown(
         out, "results.md", "Autopilot replay: manual limits vs moving window vs ML vs VPA", sections
     )
-    console.print(sections[2])
-    console.print(sections[6])
-    console.print(f"wrote {out / 'summary.json'} ({result.seconds:.0f} s)")
+    console.print(sections[3])
+    console.print(sections[7])
+    console.print(f"wrote {out / 'summary.json'} ({result.seconds:.0f} s, {cpu_seconds:.0f} CPU s)")
 
 
 def _tuning_markdown(sweep: dict[str, Any]) -> list[str]:
@@ -320,15 +373,18 @@ def _tuning_markdown(sweep: dict[str, Any]) -> list[str]:
     )
     report_rows = [{"recommender": name, **m} for name, m in sweep["report"].items()]
     return [
+        f"Reproduce: `cellpilot eval autopilot-tune --jobs {setup['jobs']} --days {setup['measured_days']}`. "
         f"Populations of {setup['jobs']} synthetic jobs, {setup['measured_days']} measured days after "
         f"{setup['warmup_days']} warm-up days; tuned on seeds {setup['tune_seeds']}, reported on seeds "
         f"{setup['report_seeds']}; {setup['models']} models per ensemble; serving jobs (§4.1.2).\n",
         "## Selection rule\n",
         "A configuration is admissible when, on the tuning seeds, its relative OOM rate and its p99 limit "
-        "changes per job-day are no higher than the moving window's and its OOM-free job-days no fewer "
-        "(§3.2.3: dominate the alternatives with a similar number of overruns and limit adjustments); the "
-        f"admissible one with the lowest mean relative slack is chosen. Admissible: {sweep['admissible']} of "
-        f"{len(sweep['table'])}.\n",
+        "changes per job-day are no higher than the moving window's (§3.2.3: dominate the alternatives with "
+        "a similar number of overruns and limit adjustments) and its OOM-free job-days are at least "
+        f"{setup['required_oom_free_job_days_fraction']:.2%} (the moving window's, and no less than §4.3's "
+        "99.5 %); the admissible one with the lowest mean relative slack is chosen, or, when none is, the "
+        "lowest-slack one among the tenth with the smallest violation. "
+        f"Admissible: {sweep['admissible']} of {len(sweep['table'])}.\n",
         "## Chosen hyperparameters\n",
         markdown_table(
             [{"": "chosen", **sweep["chosen"]}, {"": "library default", **sweep["default"]}],
@@ -347,9 +403,9 @@ def autopilot_tune(
     out: Annotated[Path, typer.Option("--out", help="the tuned configuration (JSON)")] = Path(
         "libs/cellpilot/evaluate/data/ml_tuned.json"
     ),
-    report: Annotated[Path, typer.Option(help="the markdown report")] = Path("docs/reports/ml-tuning.md"),
-    jobs: Annotated[int, typer.Option(help="jobs per population")] = 100,
-    days: Annotated[int, typer.Option(help="measured days per population")] = 5,
+    report: Annotated[Path, typer.Option(help="the markdown report")] = Path("docs/results/ml-tuning.md"),
+    jobs: Annotated[int, typer.Option(help="jobs per population")] = TuningSetup.jobs,
+    days: Annotated[int, typer.Option(help="measured days per population")] = TuningSetup.days,
     workers: Annotated[int, typer.Option(help="processes")] = 2,
 ) -> None:
     """The §3.2.3 off-line sweep over the ML recommender's hyperparameters."""

@@ -321,7 +321,8 @@ def cdf(values: npt.ArrayLike, points: int = 400) -> tuple[list[float], list[flo
     if v.size == 0:
         return [], []
     index = np.unique(np.linspace(0, v.size - 1, min(points, v.size)).round().astype(np.intp))
-    return v[index].tolist(), ((index + 1) / v.size).tolist()
+    # F(x) = share of values <= x, ties included: a mass at 0 (OOM-free job-days) shows at x = 0.
+    return v[index].tolist(), (np.searchsorted(v, v[index], side="right") / v.size).tolist()
 
 
 @dataclass(frozen=True)

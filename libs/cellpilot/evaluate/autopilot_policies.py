@@ -20,7 +20,7 @@ models the consequences.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
@@ -59,6 +59,16 @@ class Enforcement(StrEnum):
     SOFT = "soft"
 
 
+# §3.2.3's five hyperparameters (d, w_o, w_u, w_dL, w_dm) as EnsembleConfig fields.
+ML_HYPERPARAMETERS: tuple[str, ...] = (
+    "cost_decay",
+    "w_overrun",
+    "w_underrun",
+    "w_limit_change",
+    "w_model_change",
+)
+
+
 @dataclass(frozen=True)
 class RecommenderSpec:
     """One compared way of setting limits: ``name`` labels the results.
@@ -74,6 +84,19 @@ class RecommenderSpec:
     kind: PolicyKind
     enforcement: Enforcement
     manual_owner: Enforcement = Enforcement.HARD
+    # ML kind: overrides the replay's configuration (a sweep); not hashed (numpy inside).
+    ml: EnsembleConfig | None = field(default=None, compare=False)
+
+    def describe(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "name": self.name,
+            "kind": self.kind.value,
+            "enforcement": self.enforcement.value,
+            "manual_owner": self.manual_owner.value,
+        }
+        if self.ml is not None:
+            out["ml"] = {k: getattr(self.ml, k) for k in ML_HYPERPARAMETERS}
+        return out
 
 
 STANDARD_RECOMMENDERS: dict[str, RecommenderSpec] = {

@@ -238,3 +238,10 @@ def test_cdf_is_monotone_and_ends_at_one(values: list[float]) -> None:
     assert ys[-1] == pytest.approx(1.0)
     assert xs[-1] == max(values)
     assert len(xs) <= 50
+    # F at the smallest value counts every tie.
+    assert ys[0] == pytest.approx(sum(v <= xs[0] for v in values) / len(values))
+
+
+def test_cdf_shows_the_mass_at_zero() -> None:
+    xs, ys = cdf([0.0] * 98 + [0.5, 2.0])
+    assert (xs[0], ys[0]) == (0.0, pytest.approx(0.98))

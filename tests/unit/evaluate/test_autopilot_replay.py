@@ -228,3 +228,20 @@ def test_parse_recommenders() -> None:
     for bad in ("nope", "ml,ml", ""):
         with pytest.raises(ValueError):
             parse_recommenders(bad)
+
+
+def test_an_ml_spec_carries_its_own_hyperparameters() -> None:
+    """A sweep replays several ML configurations side by side: each spec's own config is used."""
+    workload = AutopilotWorkloadConfig(jobs=2, days=2, seed=8, max_tasks=4, with_cpu=False)
+    jobs = [generate_job(workload, j) for j in range(2)]
+    ml = STANDARD_RECOMMENDERS["ml"]
+    cautious = dataclasses.replace(config().ml, w_underrun=0.001)
+    greedy = dataclasses.replace(config().ml, w_underrun=0.5)
+    specs = [
+        dataclasses.replace(ml, name="cautious", ml=cautious),
+        dataclasses.replace(ml, name="greedy", ml=greedy),
+        ml,  # no override: the replay's own configuration
+    ]
+    rows = replay_chunk(jobs, specs, config(ml=cautious))
+    assert rows["greedy"].average_limit.sum() < rows["cautious"].average_limit.sum()
+    np.testing.assert_array_equal(rows["ml"].average_limit, rows["cautious"].average_limit)

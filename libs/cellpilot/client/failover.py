@@ -93,6 +93,7 @@ class ReplicaChannels:
         backoff = policy.initial_backoff_s
         index = self.preferred
         redirects = 0
+        unreachable: set[str] = set()  # addresses that failed without naming a leader, this call
         last: grpc.aio.AioRpcError | None = None
         while True:
             address = self.addresses[index % len(self.addresses)]
@@ -103,7 +104,14 @@ class ReplicaChannels:
             except grpc.aio.AioRpcError as error:
                 last = error
                 hint = leader_hint(error)
-                if hint is not None and hint != address and redirects < len(self.addresses):
+                if hint is None:
+                    unreachable.add(address)
+                if (
+                    hint is not None
+                    and hint != address
+                    and hint not in unreachable  # e.g. a name only resolvable inside a container network
+                    and redirects < len(self.addresses)
+                ):
                     # Follow the redirect at once, but not forever: during an election two
                     # replicas may briefly name each other; then back off like any failure.
                     redirects += 1

@@ -88,6 +88,24 @@ async def test_an_unreachable_replica_is_skipped_and_the_request_id_is_kept() ->
         await server.stop(0)
 
 
+async def test_a_redirect_to_an_unresolvable_master_name_falls_back_to_the_configured_replicas() -> None:
+    # Inside a compose network the master names itself "borgmaster-2:7102", which the host
+    # cannot resolve; the client must go on through the addresses it was given.
+    follower_port, dead_port, leader_port = free_port(), free_port(), free_port()
+    leader = Replica(None)
+    follower = Replica("no-such-host.invalid:7102")
+    servers = [await _serve(follower, follower_port), await _serve(leader, leader_port)]
+    try:
+        addresses = [f"127.0.0.1:{p}" for p in (follower_port, dead_port, leader_port)]
+        async with CellpilotClient(borgmaster=addresses, policy=FAST) as client:
+            reply = await client.borgmaster.submit_job(SPEC, request_id="via-fallback")
+        assert reply.job_id == "alice/web"
+        assert leader.request_ids == ["via-fallback"]
+    finally:
+        for server in servers:
+            await server.stop(0)
+
+
 async def test_bad_input_is_not_retried_and_names_the_field() -> None:
     port = free_port()
     leader = Replica(None)

@@ -83,7 +83,7 @@ stack-status: install
 	$(VENV)/bin/cellpilot stack status --data-dir $(STACK_DIR)
 
 images: install
-	infra/images/build_images.sh
+	infra/images/build_images.sh $(IMAGES_ARGS)
 
 # Regenerate both lock files from pyproject.toml (needs PyPI).
 lock:

@@ -1,26 +1,39 @@
 #!/usr/bin/env bash
-# Builds every image docker-compose.yml needs, with no registry:
-#   1. a Debian base made with debootstrap from the mirror the host's apt uses, imported into Docker;
-#   2. a wheelhouse of the pinned runtime requirements (so image builds need no network);
-#   3. the Cellpilot services image and the Kafka-protocol (Tansu), PostgreSQL and Redis images,
-#      all from the same wheels the embedded stack uses;
-#   4. .env at the repository root pointing docker compose at these local images.
-# Usage: infra/images/build_images.sh [--base-image NAME]  (default: the debootstrapped base)
+# Builds the images docker-compose.yml needs, from infra/images/Dockerfile.
+#
+#   infra/images/build_images.sh             offline path: no registry needed
+#     1. a Debian base made with debootstrap from the mirror the host's apt uses, imported
+#        into Docker (made once; remove the image to remake it);
+#     2. a wheelhouse of the pinned runtime requirements (so image builds need no network);
+#     3. the Cellpilot services image and the Kafka-protocol (Tansu), PostgreSQL and Redis
+#        images, all from the same wheels the embedded stack uses;
+#     4. .env at the repository root pointing docker compose at these local images.
+#   infra/images/build_images.sh --registry  registry path: the services image only, on the
+#     official python:3.11-slim (pulled); compose pulls the official Kafka/PostgreSQL/Redis.
+#   --base-image NAME                        build on NAME instead (either path)
+# The tag is $CELLPILOT_IMAGE_TAG (default "local").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 TAG=${CELLPILOT_IMAGE_TAG:-local}
-BASE_IMAGE=${1:-}
-if [ "${BASE_IMAGE}" = "--base-image" ]; then BASE_IMAGE=${2:?--base-image needs a name}; fi
+BASE_IMAGE=""
+TARGETS="services kafka postgres redis"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --base-image) BASE_IMAGE=${2:?--base-image needs a name}; shift 2 ;;
+    --registry) TARGETS="services"; BASE_IMAGE=${BASE_IMAGE:-python:3.11-slim}; shift ;;
+    *) echo "usage: $0 [--registry] [--base-image NAME]" >&2; exit 2 ;;
+  esac
+done
 
-step() { printf '\n== %s\n' "$*"; }
+step() { printf '\n== %s (%ss)\n' "$*" "${SECONDS}"; }
 
 if [ -z "${BASE_IMAGE}" ]; then
   BASE_IMAGE="cellpilot/debian-base:bookworm"
   if ! docker image inspect "${BASE_IMAGE}" >/dev/null 2>&1; then
     step "debootstrap a Debian base image (${BASE_IMAGE})"
     if ! command -v debootstrap >/dev/null; then
-      apt-get update -qq && apt-get install -y -qq debootstrap
+      apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null
     fi
     read -r MIRROR SUITE < <(python3 infra/images/debian_mirror.py)
     ROOTFS=$(mktemp -d /tmp/cellpilot-rootfs.XXXXXX)
@@ -32,7 +45,7 @@ if [ -z "${BASE_IMAGE}" ]; then
     rm -rf "${ROOTFS}"/var/cache/apt/archives/*.deb "${ROOTFS}"/var/lib/apt/lists/*
     tar -C "${ROOTFS}" -c . | docker import \
       --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-      --change 'CMD ["/bin/bash"]' - "${BASE_IMAGE}"
+      --change 'CMD ["/bin/bash"]' - "${BASE_IMAGE}" >/dev/null
   fi
 fi
 
@@ -40,18 +53,23 @@ step "wheelhouse from requirements.lock"
 mkdir -p infra/images/wheelhouse
 "${PY}" -m pip wheel --quiet --wheel-dir infra/images/wheelhouse -r requirements.lock setuptools wheel
 
-for target in services kafka postgres redis; do
+for target in ${TARGETS}; do
   step "image cellpilot/${target}:${TAG} (base ${BASE_IMAGE})"
-  docker build --quiet --build-arg "BASE_IMAGE=${BASE_IMAGE}" --target "${target}" \
-    -f infra/images/Dockerfile -t "cellpilot/${target}:${TAG}" .
+  LOG=/tmp/cellpilot-image-${target}.log
+  docker build --build-arg "BASE_IMAGE=${BASE_IMAGE}" --target "${target}" \
+    -f infra/images/Dockerfile -t "cellpilot/${target}:${TAG}" . > "${LOG}" 2>&1 \
+    || { tail -30 "${LOG}"; echo "docker build of ${target} failed (log: ${LOG})" >&2; exit 1; }
 done
 
-cat > .env <<ENV
-# Written by make images: docker compose uses these locally built images.
-COMPOSE_PROJECT_NAME=cellpilot
-CELLPILOT_SERVICES_IMAGE=cellpilot/services:${TAG}
-CELLPILOT_KAFKA_IMAGE=cellpilot/kafka:${TAG}
-CELLPILOT_POSTGRES_IMAGE=cellpilot/postgres:${TAG}
-CELLPILOT_REDIS_IMAGE=cellpilot/redis:${TAG}
-ENV
-step "done: .env points docker compose at the local images"
+{
+  echo "# Written by infra/images/build_images.sh: docker compose uses these images."
+  echo "COMPOSE_PROJECT_NAME=cellpilot"
+  echo "CELLPILOT_BASE_IMAGE=${BASE_IMAGE}"
+  echo "CELLPILOT_SERVICES_IMAGE=cellpilot/services:${TAG}"
+  if [ "${TARGETS}" != "services" ]; then
+    echo "CELLPILOT_KAFKA_IMAGE=cellpilot/kafka:${TAG}"
+    echo "CELLPILOT_POSTGRES_IMAGE=cellpilot/postgres:${TAG}"
+    echo "CELLPILOT_REDIS_IMAGE=cellpilot/redis:${TAG}"
+  fi
+} > .env
+step "done: .env points docker compose at the images"

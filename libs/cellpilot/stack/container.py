@@ -3,15 +3,21 @@
 The same server binaries as the embedded stack (see :mod:`cellpilot.stack.components`),
 started the way the official images start them, so docker-compose.yml works with either:
 
-* ``kafka``: Tansu on 0.0.0.0:9092, advertising ``$ADVERTISED_LISTENER_URL``;
+* ``kafka``: Tansu on 0.0.0.0:9092, advertising ``$ADVERTISED_LISTENER_URL``. Its log lives
+  in memory (this Tansu build has no other storage engine), so every start creates Cellpilot's
+  topics again and only then marks the broker ready (``TOPICS_READY``, which the
+  ``cellpilot-healthcheck kafka`` check reads);
 * ``postgres``: initdb on first start (``$POSTGRES_USER``, ``$POSTGRES_PASSWORD``,
   ``$POSTGRES_DB``, data in ``$PGDATA``), then the server on 0.0.0.0:5432 as user postgres;
+* ``topics``: create Cellpilot's Kafka topics on ``$CELLPILOT_KAFKA_BOOTSTRAP`` (idempotent,
+  retried while the broker starts), the one-shot ``kafka-topics`` service of the compose file;
 * ``link-postgres-tools`` / ``link-redis-tools``: put ``pg_isready``, ``redis-server`` and
   ``redis-cli`` on PATH at image build time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pwd
 import signal
@@ -19,11 +25,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cellpilot.stack import components
 
 LINK_DIR = Path("/usr/local/bin")
+TOPICS_READY = Path("/tmp/cellpilot-topics-ready")
 
 
 def _link(target: Path, name: str) -> None:
@@ -35,10 +43,15 @@ def _link(target: Path, name: str) -> None:
 def kafka() -> None:
     advertised = os.environ.get("ADVERTISED_LISTENER_URL", "tcp://localhost:9092")
     binary = str(components.tansu_binary())
-    os.execv(
-        binary,
-        [binary, "broker", "--listener-url", "tcp://0.0.0.0:9092", "--advertised-listener-url", advertised],
+    TOPICS_READY.unlink(missing_ok=True)
+    broker = subprocess.Popen(
+        [binary, "broker", "--listener-url", "tcp://0.0.0.0:9092", "--advertised-listener-url", advertised]
     )
+    signal.signal(signal.SIGTERM, lambda *_: broker.terminate())
+    signal.signal(signal.SIGINT, lambda *_: broker.terminate())
+    _create_topics("127.0.0.1:9092", running=lambda: broker.poll() is None)
+    TOPICS_READY.touch()
+    sys.exit(broker.wait())
 
 
 def postgres() -> None:
@@ -98,9 +111,35 @@ def link_redis_tools() -> None:
     _link(server.parent / "redis-cli", "redis-cli")
 
 
+def topics() -> None:
+    from cellpilot.platform.settings import PlatformSettings
+
+    _create_topics(PlatformSettings.load().kafka_bootstrap)
+
+
+def _create_topics(
+    bootstrap: str, attempts: int = 60, interval_s: float = 1.0, running: Callable[[], bool] = lambda: True
+) -> None:
+    from cellpilot.platform.kafka import ensure_topics
+
+    for attempt in range(1, attempts + 1):
+        if not running():
+            return
+        try:
+            created = asyncio.run(ensure_topics(bootstrap))
+        except Exception as error:  # the broker may still be starting; anything else repeats too
+            print(f"topics on {bootstrap}: attempt {attempt} failed: {error!r}", flush=True)
+            time.sleep(interval_s)
+            continue
+        print(f"topics on {bootstrap}: created {created or 'none (all exist)'}", flush=True)
+        return
+    raise SystemExit(f"could not create the topics on {bootstrap} after {attempts} attempts")
+
+
 COMMANDS = {
     "kafka": kafka,
     "postgres": postgres,
+    "topics": topics,
     "link-postgres-tools": link_postgres_tools,
     "link-redis-tools": link_redis_tools,
 }

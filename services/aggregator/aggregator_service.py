@@ -104,6 +104,7 @@ class Aggregator:
                 )
             ],
             address=f"{self.settings.listen_host}:{self.settings.resolved_port}",
+            **self.settings.security.server_options("aggregator"),
         )
         self.port = await self.server.start()
         self._tasks = [

@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from cellpilot.platform.metrics import DEFAULT_METRICS_PORT_OFFSET
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.platform.topics import TOPICS
+from cellpilot.security.tls import SecuritySettings
 
 
 def _partitions(topic: str) -> int:
@@ -23,6 +24,8 @@ class AggregatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CELLPILOT_AGGREGATOR_", extra="ignore")
 
     platform: PlatformSettings = Field(default_factory=PlatformSettings)
+    # mTLS certificates, token secret, request size limit (CELLPILOT_TLS_MODE, CELLPILOT_CERTS_DIR).
+    security: SecuritySettings = Field(default_factory=SecuritySettings.load)
 
     replica_index: int = Field(
         default=0,

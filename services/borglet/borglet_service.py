@@ -101,8 +101,13 @@ class Borglet:
                 )
             ],
             address=settings.listen_address,
+            **settings.security.server_options(settings.resolved_identity()),
         )
-        self.locator = BorgmasterLocator(settings.borgmaster_addresses)
+        self.locator = BorgmasterLocator(
+            settings.borgmaster_addresses,
+            settings.security.channel_credentials(settings.resolved_identity()),
+            settings.security.service_metadata(settings.resolved_identity()),
+        )
         self.port = 0
         self.address = ""
         self.registered = 0

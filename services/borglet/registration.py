@@ -43,15 +43,27 @@ def leader_from_metadata(metadata: object) -> str | None:
 class BorgmasterLocator:
     """The Borgmaster replicas, a channel to each, and the last one known to be master."""
 
-    def __init__(self, addresses: Sequence[str]) -> None:
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        credentials: grpc.ChannelCredentials | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """``credentials`` None: plaintext; ``metadata`` goes with every call (a service token)."""
         self.addresses = list(addresses)
+        self.credentials = credentials
+        self.metadata = tuple(metadata)
         self.leader: str | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def stub(self, address: str) -> borgmaster_pb2_grpc.BorgmasterStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address)
+            channel = (
+                grpc.aio.insecure_channel(address)
+                if self.credentials is None
+                else grpc.aio.secure_channel(address, self.credentials)
+            )
             self._channels[address] = channel
         return borgmaster_pb2_grpc.BorgmasterStub(channel)
 
@@ -86,7 +98,9 @@ async def register_machine(
                 continue
             tried.add(address)
             try:
-                response = await locator.stub(address).RegisterMachine(request, timeout=CALL_TIMEOUT_S)
+                response = await locator.stub(address).RegisterMachine(
+                    request, timeout=CALL_TIMEOUT_S, metadata=locator.metadata
+                )
             except grpc.aio.AioRpcError as error:
                 code = error.code()
                 if code == grpc.StatusCode.FAILED_PRECONDITION:

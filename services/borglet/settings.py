@@ -13,6 +13,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from cellpilot.platform.settings import PlatformSettings
+from cellpilot.security.tls import SecuritySettings
 
 GIB = 1 << 30
 
@@ -27,6 +28,8 @@ class BorgletSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CELLPILOT_BORGLET_", extra="ignore")
 
     platform: PlatformSettings = Field(default_factory=PlatformSettings)
+    # mTLS certificates, token secret, request size limit (CELLPILOT_TLS_MODE, CELLPILOT_CERTS_DIR).
+    security: SecuritySettings = Field(default_factory=SecuritySettings.load)
 
     # Where the gRPC server listens, and the host the Borgmaster is told to call back on.
     listen_address: str = "127.0.0.1:0"
@@ -57,6 +60,10 @@ class BorgletSettings(BaseSettings):
     # The Borgmaster replicas to register with (any order; writes follow "cellpilot-leader").
     # Empty: run standalone, driven by whoever calls the Borglet API.
     borgmaster_addresses: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # The service identity this process presents (its certificate, or its service token in
+    # plaintext-dev); it names the machines it may report for. Empty: "borglet-r<replica>",
+    # whose certificate covers "machine-r<replica>-*" (cellpilot certs issue).
+    identity: str = ""
     register_backoff_initial_s: float = Field(default=0.2, gt=0)
     register_backoff_max_s: float = Field(default=5.0, gt=0)
 
@@ -113,6 +120,9 @@ class BorgletSettings(BaseSettings):
                 key: os.environ[key] for key in ("PATH", "HOME", "LANG", "LC_ALL") if key in os.environ
             }
         return self
+
+    def resolved_identity(self) -> str:
+        return self.identity or f"borglet-r{self.replica_index}"
 
     def resolved_machine_ids(self) -> list[str]:
         if self.machine_ids:

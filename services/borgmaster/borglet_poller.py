@@ -46,6 +46,9 @@ class BorgletPoller:
         self.replica = replica
         self.settings = settings
         self.channels: dict[str, grpc.aio.Channel] = {}
+        # The master calls Borglets as itself: its certificate (mTLS) or a service token.
+        self.credentials = settings.security.channel_credentials("borgmaster")
+        self.metadata = settings.security.service_metadata("borgmaster")
         self.missed: dict[str, int] = {}
         self.reported_version: dict[str, int] = {}
         self.acked_event: dict[str, int] = {}
@@ -67,7 +70,11 @@ class BorgletPoller:
     def _stub(self, address: str) -> borglet_pb2_grpc.BorgletStub:
         channel = self.channels.get(address)
         if channel is None:
-            channel = self.channels[address] = grpc.aio.insecure_channel(address)
+            channel = self.channels[address] = (
+                grpc.aio.insecure_channel(address)
+                if self.credentials is None
+                else grpc.aio.secure_channel(address, self.credentials)
+            )
         return borglet_pb2_grpc.BorgletStub(channel)
 
     async def close(self) -> None:
@@ -121,7 +128,9 @@ class BorgletPoller:
         async def poll(address: str, request: borglet_pb2.PollRequest) -> borglet_pb2.PollResponse | None:
             async with gate:
                 try:
-                    return await self._stub(address).Poll(request, timeout=self.settings.poll_timeout_s)
+                    return await self._stub(address).Poll(
+                        request, timeout=self.settings.poll_timeout_s, metadata=self.metadata
+                    )
                 except grpc.aio.AioRpcError as error:
                     if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
                         log.warning(

@@ -14,6 +14,7 @@ from cellpilot.api.v1 import borgmaster_pb2_grpc
 from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
 from cellpilot.platform.postgres import apply_migrations, create_engine
 from cellpilot.platform.telemetry import Telemetry
+from cellpilot.security.policy import JobFacts
 from cellpilot_services.borgmaster.borglet_poller import BorgletPoller
 from cellpilot_services.borgmaster.event_publisher import EventPublisher
 from cellpilot_services.borgmaster.replica import Replica
@@ -49,10 +50,16 @@ class Borgmaster:
                 )
             ],
             address=f"{settings.listen_host}:{settings.resolved_port}",
+            **settings.security.server_options("borgmaster", job_owner_lookup=self.job_facts),
         )
         self.address = ""
         self._stop = asyncio.Event()
         self._election: asyncio.Task[None] | None = None
+
+    def job_facts(self, job_id: str) -> JobFacts | None:
+        """Owner and Autopilot modes of a stored job, for authorising calls on it (Borg §2.5)."""
+        record = self.replica.state.job(job_id)
+        return JobFacts.from_core(record.spec) if record is not None else None
 
     async def start(self) -> str:
         if self.settings.apply_migrations:

@@ -54,7 +54,10 @@ def enum_in(core: type[E], wrapper: Any, value: int, field: str) -> E:
         name = wrapper.Name(value)
     except ValueError as error:
         raise InvalidField(field, f"unknown value {value}") from error
-    return core[name.removeprefix(_prefix(wrapper))]
+    try:
+        return core[name.removeprefix(_prefix(wrapper))]
+    except KeyError:  # an API value with no core meaning, such as *_UNSPECIFIED
+        raise InvalidField(field, f"{name} is not a valid value here") from None
 
 
 def enum_out(wrapper: Any, member: Enum) -> Any:

@@ -105,6 +105,15 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
             )
             return result, seq
 
+    async def _reused_request_id(self, context: grpc.aio.ServicerContext, request_id: str) -> NoReturn:
+        """A request id an earlier, different request used: its recorded answer is not this one's."""
+        await self._abort(
+            context,
+            grpc.StatusCode.ALREADY_EXISTS,
+            f"request_id: {request_id!r} was already used by another request; use a new id",
+        )
+        raise AssertionError("unreachable")  # pragma: no cover
+
     async def _convert_or_abort(self, context: grpc.aio.ServicerContext, fn: Any, *args: Any) -> Any:
         try:
             return fn(*args)
@@ -117,7 +126,9 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
     ) -> borgmaster_pb2.SubmitJobResponse:
         spec = await self._convert_or_abort(context, convert.job_spec_in, request.spec, "spec")
         result, seq = await self._write(SubmitJob(request.request_id, spec), context)
-        job = self.replica.state.jobs[result.subject]
+        job = self.replica.state.jobs.get(result.subject)
+        if job is None or result.subject != f"{spec.user}/{spec.name}":
+            await self._reused_request_id(context, request.request_id)
         return borgmaster_pb2.SubmitJobResponse(
             job_id=job.job_id,
             state=convert.enum_out(state_pb2.JobState, job.state),
@@ -140,7 +151,9 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
             request.policy.max_disruptions,
         )
         result, seq = await self._write(command, context)
-        job = self.replica.state.jobs[result.subject]
+        job = self.replica.state.jobs.get(result.subject)
+        if job is None or result.subject != request.job_id:
+            await self._reused_request_id(context, request.request_id)
         return borgmaster_pb2.UpdateJobResponse(job=convert.job_status_out(job), log_sequence=seq)
 
     async def KillJob(  # noqa: N802
@@ -265,7 +278,9 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
         spec = await self._convert_or_abort(context, convert.machine_spec_in, request.spec, "spec")
         _, seq = await self._write(RegisterMachine(request.request_id, spec), context)
         state = self.replica.state
-        machine = state.machines[spec.machine_id]
+        machine = state.machines.get(spec.machine_id)
+        if machine is None:
+            await self._reused_request_id(context, request.request_id)
         return borgmaster_pb2.RegisterMachineResponse(
             machine=convert.machine_out(state, machine, self.replica.soft), log_sequence=seq
         )
@@ -279,7 +294,9 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
         command = SetMachineState(request.request_id, request.machine_id, target, request.detail)
         _, seq = await self._write(command, context)
         state = self.replica.state
-        machine = state.machines[request.machine_id]
+        machine = state.machines.get(request.machine_id)
+        if machine is None:
+            await self._reused_request_id(context, request.request_id)
         return borgmaster_pb2.SetMachineStateResponse(
             machine=convert.machine_out(state, machine, self.replica.soft), log_sequence=seq
         )
@@ -301,6 +318,8 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
         band = await self._convert_or_abort(
             context, convert.enum_in, PriorityBand, job_pb2.PriorityBand, request.band, "band"
         )
+        if band is PriorityBand.UNSPECIFIED:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "band: name the priority band")
         limit = await self._convert_or_abort(context, convert.resources_in, request.limit, "limit")
         _, seq = await self._write(SetQuota(request.request_id, request.user, band, limit), context)
         return borgmaster_pb2.SetQuotaResponse(

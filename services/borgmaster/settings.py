@@ -11,12 +11,15 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cellpilot.platform.settings import PlatformSettings
+from cellpilot.security.tls import SecuritySettings
 
 
 class BorgmasterSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CELLPILOT_BORGMASTER_", extra="ignore")
 
     platform: PlatformSettings = Field(default_factory=PlatformSettings)
+    # mTLS certificates, token secret, request size limit (CELLPILOT_TLS_MODE, CELLPILOT_CERTS_DIR).
+    security: SecuritySettings = Field(default_factory=SecuritySettings.load)
 
     replica_index: int = Field(
         default=0,

@@ -20,12 +20,13 @@ from contextlib import asynccontextmanager
 from typing import Annotated
 
 import uvicorn
-from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 
 from cellpilot.platform.metrics import CellpilotMetrics, prometheus_text
 from cellpilot.platform.telemetry import Telemetry
+from cellpilot.security.http_auth import http_principal_dependency
 from cellpilot_services.dashboard import charts, models, pages
 from cellpilot_services.dashboard.reports import ReportLibrary
 from cellpilot_services.dashboard.settings import DashboardSettings
@@ -68,6 +69,9 @@ def create_app(
         lifespan=lifespan,
     )
     library = ReportLibrary(settings.results_dir, settings.eval_out_dirs)
+    # Every page and API call needs "Authorization: Bearer <token>" (401 otherwise); only
+    # /healthz and /metrics (probes, the Prometheus scraper) and the OpenAPI docs are open.
+    routes = APIRouter(dependencies=[Depends(http_principal_dependency(settings.security.authenticator()))])
 
     def sources() -> DashboardSources:
         return state["sources"]
@@ -87,39 +91,39 @@ def create_app(
         return HTMLResponse(pages.layout("Not found", f"<p>{pages.escape(str(error))}</p>"), status_code=404)
 
     # ------------------------------------------------------------------ JSON
-    @app.get("/api/jobs", response_model=models.JobList, tags=["jobs"])
+    @routes.get("/api/jobs", response_model=models.JobList, tags=["jobs"])
     async def api_jobs() -> models.JobList:
         """Every job with its state, limits and Autopilot modes."""
         return await sources().jobs()
 
-    @app.get("/api/jobs/{user}/{name}", response_model=models.JobDetail, tags=["jobs"])
+    @routes.get("/api/jobs/{user}/{name}", response_model=models.JobDetail, tags=["jobs"])
     async def api_job(user: User, name: Name) -> models.JobDetail:
         """A job's status and tasks, and Autopilot's view of it: every recommender's value and the choice."""
         return await sources().job(f"{user}/{name}")
 
-    @app.get("/api/jobs/{user}/{name}/usage", response_model=models.JobUsage, tags=["jobs"])
+    @routes.get("/api/jobs/{user}/{name}/usage", response_model=models.JobUsage, tags=["jobs"])
     async def api_usage(
         user: User, name: Name, resource: ResourceQuery = "memory", hours: Hours = None
     ) -> models.JobUsage:
         """The job page's chart data: usage heatmap, limit, every recommender's line, OOM kills."""
         return await sources().usage(f"{user}/{name}", resource, hours)
 
-    @app.get("/api/cell", response_model=models.CellView, tags=["cell"])
+    @routes.get("/api/cell", response_model=models.CellView, tags=["cell"])
     async def api_cell() -> models.CellView:
         """Machines with capacity, usage, reservation and allocation, and the cell's totals."""
         return await sources().cell()
 
-    @app.get("/api/pending", response_model=models.PendingView, tags=["jobs"])
+    @routes.get("/api/pending", response_model=models.PendingView, tags=["jobs"])
     async def api_pending() -> models.PendingView:
         """Jobs with pending tasks and why they are pending (Borg §2.6)."""
         return await sources().pending()
 
-    @app.get("/api/reports", response_model=models.ReportList, tags=["reports"])
+    @routes.get("/api/reports", response_model=models.ReportList, tags=["reports"])
     async def api_reports() -> models.ReportList:
         """Evaluation reports found in the results directory and the --out directories."""
         return library.entries()
 
-    @app.get("/api/reports/{name}", response_model=models.Report, tags=["reports"])
+    @routes.get("/api/reports/{name}", response_model=models.Report, tags=["reports"])
     async def api_report(name: Annotated[str, PathParam(max_length=300)]) -> models.Report:
         report = library.report(name)
         if report is None:
@@ -127,24 +131,24 @@ def create_app(
         return report
 
     # ------------------------------------------------------------------ charts
-    @app.get("/charts/jobs/{user}/{name}/{resource}.svg", tags=["charts"], response_class=Response)
+    @routes.get("/charts/jobs/{user}/{name}/{resource}.svg", tags=["charts"], response_class=Response)
     async def chart_job(
         user: User, name: Name, resource: models.ResourceName, hours: Hours = None
     ) -> Response:
         usage = await sources().usage(f"{user}/{name}", resource, hours)
         return Response(await asyncio.to_thread(charts.job_chart, usage), media_type=SVG)
 
-    @app.get("/charts/cell.svg", tags=["charts"], response_class=Response)
+    @routes.get("/charts/cell.svg", tags=["charts"], response_class=Response)
     async def chart_cell() -> Response:
         cell = await sources().cell()
         return Response(await asyncio.to_thread(charts.cell_chart, cell), media_type=SVG)
 
     # ------------------------------------------------------------------ pages
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    @routes.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page_jobs() -> str:
         return pages.overview(await sources().jobs())
 
-    @app.get("/jobs/{user}/{name}", response_class=HTMLResponse, include_in_schema=False)
+    @routes.get("/jobs/{user}/{name}", response_class=HTMLResponse, include_in_schema=False)
     async def page_job(user: User, name: Name, hours: Hours = None) -> str:
         job_id = f"{user}/{name}"
         detail = await sources().job(job_id)
@@ -152,20 +156,20 @@ def create_app(
         rendered = {r: await asyncio.to_thread(charts.job_chart, u) for r, u in usage.items()}
         return pages.job_page(detail, rendered, usage)
 
-    @app.get("/cell", response_class=HTMLResponse, include_in_schema=False)
+    @routes.get("/cell", response_class=HTMLResponse, include_in_schema=False)
     async def page_cell() -> str:
         cell = await sources().cell()
         return pages.cell_page(cell, await asyncio.to_thread(charts.cell_chart, cell))
 
-    @app.get("/pending", response_class=HTMLResponse, include_in_schema=False)
+    @routes.get("/pending", response_class=HTMLResponse, include_in_schema=False)
     async def page_pending() -> str:
         return pages.pending_page(await sources().pending())
 
-    @app.get("/reports", response_class=HTMLResponse, include_in_schema=False)
+    @routes.get("/reports", response_class=HTMLResponse, include_in_schema=False)
     async def page_reports() -> str:
         return pages.reports_page(library.entries())
 
-    @app.get("/reports/{name}", include_in_schema=False)
+    @routes.get("/reports/{name}", include_in_schema=False)
     async def page_report(name: Annotated[str, PathParam(max_length=300)]) -> Response:
         image = library.image(name)
         if image is not None:
@@ -175,7 +179,7 @@ def create_app(
             raise HTTPException(404, f"no report {name!r}")
         return HTMLResponse(pages.report_page(report, library.html(report)))
 
-    @app.get("/reports/{path:path}", include_in_schema=False)
+    @routes.get("/reports/{path:path}", include_in_schema=False)
     async def report_file(path: str) -> Response:
         image = library.image(path)
         if image is None:
@@ -196,6 +200,7 @@ def create_app(
             "records_read": history.records_read if history else 0,
         }
 
+    app.include_router(routes)
     return app
 
 
@@ -214,12 +219,20 @@ async def serve(settings: DashboardSettings, stop: asyncio.Event, telemetry: Tel
         else None
     )
     app = create_app(settings, history, metrics)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        **settings.security.uvicorn_ssl_options("dashboard"),
+    )
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]  # run_service owns signals
     reader = asyncio.create_task(history.run(stop)) if history else None
     web = asyncio.create_task(server.serve())
-    log.info("dashboard listening", extra={"url": f"http://{settings.host}:{settings.port}/"})
+    scheme = "http" if settings.security.plaintext else "https"
+    log.info("dashboard listening", extra={"url": f"{scheme}://{settings.host}:{settings.port}/"})
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({web, stopper}, return_when=asyncio.FIRST_COMPLETED)
     server.should_exit = True

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from cellpilot.platform.settings import PlatformSettings
+from cellpilot.security.tls import SecuritySettings
 
 
 def _split(value: object) -> object:
@@ -19,6 +20,8 @@ class DashboardSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CELLPILOT_DASHBOARD_", extra="ignore")
 
     platform: PlatformSettings = Field(default_factory=PlatformSettings)
+    # mTLS certificates, token secret, request size limit (CELLPILOT_TLS_MODE, CELLPILOT_CERTS_DIR).
+    security: SecuritySettings = Field(default_factory=SecuritySettings.load)
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65_535)
     borgmaster_addresses: Annotated[list[str], NoDecode] = Field(

@@ -81,6 +81,7 @@ class DashboardSources:
             autopilot=settings.autopilot_addresses,
             monitoring=settings.monitoring_addresses,
             policy=RetryPolicy(budget_s=budget, call_timeout_s=max(budget, 1.0), max_backoff_s=0.5),
+            **settings.security.client_options("dashboard"),
         )
         self.history = history
         self.metrics = metrics

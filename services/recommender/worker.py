@@ -94,8 +94,15 @@ class RecommenderWorker:
             client_id=self.replica_id,
         )
         self.events: AssignedConsumer | None = None
-        self.server = GrpcServer([], address=f"{settings.listen_host}:{settings.resolved_port}")
+        self.server = GrpcServer(
+            [],
+            address=f"{settings.listen_host}:{settings.resolved_port}",
+            **settings.security.server_options("recommender"),
+        )
         self.owned: dict[int, OwnedPartition] = {}
+        # Malformed borg.events records skipped: every worker reads that stream, so none of
+        # them dead-letters it (that would file each poison record once per worker).
+        self.skipped_events = 0
         self.partitions = settings.histogram_partitions
         self._partitioner = DefaultPartitioner()
         self._stop = asyncio.Event()
@@ -235,7 +242,11 @@ class RecommenderWorker:
             try:
                 oom = convert.oom_in(record)
             except PoisonRecordError as error:  # the Borgmaster's stream: every worker reads it
-                log.warning("skipped a malformed borg.events record", extra={"reason": error.reason})
+                self.skipped_events += 1
+                log.warning(
+                    "skipped a malformed borg.events record",
+                    extra={"reason": error.reason, "skipped_total": self.skipped_events},
+                )
                 oom = None
             target = self.partition_of(oom.job_id) if oom is not None else -1
             for owned in self.owned.values():

@@ -2,6 +2,13 @@
 
 The stack lives in a temporary data directory with ports picked free, so it never
 collides with a stack a developer started with ``make run``.
+
+Like ``cellpilot run``, the stack issues its CA, service certificates and token secret, and
+every service the tests start (in-process or as a subprocess) reads ``CELLPILOT_CERTS_DIR``
+from the environment this fixture exports: the suite runs with mTLS and bearer tokens, as a
+real cell does. Test Borglets present ``borglet-test``, a Borglet identity allowed to report
+for any machine (the tests name machines freely); tests/integration/security checks the
+own-machines rule with the stack's real ``borglet-r0`` identity.
 """
 
 from __future__ import annotations
@@ -14,17 +21,31 @@ import pytest
 from sqlalchemy import make_url
 
 from cellpilot.platform.postgres import apply_migrations, drop_database, ensure_database
+from cellpilot.security.certificates import IdentityRequest, issue_all
 from cellpilot.stack import Stack, StackConfig, StackEndpoints
+
+TEST_BORGLET_IDENTITY = "borglet-test"
 
 
 @pytest.fixture(scope="session")
 def embedded_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stack = Stack(StackConfig(tmp_path_factory.mktemp("stack")))
     stack.up()
-    try:
-        yield stack
-    finally:
-        stack.down()
+    certs_dir = stack.config.certs_dir
+    if not (certs_dir / f"{TEST_BORGLET_IDENTITY}.crt").exists():
+        issue_all(certs_dir, [IdentityRequest(TEST_BORGLET_IDENTITY, ("*",))], valid_days=2)
+    exported = {
+        "CELLPILOT_CERTS_DIR": str(certs_dir),
+        "CELLPILOT_TLS_MODE": "mtls",
+        "CELLPILOT_BORGLET_IDENTITY": TEST_BORGLET_IDENTITY,
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in exported.items():
+            patch.setenv(key, value)
+        try:
+            yield stack
+        finally:
+            stack.down()
 
 
 @pytest.fixture(scope="session")

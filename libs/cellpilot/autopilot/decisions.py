@@ -452,3 +452,16 @@ def remember_sent(memory: JobMemory, decision: JobDecision, key: str) -> JobMemo
     if decision.release_hold:
         out = replace(out, released=SentTarget(1, t, key))
     return out
+
+
+def hold_release_ready(job: JobView, has_recommendation: bool, held_for_ms: int, grace_ms: int) -> bool:
+    """Whether a job waiting in HELD_FOR_AUTOPILOT should be released now (§3.1).
+
+    With its first recommendation; at once if nothing of it is actuated (DRY_RUN or OFF
+    only: nothing to wait for); or, when no recommender has anything for it (a new job has
+    no usage history), after ``grace_ms`` with its own limits.
+    """
+    if not job.held:
+        return False
+    actuated = ScalingMode.ON in (job.cpu.mode, job.memory.mode, job.horizontal.mode)
+    return has_recommendation or not actuated or held_for_ms >= grace_ms

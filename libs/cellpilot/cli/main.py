@@ -14,6 +14,7 @@ from cellpilot.cli import (
     eval_gpa,
     eval_lava,
     job,
+    output,
     run,
     stack,
 )
@@ -23,6 +24,7 @@ app = typer.Typer(
     help="Cellpilot: Borg, Autopilot, GPA and LAVA as one open cluster manager.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
+    callback=output.use_token,
 )
 eval_app = typer.Typer(help="Offline studies that reproduce the papers' comparisons.", no_args_is_help=True)
 

@@ -3,6 +3,10 @@
 Addresses default to the stack's agreed ports (Borgmaster 7100-7102, Monitoring 7300-7301,
 Autopilot 7400-7401) and can be set per command (``--borgmaster``, ``--autopilot``) or
 through ``CELLPILOT_CLI_BORGMASTER`` / ``CELLPILOT_CLI_AUTOPILOT`` (comma-separated).
+
+Calls go over mTLS with the stack's ``client`` certificate (``CELLPILOT_CERTS_DIR``, read from
+the stack's ``stack.env`` like every service) and say who the user is with a bearer token:
+``cellpilot --token TOKEN ...`` or ``CELLPILOT_TOKEN`` (``cellpilot certs token --user NAME``).
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ from cellpilot.client.errors import (
     ConflictError,
     InvalidArgumentError,
     NotFoundError,
+    PermissionDeniedError,
     QuotaExceededError,
+    UnauthenticatedError,
     UnavailableError,
 )
+from cellpilot.security.tls import SecurityConfigError, SecuritySettings
 
 DEFAULT_BORGMASTER = "127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102"
 DEFAULT_AUTOPILOT = "127.0.0.1:7400,127.0.0.1:7401"
@@ -57,6 +64,35 @@ TimeoutOption = Annotated[
 ]
 
 
+TokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="CELLPILOT_TOKEN",
+        help="Your bearer token (`cellpilot certs token --user NAME`).",
+        show_default=False,
+    ),
+]
+_token: dict[str, str | None] = {"value": None}
+
+
+def use_token(token: TokenOption = None) -> None:
+    """The ``cellpilot`` callback: remember ``--token`` for the API commands of this run."""
+    _token["value"] = token
+
+
+def client_security() -> dict[str, Any]:
+    """Credentials and token for the client (``CellpilotClient(**client_security())``)."""
+    try:
+        security = SecuritySettings.load()
+        options = security.client_options()
+    except SecurityConfigError as error:
+        errors.print(f"[red]error:[/red] {error}", highlight=False)
+        raise typer.Exit(1) from error
+    options["token"] = _token["value"] or options["token"]
+    return options
+
+
 def addresses(value: str) -> list[str]:
     found = [a.strip() for a in value.split(",") if a.strip()]
     if not found:
@@ -78,7 +114,7 @@ def connect(
     """A blocking client; gRPC failures inside the block become a one-line message and exit 1."""
     policy = RetryPolicy(budget_s=timeout_s, call_timeout_s=min(10.0, timeout_s), max_backoff_s=1.0)
     client = SyncCellpilotClient(
-        addresses(borgmaster), addresses(autopilot), addresses(monitoring), policy=policy
+        addresses(borgmaster), addresses(autopilot), addresses(monitoring), policy=policy, **client_security()
     )
     try:
         with api_errors():
@@ -106,6 +142,13 @@ def describe_error(error: CellpilotError) -> str:
             return f"already exists{method}: {error.details}"
         case ConflictError():
             return f"conflict{method}: {error.details}"
+        case UnauthenticatedError():
+            return (
+                f"not authenticated{method}: {error.details}. Pass --token or set CELLPILOT_TOKEN "
+                "(`cellpilot certs token --user NAME`)."
+            )
+        case PermissionDeniedError():
+            return f"permission denied{method}: {error.details}"
     return f"{error.code.name.lower()}{method}: {error.details}"
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TypeVar, cast
+from typing import Self, TypeVar, cast
 
 import grpc
 from google.protobuf.field_mask_pb2 import FieldMask
@@ -28,6 +28,7 @@ from cellpilot.api.v1 import (
     machine_pb2,
     monitoring_pb2,
     monitoring_pb2_grpc,
+    recommendation_pb2,
     state_pb2,
     usage_pb2,
 )
@@ -47,6 +48,11 @@ class _ServiceClient:
         self._replicas = replicas
         self._policy = policy
         self._metadata = tuple(metadata)
+
+    def with_metadata(self, metadata: Sequence[tuple[str, str]]) -> Self:
+        """The same replicas and policy, calling with ``metadata`` instead (e.g. a service
+        forwarding its caller's ``authorization`` header so a write is made as that user)."""
+        return type(self)(self._replicas, self._policy, metadata)
 
     async def _call(self, stub_type: type, method: str, request: Message, response: type[R]) -> R:
         async def attempt(channel: grpc.aio.Channel, deadline_s: float) -> R:
@@ -201,6 +207,36 @@ class AutopilotClient(_ServiceClient):
             autopilot_pb2.ListRecommendersRequest(),
             autopilot_pb2.ListRecommendersResponse,
         )
+
+    async def register_recommender(
+        self, request: autopilot_pb2.RegisterRecommenderRequest
+    ) -> autopilot_pb2.RegisterRecommenderResponse:
+        """Register a custom recommender (Autopilot §5.4); the same registration again is a no-op."""
+        if not request.request_id:
+            request.request_id = new_request_id()
+        return await self._ap("RegisterRecommender", request, autopilot_pb2.RegisterRecommenderResponse)
+
+    async def unregister_recommender(
+        self, name: str, request_id: str = ""
+    ) -> autopilot_pb2.UnregisterRecommenderResponse:
+        request = autopilot_pb2.UnregisterRecommenderRequest(
+            request_id=request_id or new_request_id(), name=name
+        )
+        return await self._ap("UnregisterRecommender", request, autopilot_pb2.UnregisterRecommenderResponse)
+
+    async def publish_recommendations(
+        self,
+        recommender_name: str,
+        recommendations: recommendation_pb2.RecommendationSet,
+        request_id: str = "",
+    ) -> autopilot_pb2.PublishRecommendationsResponse:
+        """Publish a custom recommender's output for one job and window."""
+        request = autopilot_pb2.PublishRecommendationsRequest(
+            request_id=request_id or new_request_id(),
+            recommender_name=recommender_name,
+            recommendations=recommendations,
+        )
+        return await self._ap("PublishRecommendations", request, autopilot_pb2.PublishRecommendationsResponse)
 
 
 class MonitoringClient(_ServiceClient):

@@ -10,6 +10,7 @@ from pathlib import Path
 DEFAULT_DATA_DIR = Path(".cellpilot/stack")
 STATE_FILE = "stack.json"
 ENV_FILE = "stack.env"
+CERTS_DIR = "certs"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -48,6 +49,11 @@ class StackConfig:
     def env_path(self) -> Path:
         return self.data_dir / ENV_FILE
 
+    @property
+    def certs_dir(self) -> Path:
+        """The stack's CA, service certificates and token secret (``cellpilot certs``)."""
+        return self.data_dir / CERTS_DIR
+
     def with_ports_resolved(self) -> StackConfig:
         """Fill ports: explicit ones win, then those remembered in the data directory, then free ones."""
         remembered: dict[str, int] = {}
@@ -70,6 +76,7 @@ class StackConfig:
             kafka_bootstrap=f"{self.host}:{self.kafka_port}",
             postgres_url=f"postgresql+asyncpg://postgres@{self.host}:{self.postgres_port}/{self.database}",
             redis_url=f"redis://{self.host}:{self.redis_port}/0",
+            certs_dir=str(self.certs_dir),
         )
 
 
@@ -80,13 +87,19 @@ class StackEndpoints:
     kafka_bootstrap: str
     postgres_url: str
     redis_url: str
+    # mTLS certificates and the token secret; every process reading stack.env uses mTLS
+    # (plaintext only with CELLPILOT_TLS_MODE=plaintext-dev set explicitly).
+    certs_dir: str = ""
 
     def as_env(self) -> dict[str, str]:
-        return {
+        env = {
             "CELLPILOT_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
             "CELLPILOT_POSTGRES_URL": self.postgres_url,
             "CELLPILOT_REDIS_URL": self.redis_url,
         }
+        if self.certs_dir:
+            env["CELLPILOT_CERTS_DIR"] = self.certs_dir
+        return env
 
     def write_env_file(self, path: Path) -> None:
         lines = [f"{key}={value}" for key, value in self.as_env().items()]
@@ -103,6 +116,7 @@ class StackEndpoints:
             kafka_bootstrap=values["CELLPILOT_KAFKA_BOOTSTRAP"],
             postgres_url=values["CELLPILOT_POSTGRES_URL"],
             redis_url=values["CELLPILOT_REDIS_URL"],
+            certs_dir=values.get("CELLPILOT_CERTS_DIR", ""),
         )
 
     def as_dict(self) -> dict[str, str]:

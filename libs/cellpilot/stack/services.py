@@ -40,6 +40,8 @@ SERVICES: tuple[ServiceSpec, ...] = (
     ),
     ServiceSpec("aggregator", "aggregator", 2),  # Monitoring API on 127.0.0.1:7300-7301
     ServiceSpec("recommender", "recommender", 3),  # one consumer group; gRPC health 7500-7502
+    ServiceSpec("autopilot", "autopilot", 2),  # 127.0.0.1:7400-7401, one holds the Redis lock
+    ServiceSpec("actuator", "actuator", 1),  # gRPC health on 127.0.0.1:7600
     ServiceSpec("dashboard", "dashboard", 1),  # http://127.0.0.1:8080/ (and /metrics, /docs)
 )
 

@@ -2,7 +2,9 @@
 
 Each process runs in its own session (so a Ctrl-C in the shell that started it does not
 reach it) with its output in ``DATA_DIR/logs/NAME.log``; the pids, ports and endpoints
-live in ``DATA_DIR/stack.json`` and the connection settings in ``DATA_DIR/stack.env``.
+live in ``DATA_DIR/stack.json`` and the connection settings in ``DATA_DIR/stack.env``
+(with ``CELLPILOT_CERTS_DIR``: ``up`` issues the stack's CA, service certificates and token
+secret in ``DATA_DIR/certs`` once, so every service and client of the stack uses mTLS).
 ``down`` stops every process it started, waits for each to exit and for its port to be
 released, so no orphan is left behind.
 """
@@ -24,6 +26,7 @@ import psutil
 from cellpilot.platform.kafka import ensure_topics
 from cellpilot.platform.postgres import apply_migrations, ensure_database
 from cellpilot.platform.redis_client import ping_redis
+from cellpilot.security.tls import ensure_stack_credentials
 from cellpilot.stack import components
 from cellpilot.stack.components import Component
 from cellpilot.stack.config import StackConfig, StackEndpoints, port_in_use
@@ -128,6 +131,9 @@ class Stack:
             self._write_state(pids)
             progress(f"{component.name}: started (pid {pids[component.name]}), waiting until healthy")
             self._wait_healthy(component)
+        issued = ensure_stack_credentials(c.certs_dir)
+        if issued:
+            progress(f"certificates: issued {len(issued)} in {c.certs_dir}")
         c.endpoints().write_env_file(c.env_path)
         self._write_state(pids)
         progress("postgres: applying migrations")

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 from autopilot_processes import ServiceProcess, new_topics, read_all, stop_all, wait_for
+from stack_security import user_channel
 
 from cellpilot.api.v1 import monitoring_pb2, monitoring_pb2_grpc, resources_pb2, usage_pb2
 from cellpilot.platform.kafka import DEADLETTER_TOPIC, MessageProducer
@@ -224,7 +225,7 @@ async def test_windows_equal_the_samples_sent_through_late_data_duplicates_and_a
         assert [r.value for r in ours] == [MALFORMED], "the malformed batch is dead-lettered once"
 
         survivor = f"127.0.0.1:{ports[1]}"
-        async with grpc.aio.insecure_channel(survivor) as channel:
+        async with user_channel(survivor, "alice") as channel:  # reads are open to any user
             stub = monitoring_pb2_grpc.MonitoringStub(channel)
             history = await stub.GetHistogramHistory(
                 monitoring_pb2.GetHistogramHistoryRequest(

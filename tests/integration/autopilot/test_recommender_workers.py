@@ -6,7 +6,8 @@ checkpoints. Every window of every job must be published (no gap) with the value
 reference computed in-process from the same windows, and each job's checkpointed state
 must equal the reference exactly (the ML ensemble counts its updates: a window applied
 twice would show). A malformed record goes to the dead-letter topic and the stream goes
-on; an OOM event on ``borg.events`` raises the job's memory recommendations at once.
+on (a malformed ``borg.events`` record, read by every worker, is counted and skipped);
+an OOM event on ``borg.events`` raises the job's memory recommendations at once.
 """
 
 from __future__ import annotations
@@ -156,6 +157,8 @@ async def test_workers_resume_after_a_kill_without_gap_or_double_apply_and_react
         )
         oom.task.limits.memory_bytes = int(limit)
         oom.task.usage.memory_bytes = int(limit)
+        # A poison record on borg.events first: every worker counts and skips it, and goes on.
+        await producer.send_raw(events_topic, oom_job, b"\xff\x00 not a BorgEvent")
         await producer.send(events_topic, oom_job, oom)
 
         async def oom_published() -> list[recommendation_pb2.RecommendationSet]:
@@ -194,6 +197,11 @@ async def test_workers_resume_after_a_kill_without_gap_or_double_apply_and_react
         assert len(ours) == 1
         assert ours[0].value == b"\xff\x00 not a histogram"
         assert b"UsageHistogram" in dict(ours[0].headers)["reason"]
+        assert not [r for r in letters if dict(r.headers).get("source-topic") == events_topic.encode()]
+        survivors = [w for w in workers if w.alive]
+        assert survivors
+        for worker in survivors:  # each reads all of borg.events, so each skipped the poison once
+            assert "skipped a malformed borg.events record" in worker.log_path.read_text(), worker.name
     except BaseException:
         for worker in workers:
             print(f"--- {worker.name}\n{worker.log_tail()}")

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import grpc
 import pytest
 from borglet_builders import BorgletFactory
+from stack_security import service_channel
 
 from cellpilot.api.v1 import borglet_pb2_grpc
 from cellpilot.platform.settings import PlatformSettings
@@ -33,7 +33,7 @@ def borglet_factory(endpoints: StackEndpoints) -> BorgletFactory:
         borglet = Borglet(BorgletSettings(**values))
         port = await borglet.start()
         try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            async with service_channel(f"127.0.0.1:{port}", "borgmaster") as channel:
                 yield borglet, borglet_pb2_grpc.BorgletStub(channel)
         finally:
             await borglet.stop()

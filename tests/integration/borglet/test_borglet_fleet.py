@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 from borglet_builders import collect_samples, eventually, poll, simulated_task
+from stack_security import security, service_channel
 
 from cellpilot.api.v1 import (
     borglet_pb2,
@@ -62,7 +63,9 @@ class FakeBorgmaster(borgmaster_pb2_grpc.BorgmasterServicer):
 async def _serve(servicer: FakeBorgmaster, port: int) -> grpc.aio.Server:
     server = grpc.aio.server()
     borgmaster_pb2_grpc.add_BorgmasterServicer_to_server(servicer, server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    credentials = security().server_credentials("borgmaster")  # the Borglet dials it over mTLS
+    assert credentials is not None
+    server.add_secure_port(f"127.0.0.1:{port}", credentials)
     await server.start()
     return server
 
@@ -133,7 +136,7 @@ async def test_a_fleet_of_100_machines_registers_serves_polls_and_publishes(
     leader_server = None
     try:
         machine_ids: list[str] = fleet_process["machine_ids"]
-        async with grpc.aio.insecure_channel(fleet_process["address"]) as channel:
+        async with service_channel(fleet_process["address"], "borgmaster") as channel:
             stub = borglet_pb2_grpc.BorgletStub(channel)
             await _wait_serving(stub, machine_ids[0])
             # The master comes up late: the Borglet keeps retrying through the follower's redirect.

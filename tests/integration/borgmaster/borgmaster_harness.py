@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+from stack_security import user_channel
 
 from cellpilot.api.v1 import borgmaster_pb2, borgmaster_pb2_grpc, job_pb2, machine_pb2, resources_pb2
 from cellpilot.platform.settings import PlatformSettings
@@ -88,7 +89,8 @@ async def leader_of(masters: list[Borgmaster], within: float = 10.0) -> Borgmast
 
 
 def stub(address: str) -> tuple[grpc.aio.Channel, borgmaster_pb2_grpc.BorgmasterStub]:
-    channel = grpc.aio.insecure_channel(address)
+    """A stub calling as the admin user (mTLS + bearer token), as the tests' operator."""
+    channel = user_channel(address)
     return channel, borgmaster_pb2_grpc.BorgmasterStub(channel)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 from borgmaster_harness import ReplicaProcess, eventually, grant, leader_of, replicas, simulated_job, stub
+from stack_security import user_channel
 
 from cellpilot.api.v1 import borgmaster_pb2, borgmaster_pb2_grpc
 from cellpilot.borg.decisions import SubmitJob
@@ -29,7 +30,7 @@ class Client:
 
     def __init__(self, addresses: list[str]) -> None:
         self.addresses = addresses
-        self.channels = {a: grpc.aio.insecure_channel(a) for a in addresses}
+        self.channels = {a: user_channel(a) for a in addresses}
         self.leader = addresses[0]
 
     def stub(self, address: str) -> borgmaster_pb2_grpc.BorgmasterStub:

@@ -9,7 +9,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import grpc
 from borgmaster_harness import (
     MIB,
     WORKLOAD,
@@ -23,6 +22,7 @@ from borgmaster_harness import (
     simulated_job,
     stub,
 )
+from stack_security import service_channel
 
 from cellpilot.api.v1 import (
     borglet_pb2,
@@ -265,7 +265,7 @@ async def test_a_borglet_that_stops_answering_is_marked_down_and_its_duplicates_
                     assert K.TASK_EVENT_KIND_LOST in [e.kind for e in events.recent_events]
 
                     first.signal(signal.SIGCONT)  # it comes back still running incarnation 1
-                    borglet_channel = grpc.aio.insecure_channel(first.address)
+                    borglet_channel = service_channel(first.address, "borgmaster")
                     async with borglet_channel:
                         borglet_stub = borglet_pb2_grpc.BorgletStub(borglet_channel)
 

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from stack_security import client_options
+
 from cellpilot.api.v1 import borgmaster_pb2, job_pb2, resources_pb2
 from cellpilot.client import SyncCellpilotClient
 from cellpilot.stack import StackEndpoints
@@ -111,7 +113,7 @@ def running_cell(
 
 
 def wait_for_machines(address: str, count: int, timeout_s: float = 30.0) -> None:
-    with SyncCellpilotClient([address]) as client:
+    with SyncCellpilotClient([address], **client_options()) as client:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if len(client.borgmaster.list_machines()) >= count:
@@ -121,7 +123,7 @@ def wait_for_machines(address: str, count: int, timeout_s: float = 30.0) -> None
 
 
 def grant_quota(address: str, user: str) -> None:
-    with SyncCellpilotClient([address]) as client:
+    with SyncCellpilotClient([address], **client_options()) as client:  # quotas need the admin
         for band in (job_pb2.PRIORITY_BAND_PRODUCTION, job_pb2.PRIORITY_BAND_BATCH):
             client.borgmaster.set_quota(
                 borgmaster_pb2.SetQuotaRequest(

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from cell_processes import grant_quota, running_cell, wait_for_machines
+from stack_security import user_token
 from typer.testing import CliRunner
 
 from cellpilot.cli.main import app
@@ -69,8 +70,10 @@ def module_database_url(endpoints: StackEndpoints) -> Iterator[str]:
     asyncio.run(drop_database(url))
 
 
-def cli(*args: str) -> Any:
-    return CliRunner().invoke(app, list(args), catch_exceptions=False)
+def cli(*args: str, token: str | None = None) -> Any:
+    """``cellpilot ARGS`` as USER (CELLPILOT_TOKEN), over mTLS with the stack's certificates."""
+    env = {"CELLPILOT_TOKEN": user_token(USER) if token is None else token}
+    return CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
 
 
 def cli_json(*args: str) -> Any:
@@ -186,3 +189,20 @@ def test_unreachable_services_get_clear_messages(cell: str, tmp_path: Path) -> N
     assert shown.exit_code == 0, shown.output
     assert "Autopilot is not reachable" in shown.output
     assert "0.5 cores" in shown.output
+
+
+def test_commands_need_a_token_and_act_only_as_its_user(cell: str, tmp_path: Path) -> None:
+    spec = tmp_path / "web.yaml"
+    spec.write_text(WEB.replace("name: web", "name: guarded"))
+    anonymous = cli("job", "submit", str(spec), "--borgmaster", cell, token="")
+    assert anonymous.exit_code == 1
+    assert "not authenticated" in anonymous.output
+    assert "CELLPILOT_TOKEN" in anonymous.output
+    submitted = cli("--token", user_token(USER), "job", "submit", str(spec), "--borgmaster", cell, token="")
+    assert submitted.exit_code == 0, submitted.output
+    intruder = cli("job", "kill", f"{USER}/guarded", "--borgmaster", cell, token=user_token("mallory"))
+    assert intruder.exit_code == 1
+    assert "permission denied" in intruder.output
+    assert "mallory" in intruder.output
+    assert cli_json("job", "show", f"{USER}/guarded", "--borgmaster", cell)["state"] != "JOB_STATE_DEAD"
+    assert cli("job", "kill", f"{USER}/guarded", "--borgmaster", cell).exit_code == 0

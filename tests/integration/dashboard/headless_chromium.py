@@ -26,7 +26,17 @@ def chromium_binary() -> str | None:
 
 
 class Chromium:
-    def __init__(self, binary: str, profile_dir: Path, width: int = 1280, height: int = 1000) -> None:
+    def __init__(
+        self,
+        binary: str,
+        profile_dir: Path,
+        width: int = 1280,
+        height: int = 1000,
+        headers: dict[str, str] | None = None,
+        accept_certificates_of_unknown_ca: bool = False,
+    ) -> None:
+        """``headers`` go with every request (a bearer token); the last flag lets the browser
+        load HTTPS pages of a certificate signed by the stack's own CA."""
         to_browser_read, self._to_browser = os.pipe()
         self._from_browser, from_browser_write = os.pipe()
 
@@ -46,6 +56,7 @@ class Chromium:
                 "--remote-debugging-pipe",
                 f"--user-data-dir={profile_dir}",
                 f"--window-size={width},{height}",
+                *(["--ignore-certificate-errors"] if accept_certificates_of_unknown_ca else []),
                 "about:blank",
             ],
             stdin=subprocess.DEVNULL,
@@ -66,6 +77,9 @@ class Chromium:
             "Target.attachToTarget", {"targetId": target, "flatten": True}, session=False
         )["sessionId"]
         self.call("Page.enable")
+        if headers:
+            self.call("Network.enable")
+            self.call("Network.setExtraHTTPHeaders", {"headers": headers})
         self.call(
             "Emulation.setDeviceMetricsOverride",
             {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},

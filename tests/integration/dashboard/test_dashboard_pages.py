@@ -4,8 +4,9 @@ A Borgmaster and a Borglet fleet (event time 120x) run a three-task job; the agg
 turns the fleet's usage samples into 1-minute histograms served by the Monitoring API;
 Autopilot is deliberately not running. The job page must show a usage heatmap with the
 limit line (screenshot in test-artifacts/), the cell and pending pages must render, every
-page has its JSON endpoint in the OpenAPI schema, bad input is answered 422, and
-/metrics serves the named metrics.
+page has its JSON endpoint in the OpenAPI schema, bad input is answered 422, requests
+without a bearer token 401, and /metrics serves the named metrics. The dashboard serves
+HTTPS with the stack's certificate and calls the services over mTLS.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
 
 from cell_processes import Process, grant_quota, running_cell, wait_for_machines
 from headless_chromium import Chromium, chromium_binary
+from stack_security import bearer_header, client_options, https_context
 
 from cellpilot.api.v1 import job_pb2, resources_pb2
 from cellpilot.client import SyncCellpilotClient
@@ -41,9 +43,12 @@ USER = f"dash{uuid.uuid4().hex[:6]}"
 JOB = f"{USER}/web"
 
 
-def get(url: str) -> tuple[int, Any]:
+def get(url: str, user: str | None = "alice") -> tuple[int, Any]:
+    """GET over HTTPS (the stack's CA) as ``user`` (a bearer token; None sends none)."""
+    headers = bearer_header(user, admin=False) if user else {}
+    request = urllib.request.Request(url, headers=headers)
     try:
-        with urllib.request.urlopen(url, timeout=30) as response:
+        with urllib.request.urlopen(request, timeout=30, context=https_context()) as response:
             body = response.read()
             kind = response.headers.get("content-type", "")
             return response.status, json.loads(body) if "json" in kind else body.decode()
@@ -146,9 +151,9 @@ def dashboard(
                     runtime=job_pb2.RuntimeSpec(simulated=job_pb2.SimulatedRuntime(usage_model="steady")),
                 ),
             )
-            with SyncCellpilotClient([borgmaster]) as client:
+            with SyncCellpilotClient([borgmaster], **client_options(USER)) as client:
                 client.borgmaster.submit_job(spec)
-            base = f"http://127.0.0.1:{dashboard_port}"
+            base = f"https://127.0.0.1:{dashboard_port}"
             wait_until(lambda: get(f"{base}/healthz")[0] == 200, 30, f"the dashboard ({web.log_tail()})")
             yield base
         finally:
@@ -191,7 +196,13 @@ def test_job_page_shows_a_heatmap_with_the_limit_line(
 
     binary = chromium_binary()
     assert binary is not None, "Chromium is needed (.ci/run installs Debian's chromium)"
-    browser = Chromium(binary, tmp_path / "profile", height=1400)
+    browser = Chromium(
+        binary,
+        tmp_path / "profile",
+        height=1400,
+        headers=bearer_header("alice", admin=False),
+        accept_certificates_of_unknown_ca=True,
+    )
     try:
         browser.navigate(f"{dashboard}/jobs/{JOB}")
         found = browser.evaluate(
@@ -266,6 +277,9 @@ def test_json_endpoints_openapi_metrics_and_bad_input(dashboard: str) -> None:
     status, _ = get(f"{dashboard}/api/jobs/{USER}/missing")
     assert status == 404
 
-    status, metrics = get(f"{dashboard}/metrics")
+    for anonymous in ("/api/jobs", f"/jobs/{JOB}", "/api/cell"):
+        status, body = get(dashboard + anonymous, user=None)
+        assert status == 401, (anonymous, body)
+    status, metrics = get(f"{dashboard}/metrics", user=None)
     assert status == 200
     assert "cellpilot_pending_tasks" in metrics

@@ -1,0 +1,461 @@
+"""Wire types <-> the core's dataclasses for the Autopilot master (DESIGN.md rule 2).
+
+Recommendations and horizontal signals in, ``JobStatus`` in as a :class:`JobView`,
+decisions out as ``JobRecommendations`` (what the API shows) and ``Actuation`` (what the
+actuator applies). Bad API input raises :class:`InvalidField` naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from cellpilot.api.v1 import (
+    actuation_pb2,
+    autopilot_pb2,
+    job_pb2,
+    recommendation_pb2,
+    resources_pb2,
+    state_pb2,
+)
+from cellpilot.autopilot.candidates import CandidateKind, UsageStatistic
+from cellpilot.autopilot.decisions import (
+    Candidate,
+    HorizontalConfig,
+    HorizontalInput,
+    HorizontalSource,
+    JobDecision,
+    JobMemory,
+    JobView,
+    SentTarget,
+    VerticalOutcome,
+)
+from cellpilot.autopilot.selection import (
+    AUTO,
+    CUSTOM,
+    ClampReason,
+    JobTraits,
+    RecommenderRef,
+    ScalingMode,
+    VerticalConfig,
+)
+from cellpilot.recommend.horizontal import HorizontalReason
+from cellpilot.recommend.policy import JobClass, LatencySensitivity, OomTolerance
+from cellpilot.usage.buckets import Resource
+
+RESOURCES = (Resource.CPU, Resource.MEMORY)
+_RESOURCE_OUT = {Resource.CPU: resources_pb2.RESOURCE_CPU, Resource.MEMORY: resources_pb2.RESOURCE_MEMORY}
+_RESOURCE_IN = {v: k for k, v in _RESOURCE_OUT.items()}
+_MODE_IN = {
+    job_pb2.SCALING_MODE_UNSPECIFIED: ScalingMode.OFF,
+    job_pb2.SCALING_MODE_OFF: ScalingMode.OFF,
+    job_pb2.SCALING_MODE_DRY_RUN: ScalingMode.DRY_RUN,
+    job_pb2.SCALING_MODE_ON: ScalingMode.ON,
+}
+_MODE_OUT = {
+    ScalingMode.OFF: job_pb2.SCALING_MODE_OFF,
+    ScalingMode.DRY_RUN: job_pb2.SCALING_MODE_DRY_RUN,
+    ScalingMode.ON: job_pb2.SCALING_MODE_ON,
+}
+_KIND_OUT = {
+    CandidateKind.MOVING_WINDOW_MAX: job_pb2.RECOMMENDER_KIND_MOVING_WINDOW_MAX,
+    CandidateKind.MOVING_WINDOW_AVG: job_pb2.RECOMMENDER_KIND_MOVING_WINDOW_AVG,
+    CandidateKind.MOVING_WINDOW_P90: job_pb2.RECOMMENDER_KIND_MOVING_WINDOW_P90,
+    CandidateKind.MOVING_WINDOW_P95: job_pb2.RECOMMENDER_KIND_MOVING_WINDOW_P95,
+    CandidateKind.MOVING_WINDOW_P98: job_pb2.RECOMMENDER_KIND_MOVING_WINDOW_P98,
+    CandidateKind.MOVING_WINDOW_P60_HALF_MAX: job_pb2.RECOMMENDER_KIND_MOVING_WINDOW_P60_HALF_MAX,
+    CandidateKind.ML: job_pb2.RECOMMENDER_KIND_ML,
+}
+_KIND_IN = {v: k for k, v in _KIND_OUT.items()}
+_CLAMP_OUT = {
+    ClampReason.NONE: recommendation_pb2.CLAMP_REASON_NONE,
+    ClampReason.MIN_BOUND: recommendation_pb2.CLAMP_REASON_MIN_BOUND,
+    ClampReason.MAX_BOUND: recommendation_pb2.CLAMP_REASON_MAX_BOUND,
+    ClampReason.LAST_HOUR_MAX: recommendation_pb2.CLAMP_REASON_LAST_HOUR_MAX,
+    ClampReason.MACHINE_SIZE: recommendation_pb2.CLAMP_REASON_MACHINE_SIZE,
+}
+_STABILISER_OUT = {
+    HorizontalReason.NONE: recommendation_pb2.STABILISER_NONE,
+    HorizontalReason.DEFERRED_DOWNSCALING: recommendation_pb2.STABILISER_DEFERRED_DOWNSCALING,
+    HorizontalReason.SMALL_CHANGE_IGNORED: recommendation_pb2.STABILISER_SMALL_CHANGE,
+    HorizontalReason.GROWTH_LIMITED: recommendation_pb2.STABILISER_LIMITED_GROWTH,
+    HorizontalReason.SLOW_DECAY: recommendation_pb2.STABILISER_SLOW_DECAY,
+}
+_OOM_IN = {
+    job_pb2.OOM_TOLERANCE_LOW: OomTolerance.LOW,
+    job_pb2.OOM_TOLERANCE_INTERMEDIATE: OomTolerance.INTERMEDIATE,
+    job_pb2.OOM_TOLERANCE_MINIMAL: OomTolerance.MINIMAL,
+}
+# API defaults of HorizontalScalingConfig (job.proto), §3.3.
+DEFAULT_HORIZON_S = 259_200
+DEFAULT_DEFERRED_DOWNSCALING_S = 172_800
+DEFAULT_SLOW_DECAY_HALF_PERIOD_S = 3_600
+DEFAULT_SMALL_CHANGE_FRACTION = 0.1
+DEFAULT_MAX_INITIALIZING_FRACTION = 0.25
+DEFAULT_AVERAGING_WINDOW_S = 300
+
+
+class InvalidField(Exception):  # noqa: N818 - a request error, named for what is wrong
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+# ---------------------------------------------------------------------- recommenders
+def ref_in(ref: job_pb2.RecommenderRef, field: str) -> RecommenderRef:
+    if ref.kind in (job_pb2.RECOMMENDER_KIND_UNSPECIFIED, job_pb2.RECOMMENDER_KIND_AUTO):
+        if ref.custom_name:
+            raise InvalidField(f"{field}.custom_name", "only allowed with kind CUSTOM")
+        return RecommenderRef(AUTO)
+    if ref.kind == job_pb2.RECOMMENDER_KIND_CUSTOM:
+        if not ref.custom_name:
+            raise InvalidField(f"{field}.custom_name", "required for kind CUSTOM")
+        return RecommenderRef.custom(ref.custom_name)
+    kind = _KIND_IN.get(ref.kind)
+    if kind is None:
+        raise InvalidField(f"{field}.kind", f"unknown recommender kind {ref.kind}")
+    if ref.custom_name:
+        raise InvalidField(f"{field}.custom_name", "only allowed with kind CUSTOM")
+    return RecommenderRef.builtin(kind)
+
+
+def ref_out(ref: RecommenderRef) -> job_pb2.RecommenderRef:
+    if ref.kind == AUTO:
+        return job_pb2.RecommenderRef(kind=job_pb2.RECOMMENDER_KIND_AUTO)
+    if ref.kind == CUSTOM:
+        return job_pb2.RecommenderRef(kind=job_pb2.RECOMMENDER_KIND_CUSTOM, custom_name=ref.custom_name)
+    return job_pb2.RecommenderRef(kind=_KIND_OUT[CandidateKind(ref.kind)])
+
+
+def builtin_kind_out(kind: CandidateKind) -> job_pb2.RecommenderRef:
+    return job_pb2.RecommenderRef(kind=_KIND_OUT[kind])
+
+
+def resource_in(value: int, field: str) -> Resource:
+    resource = _RESOURCE_IN.get(value)  # type: ignore[call-overload]
+    if resource is None:
+        raise InvalidField(field, "must be RESOURCE_CPU or RESOURCE_MEMORY")
+    return resource  # type: ignore[no-any-return]
+
+
+def resource_out(resource: Resource) -> resources_pb2.Resource.ValueType:
+    return _RESOURCE_OUT[resource]
+
+
+def candidate_in(rec: recommendation_pb2.Recommendation) -> Candidate | None:
+    """A recommender's output as the core sees it (None for what the core cannot use)."""
+    resource = _RESOURCE_IN.get(rec.resource)
+    if resource is None:
+        return None
+    try:
+        ref = ref_in(rec.recommender, "recommender")
+    except InvalidField:
+        return None
+    if ref.kind == AUTO:
+        return None
+    return Candidate(
+        ref=ref,
+        resource=resource,
+        value=float(rec.value) if rec.value > 0 else math.nan,
+        raw_value=float(rec.raw_value),
+        margin=float(rec.margin),
+        window_end_ms=rec.window_end_ms,
+        recommendation_id=rec.recommendation_id,
+        raised_by_window_max=rec.explanation.clamped_by == recommendation_pb2.CLAMP_REASON_LAST_HOUR_MAX,
+        statistic=rec.explanation.statistic,
+        note=rec.explanation.note,
+    )
+
+
+def candidate_key(rec: recommendation_pb2.Recommendation) -> str | None:
+    """The field a recommendation is stored under: ``<resource>|<recommender label>``."""
+    candidate = candidate_in(rec)
+    return None if candidate is None else f"{candidate.resource.value}|{candidate.ref.label}"
+
+
+def horizontal_label(rec: recommendation_pb2.HorizontalRecommendation) -> str:
+    if rec.recommender.kind == job_pb2.RECOMMENDER_KIND_CUSTOM:
+        return f"custom:{rec.recommender.custom_name}"
+    return "builtin"
+
+
+def horizontal_input_in(rec: recommendation_pb2.HorizontalRecommendation) -> HorizontalInput:
+    custom = rec.recommender.kind == job_pb2.RECOMMENDER_KIND_CUSTOM
+    return HorizontalInput(
+        window_end_ms=rec.window_end_ms,
+        recommendation_id=rec.recommendation_id,
+        usage_statistic=rec.usage_statistic if rec.usage_statistic > 0 else None,
+        raw_task_count=rec.raw_task_count if (custom or rec.raw_task_count > 0) else None,
+        producer=rec.recommender.custom_name if custom else "",
+    )
+
+
+def horizontal_signal(
+    config: HorizontalConfig, inputs: Sequence[recommendation_pb2.HorizontalRecommendation]
+) -> HorizontalInput | None:
+    """The input the job's horizontal source reads: the built-in CPU signal or its target-size recommender."""
+    want = (
+        "builtin"
+        if config.source is HorizontalSource.CPU_UTILIZATION
+        else f"custom:{config.target_size_recommender}"
+    )
+    matching = [r for r in inputs if horizontal_label(r) == want]
+    if not matching:
+        return None
+    return horizontal_input_in(max(matching, key=lambda r: r.window_end_ms))
+
+
+# ---------------------------------------------------------------------- configuration
+def vertical_config_in(pb: job_pb2.VerticalScalingConfig, field: str) -> VerticalConfig:
+    mode = _MODE_IN.get(pb.mode)
+    if mode is None:
+        raise InvalidField(f"{field}.mode", f"unknown scaling mode {pb.mode}")
+    for name, value in (("min_limit", pb.min_limit), ("max_limit", pb.max_limit)):
+        if value < 0:
+            raise InvalidField(f"{field}.{name}", "must be >= 0")
+    if pb.min_limit and pb.max_limit and pb.min_limit > pb.max_limit:
+        raise InvalidField(f"{field}.min_limit", f"{pb.min_limit} exceeds max_limit {pb.max_limit}")
+    return VerticalConfig(
+        mode=mode,
+        min_limit=float(pb.min_limit) if pb.min_limit else None,
+        max_limit=float(pb.max_limit) if pb.max_limit else None,
+        recommender=ref_in(pb.recommender, f"{field}.recommender"),
+    )
+
+
+def horizontal_config_in(pb: job_pb2.HorizontalScalingConfig, field: str) -> HorizontalConfig:
+    mode = _MODE_IN.get(pb.mode)
+    if mode is None:
+        raise InvalidField(f"{field}.mode", f"unknown scaling mode {pb.mode}")
+    if pb.min_tasks < 0 or pb.max_tasks < 0:
+        raise InvalidField(f"{field}.min_tasks" if pb.min_tasks < 0 else f"{field}.max_tasks", "must be >= 0")
+    if pb.max_tasks and pb.max_tasks < max(1, pb.min_tasks):
+        raise InvalidField(f"{field}.max_tasks", "must be >= min_tasks")
+    source = (
+        HorizontalSource.TARGET_SIZE
+        if pb.source == job_pb2.HORIZONTAL_SOURCE_TARGET_SIZE
+        else HorizontalSource.CPU_UTILIZATION
+    )
+    if mode is not ScalingMode.OFF:
+        if source is HorizontalSource.CPU_UTILIZATION and not 0 < pb.target_utilization <= 1:
+            raise InvalidField(f"{field}.target_utilization", "must be in (0, 1] for CPU_UTILIZATION")
+        if source is HorizontalSource.TARGET_SIZE and not pb.target_size_recommender:
+            raise InvalidField(f"{field}.target_size_recommender", "required for TARGET_SIZE")
+    for name in ("small_change_fraction", "max_initializing_fraction"):
+        if not 0 <= getattr(pb, name) <= 1:
+            raise InvalidField(f"{field}.{name}", "must be in [0, 1]")
+    for name in ("horizon_seconds", "deferred_downscaling_seconds", "slow_decay_half_period_seconds"):
+        if getattr(pb, name) < 0:
+            raise InvalidField(f"{field}.{name}", "must be >= 0")
+    return HorizontalConfig(
+        mode=mode,
+        min_tasks=max(1, pb.min_tasks),
+        max_tasks=pb.max_tasks or None,
+        source=source,
+        target_utilization=pb.target_utilization or None,
+        statistic=UsageStatistic.P95
+        if pb.statistic == job_pb2.HORIZONTAL_STATISTIC_P95
+        else UsageStatistic.MAX,
+        horizon_ms=(pb.horizon_seconds or DEFAULT_HORIZON_S) * 1000,
+        target_size_recommender=pb.target_size_recommender,
+        deferred_downscaling_ms=(pb.deferred_downscaling_seconds or DEFAULT_DEFERRED_DOWNSCALING_S) * 1000,
+        slow_decay_half_period_ms=(pb.slow_decay_half_period_seconds or DEFAULT_SLOW_DECAY_HALF_PERIOD_S)
+        * 1000,
+        small_change_fraction=pb.small_change_fraction or DEFAULT_SMALL_CHANGE_FRACTION,
+        max_initializing_fraction=pb.max_initializing_fraction or DEFAULT_MAX_INITIALIZING_FRACTION,
+    )
+
+
+def check_config(config: job_pb2.AutopilotConfig, field: str = "config") -> None:
+    """Raises :class:`InvalidField` for a config Autopilot cannot act on."""
+    vertical_config_in(config.cpu, f"{field}.cpu")
+    vertical_config_in(config.memory, f"{field}.memory")
+    horizontal_config_in(config.horizontal, f"{field}.horizontal")
+
+
+def traits_in(spec: job_pb2.JobSpec, reference_machine_memory_bytes: float) -> JobTraits:
+    footprint = spec.task_count * spec.task.limits.memory_bytes / reference_machine_memory_bytes
+    return JobTraits(
+        job_class=JobClass.BATCH if spec.app_class == job_pb2.APP_CLASS_BATCH else JobClass.SERVING,
+        latency=(
+            LatencySensitivity.NORMAL
+            if spec.latency_sensitivity == job_pb2.LATENCY_SENSITIVITY_MODERATE
+            else LatencySensitivity.HIGH
+        ),
+        oom_tolerance=_OOM_IN.get(spec.oom_tolerance),
+        footprint_machines=footprint,
+    )
+
+
+def _initialising(status: state_pb2.JobStatus) -> int:
+    if not status.tasks:
+        return status.task_counts.pending
+    return sum(
+        1
+        for t in status.tasks
+        if t.task_index < status.spec.task_count
+        and (
+            t.state == state_pb2.TASK_STATE_PENDING
+            or (t.state == state_pb2.TASK_STATE_RUNNING and not t.ready)
+        )
+    )
+
+
+def job_view_in(
+    status: state_pb2.JobStatus, release_ready: bool, reference_machine_memory_bytes: float
+) -> JobView:
+    """``release_ready``: whether a held job may be released now (else it is shown held but waits)."""
+    spec = status.spec
+    a = spec.autopilot
+    return JobView(
+        job_id=status.job_id,
+        spec_version=status.spec_version,
+        cpu_limit=float(spec.task.limits.cpu_millicores),
+        memory_limit=float(spec.task.limits.memory_bytes),
+        task_count=spec.task_count,
+        traits=traits_in(spec, reference_machine_memory_bytes),
+        cpu=vertical_config_in(a.cpu, "spec.autopilot.cpu"),
+        memory=vertical_config_in(a.memory, "spec.autopilot.memory"),
+        horizontal=horizontal_config_in(a.horizontal, "spec.autopilot.horizontal"),
+        held=release_ready and status.state == state_pb2.JOB_STATE_HELD_FOR_AUTOPILOT,
+        live=status.state != state_pb2.JOB_STATE_DEAD,
+        initialising=_initialising(status),
+    )
+
+
+def effective_config_out(
+    config: job_pb2.AutopilotConfig, traits: JobTraits, registered: Sequence[str], auto_uses_ml: bool
+) -> job_pb2.AutopilotConfig:
+    """``config`` with defaults filled in and AUTO (or an unregistered custom) resolved."""
+    from cellpilot.autopilot.selection import select_recommender
+
+    out = job_pb2.AutopilotConfig()
+    out.CopyFrom(config)
+    for resource, pb, field in (
+        (Resource.CPU, out.cpu, "config.cpu"),
+        (Resource.MEMORY, out.memory, "config.memory"),
+    ):
+        core = vertical_config_in(pb, field)
+        pb.mode = _MODE_OUT[core.mode]
+        selection = select_recommender(resource, core, traits, registered, auto_uses_ml)
+        pb.recommender.CopyFrom(ref_out(selection.ref))
+    h = horizontal_config_in(out.horizontal, "config.horizontal")
+    hp = out.horizontal
+    hp.mode = _MODE_OUT[h.mode]
+    hp.min_tasks = h.min_tasks
+    hp.source = (
+        job_pb2.HORIZONTAL_SOURCE_TARGET_SIZE
+        if h.source is HorizontalSource.TARGET_SIZE
+        else job_pb2.HORIZONTAL_SOURCE_CPU_UTILIZATION
+    )
+    hp.statistic = (
+        job_pb2.HORIZONTAL_STATISTIC_P95
+        if h.statistic is UsageStatistic.P95
+        else job_pb2.HORIZONTAL_STATISTIC_MAX
+    )
+    hp.averaging_window_seconds = hp.averaging_window_seconds or DEFAULT_AVERAGING_WINDOW_S
+    hp.horizon_seconds = h.horizon_ms // 1000
+    hp.deferred_downscaling_seconds = h.deferred_downscaling_ms // 1000
+    hp.slow_decay_half_period_seconds = h.slow_decay_half_period_ms // 1000
+    hp.small_change_fraction = h.small_change_fraction
+    hp.max_initializing_fraction = h.max_initializing_fraction
+    return out
+
+
+# ---------------------------------------------------------------------- decisions out
+def _sent_fields(sent: SentTarget | None) -> tuple[str, int]:
+    return ("", 0) if sent is None else (sent.key, sent.event_ms)
+
+
+def _chosen_out(
+    outcome: VerticalOutcome, job_id: str, protos: Mapping[str, recommendation_pb2.Recommendation]
+) -> recommendation_pb2.Recommendation | None:
+    if outcome.value is None:
+        return None
+    chosen = recommendation_pb2.Recommendation()
+    if outcome.chosen is not None:
+        chosen.CopyFrom(protos[f"{outcome.resource.value}|{outcome.chosen.ref.label}"])
+        unclamped = chosen.value
+    else:
+        chosen.job_id = job_id
+        chosen.resource = _RESOURCE_OUT[outcome.resource]
+        chosen.recommender.CopyFrom(ref_out(outcome.selected))
+        chosen.raw_value = round(outcome.current)
+        unclamped = round(outcome.current)
+    chosen.value = outcome.value
+    explanation = chosen.explanation
+    if outcome.clamp is not ClampReason.NONE or not explanation.clamped_by:
+        explanation.clamped_by = _CLAMP_OUT[outcome.clamp]
+    explanation.unclamped_value = unclamped
+    note = (
+        outcome.selection_note if outcome.chosen is not None else "no recommendation yet: the job's own limit"
+    )
+    explanation.note = f"{explanation.note}; {note}" if explanation.note else note
+    return chosen
+
+
+def job_recommendations_out(
+    decision: JobDecision,
+    memory: JobMemory,
+    protos: Mapping[str, recommendation_pb2.Recommendation],
+    held: bool,
+    updated_ms: int,
+) -> autopilot_pb2.JobRecommendations:
+    out = autopilot_pb2.JobRecommendations(job_id=decision.job_id, held=held, updated_ms=updated_ms)
+    for v in decision.vertical:
+        key, at = _sent_fields(memory.sent(v.resource))
+        entry = out.vertical.add(
+            resource=_RESOURCE_OUT[v.resource],
+            mode=_MODE_OUT[v.mode],
+            current_limit=round(v.current),
+            last_actuation_key=key,
+            last_actuated_ms=at,
+        )
+        entry.selected.CopyFrom(ref_out(v.selected))
+        chosen = _chosen_out(v, decision.job_id, protos)
+        if chosen is not None:
+            entry.chosen.CopyFrom(chosen)
+    h = decision.horizontal
+    if h is not None:
+        key, at = _sent_fields(memory.tasks)
+        hd = out.horizontal
+        hd.mode = _MODE_OUT[h.mode]
+        hd.current_task_count = h.current
+        hd.last_actuation_key = key
+        hd.last_actuated_ms = at
+        if h.target is not None:
+            hd.chosen.CopyFrom(
+                recommendation_pb2.HorizontalRecommendation(
+                    job_id=decision.job_id,
+                    raw_task_count=h.raw or 0.0,
+                    task_count=h.target,
+                    current_task_count=h.current,
+                    stabiliser=_STABILISER_OUT[h.reason],
+                    usage_statistic=h.usage_statistic or 0.0,
+                    window_end_ms=max(h.window_end_ms, 0),
+                )
+            )
+    return out
+
+
+def actuation_out(
+    decision: JobDecision, key: str, fencing_token: int, leader_id: str, spec_version: int
+) -> actuation_pb2.Actuation:
+    out = actuation_pb2.Actuation(
+        idempotency_key=key,
+        job_id=decision.job_id,
+        release_hold=decision.release_hold,
+        reason=decision.reason,
+        source_recommendation_ids=list(decision.source_ids),
+        fencing_token=fencing_token,
+        leader_id=leader_id,
+        based_on_spec_version=spec_version,
+        event_time_ms=decision.event_time_ms,
+    )
+    if decision.cpu_limit is not None:
+        out.cpu_limit_millicores = decision.cpu_limit
+    if decision.memory_limit is not None:
+        out.memory_limit_bytes = decision.memory_limit
+    if decision.task_count is not None:
+        out.task_count = decision.task_count
+    return out

@@ -1,0 +1,308 @@
+"""The elected master's work (Autopilot §3.1): read every recommender's output, decide per
+job, publish actuations, persist the state — one batch of ``recommendations`` at a time.
+
+Read -> convert -> call the core (:func:`cellpilot.autopilot.decisions.decide`) -> convert
+-> write. Per batch, for every job it touches: the latest output of each recommender is
+merged into the stored ones, the job is observed at the Borgmaster (spec, limits, state),
+the core decides, an ``Actuation`` carrying the lease's fencing token is published when
+something is to change, and the job's view (what the API shows, dry-run jobs included) and
+decision memory are stored together with the consumed offsets in one fenced Redis write.
+Held jobs are also scanned periodically, so a job with no recommendation yet is released
+after the hold grace period (and a dry-run one at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from cellpilot.api.v1 import actuation_pb2, autopilot_pb2, borgmaster_pb2, recommendation_pb2, state_pb2
+from cellpilot.autopilot.decisions import (
+    Candidate,
+    DecisionPolicy,
+    JobMemory,
+    decide,
+    hold_release_ready,
+    idempotency_key,
+    remember_sent,
+)
+from cellpilot.client.async_client import BorgmasterClient
+from cellpilot.client.errors import CellpilotError, NotFoundError
+from cellpilot.platform.kafka import (
+    AppliedOffsets,
+    AssignedConsumer,
+    MessageProducer,
+    PoisonRecordError,
+    Record,
+    dead_letter,
+)
+from cellpilot.platform.metrics import CellpilotMetrics
+from cellpilot.usage.buckets import Resource
+from cellpilot_services.autopilot import convert
+from cellpilot_services.autopilot.leader_lock import LeaderLock, Leadership
+from cellpilot_services.autopilot.settings import AutopilotSettings
+from cellpilot_services.autopilot.state_store import StateStore, StateWrites
+
+log = logging.getLogger(__name__)
+MAX_CONCURRENT_OBSERVATIONS = 32
+
+
+class LostLeadership(Exception):  # noqa: N818 - a routing result, named for what it says
+    """The lock no longer holds our token: stop acting at once."""
+
+
+@dataclass
+class JobInputs:
+    """The newest output of each recommender for one job in one batch."""
+
+    vertical: dict[str, recommendation_pb2.Recommendation] = field(default_factory=dict)
+    horizontal: dict[str, recommendation_pb2.HorizontalRecommendation] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    job_id: str
+    view: autopilot_pb2.JobRecommendations
+    memory: JobMemory | None
+    actuation: actuation_pb2.Actuation | None
+
+
+def policy_of(settings: AutopilotSettings) -> DecisionPolicy:
+    return DecisionPolicy(
+        min_increase_fraction=settings.min_increase_fraction,
+        min_decrease_fraction=settings.min_decrease_fraction,
+        resend_after_ms=int(settings.resend_after_s * 1000),
+        machine_cpu_millicores=settings.machine_cpu_millicores,
+        machine_memory_bytes=settings.machine_memory_bytes,
+        auto_uses_ml=settings.auto_uses_ml,
+    )
+
+
+def collect_inputs(sets: Sequence[recommendation_pb2.RecommendationSet]) -> dict[str, JobInputs]:
+    inputs: dict[str, JobInputs] = {}
+    for rs in sets:
+        if not rs.job_id:
+            continue
+        job = inputs.setdefault(rs.job_id, JobInputs())
+        for rec in rs.vertical:
+            key = convert.candidate_key(rec)
+            if key is None or (rec.job_id and rec.job_id != rs.job_id):
+                continue
+            previous = job.vertical.get(key)
+            if previous is None or rec.window_end_ms >= previous.window_end_ms:
+                job.vertical[key] = rec
+        for hrec in rs.horizontal:
+            if hrec.job_id and hrec.job_id != rs.job_id:
+                continue
+            label = convert.horizontal_label(hrec)
+            previous_h = job.horizontal.get(label)
+            if previous_h is None or hrec.window_end_ms >= previous_h.window_end_ms:
+                job.horizontal[label] = hrec
+    return inputs
+
+
+class DecisionLoop:
+    def __init__(
+        self,
+        settings: AutopilotSettings,
+        store: StateStore,
+        lock: LeaderLock,
+        borgmaster: BorgmasterClient,
+        producer: MessageProducer,
+        metrics: CellpilotMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.lock = lock
+        self.borgmaster = borgmaster
+        self.producer = producer
+        self.metrics = metrics
+        self.policy = policy_of(settings)
+        self.memories: dict[str, JobMemory] = {}
+        self.held_since: dict[str, float] = {}
+        self.actuations_published = 0
+
+    def _check(self, leadership: Leadership) -> None:
+        if not self.lock.holds() or self.lock.held != leadership:
+            raise LostLeadership(f"lease of token {leadership.token} is gone")
+
+    async def run(self, leadership: Leadership) -> None:
+        """Act for one leadership term, until it ends (LostLeadership) or the task is cancelled."""
+        self.memories.clear()
+        self.held_since.clear()
+        offsets = await self.store.offsets()
+        consumer = AssignedConsumer(
+            self.settings.platform.kafka_bootstrap,
+            [self.settings.recommendations_topic],
+            client_id=f"{self.lock.replica_id}-decisions",
+        )
+        await consumer.start(offsets)
+        log.info("leading: deciding", extra={"token": leadership.token, "offsets": offsets.to_mapping()})
+        next_scan = 0.0
+        try:
+            async for batch in consumer.batches(timeout_ms=100, max_records=self.settings.max_poll_records):
+                self._check(leadership)
+                fresh = [r for r in batch if offsets.is_new(r)]
+                if fresh:
+                    await self._apply(fresh, offsets, leadership)
+                if time.monotonic() >= next_scan:
+                    await self._scan_held(leadership)
+                    next_scan = time.monotonic() + self.settings.hold_scan_interval_s
+        finally:
+            await consumer.stop()
+
+    # ------------------------------------------------------------------ recommendations
+    async def _apply(self, records: list[Record], offsets: AppliedOffsets, leadership: Leadership) -> None:
+        sets = []
+        for record in records:
+            try:
+                sets.append(record.decode(recommendation_pb2.RecommendationSet))
+            except PoisonRecordError as poison:
+                await dead_letter(self.producer, poison)
+        inputs = collect_inputs(sets)
+        writes = StateWrites()
+        for job_id, job in inputs.items():
+            for key, rec in job.vertical.items():
+                writes.set(self.store.candidates_key(job_id), key, rec.SerializeToString())
+            for label, hrec in job.horizontal.items():
+                writes.set(self.store.horizontal_key(job_id), label, hrec.SerializeToString())
+        outcomes = await self._decide_all(list(inputs), inputs, {}, leadership)
+        await self._publish_and_store(outcomes, writes, leadership)
+        for record in records:
+            offsets.mark(record)
+        self.store.put_offsets(writes, offsets)
+        if not await self.store.commit(writes, leadership.value):
+            raise LostLeadership("the fenced state write was refused")
+
+    async def _decide_all(
+        self,
+        job_ids: list[str],
+        inputs: Mapping[str, JobInputs],
+        statuses: Mapping[str, state_pb2.JobStatus],
+        leadership: Leadership,
+    ) -> list[JobOutcome]:
+        registered = sorted(await self.store.recommenders())
+        gate = asyncio.Semaphore(MAX_CONCURRENT_OBSERVATIONS)
+
+        async def one(job_id: str) -> JobOutcome | None:
+            async with gate:
+                return await self._decide_job(
+                    job_id, inputs.get(job_id, JobInputs()), statuses.get(job_id), registered, leadership
+                )
+
+        results = await asyncio.gather(*(one(j) for j in job_ids))
+        return [r for r in results if r is not None]
+
+    async def _observe(self, job_id: str) -> state_pb2.JobStatus | None:
+        try:
+            return (await self.borgmaster.get_job(job_id, include_tasks=True)).job
+        except NotFoundError:
+            return None
+
+    async def _decide_job(
+        self,
+        job_id: str,
+        new: JobInputs,
+        status: state_pb2.JobStatus | None,
+        registered: list[str],
+        leadership: Leadership,
+    ) -> JobOutcome | None:
+        stored_v = {convert.candidate_key(r): r for r in await self.store.candidates(job_id)}
+        protos = {k: r for k, r in {**stored_v, **new.vertical}.items() if k is not None}
+        hstored = {convert.horizontal_label(r): r for r in await self.store.horizontal_inputs(job_id)}
+        horizontals = list({**hstored, **new.horizontal}.values())
+        newest = max(
+            [r.window_end_ms for r in protos.values()] + [r.window_end_ms for r in horizontals] + [0]
+        )
+        try:
+            if status is None:
+                status = await self._observe(job_id)
+        except CellpilotError as error:
+            log.warning(
+                "cannot observe the job; deciding later", extra={"job_id": job_id, "error": str(error)}
+            )
+            return None
+        if status is None or status.state == state_pb2.JOB_STATE_DEAD:
+            view = autopilot_pb2.JobRecommendations(job_id=job_id, updated_ms=newest)
+            return JobOutcome(job_id, view, None, None)
+        held = status.state == state_pb2.JOB_STATE_HELD_FOR_AUTOPILOT
+        try:
+            job = convert.job_view_in(status, True, self.settings.reference_machine_memory_bytes)
+        except convert.InvalidField as error:
+            log.warning("job has an unusable Autopilot config", extra={"job_id": job_id, "error": str(error)})
+            return None
+        if held:
+            since = self.held_since.setdefault(job_id, time.monotonic())
+            held_for_ms = int((time.monotonic() - since) * 1000)
+            ready = hold_release_ready(
+                job, bool(protos or horizontals), held_for_ms, int(self.settings.hold_grace_s * 1000)
+            )
+            job = replace(job, held=ready)
+        candidates: dict[Resource, dict[str, Candidate]] = {r: {} for r in convert.RESOURCES}
+        for rec in protos.values():
+            candidate = convert.candidate_in(rec)
+            if candidate is not None:
+                candidates[candidate.resource][candidate.ref.label] = candidate
+        signal = convert.horizontal_signal(job.horizontal, horizontals)
+        memory = self.memories.get(job_id) or await self.store.memory(job_id) or JobMemory()
+        now_ms = newest or int(time.time() * 1000)
+        decision, memory = decide(job, candidates, signal, memory, self.policy, now_ms, registered)
+        actuation = None
+        if decision.actuate:
+            key = idempotency_key(decision, leadership.token)
+            actuation = convert.actuation_out(
+                decision, key, leadership.token, leadership.holder, status.spec_version
+            )
+            memory = remember_sent(memory, decision, key)
+        view = convert.job_recommendations_out(decision, memory, protos, held, now_ms)
+        return JobOutcome(job_id, view, memory, actuation)
+
+    async def _publish_and_store(
+        self, outcomes: list[JobOutcome], writes: StateWrites, leadership: Leadership
+    ) -> None:
+        actuations = [o.actuation for o in outcomes if o.actuation is not None]
+        if actuations:
+            self._check(leadership)  # never publish once our term may be over
+            await asyncio.gather(
+                *(self.producer.send(self.settings.actuations_topic, a.job_id, a) for a in actuations)
+            )
+            self.actuations_published += len(actuations)
+            for a in actuations:
+                log.info(
+                    "actuation published",
+                    extra={"cause_id": a.idempotency_key, "job_id": a.job_id, "reason": a.reason},
+                )
+        if self.metrics is not None and outcomes:
+            self.metrics.recommendations.add(len(outcomes))  # one decided view per job
+        for outcome in outcomes:
+            writes.set(self.store.view_key, outcome.job_id, outcome.view.SerializeToString())
+            if outcome.memory is not None:
+                self.memories[outcome.job_id] = outcome.memory
+                writes.set(self.store.memory_key, outcome.job_id, self.store.memory_bytes(outcome.memory))
+
+    # ------------------------------------------------------------------ held jobs
+    async def _scan_held(self, leadership: Leadership) -> None:
+        try:
+            held = await self.borgmaster.list_jobs(
+                borgmaster_pb2.ListJobsRequest(states=[state_pb2.JOB_STATE_HELD_FOR_AUTOPILOT])
+            )
+        except CellpilotError as error:
+            log.warning("cannot list held jobs", extra={"error": str(error)})
+            return
+        ids = {s.job_id for s in held}
+        for gone in set(self.held_since) - ids:
+            del self.held_since[gone]
+        if not held:
+            return
+        statuses = {s.job_id: s for s in held}
+        outcomes = await self._decide_all(sorted(ids), {}, statuses, leadership)
+        outcomes = [o for o in outcomes if o.actuation is not None]
+        if not outcomes:
+            return
+        writes = StateWrites()
+        await self._publish_and_store(outcomes, writes, leadership)
+        if not await self.store.commit(writes, leadership.value):
+            raise LostLeadership("the fenced state write was refused")

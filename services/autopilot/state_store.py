@@ -1,0 +1,163 @@
+"""What the Autopilot master keeps in Redis, so every replica can answer reads and a newly
+elected leader continues where the last one stopped.
+
+Keys (``<p>`` is the configured prefix):
+
+* ``<p>:cand:<job>``: hash ``<resource>|<recommender label>`` -> latest ``Recommendation``;
+* ``<p>:horiz:<job>``: hash ``<recommender label>`` -> latest ``HorizontalRecommendation``;
+* ``<p>:view``: hash job -> the latest ``JobRecommendations`` (what Get/List answer);
+* ``<p>:memory``: hash job -> the decision memory (:mod:`cellpilot.autopilot.job_memory_codec`);
+* ``<p>:recommenders``: hash name -> ``RecommenderInfo`` of a registered custom recommender;
+* ``<p>:offsets``: hash ``<topic>/<partition>`` -> next offset of ``recommendations`` to apply.
+
+Every write of the leader goes through one Lua script that first checks the lock still
+holds the leader's token, and applies the whole batch (state and consumed offsets)
+atomically: a deposed leader's writes are refused, and after a crash the offsets say
+exactly which records the stored state already includes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+
+from cellpilot.api.v1 import autopilot_pb2, recommendation_pb2
+from cellpilot.autopilot.decisions import JobMemory
+from cellpilot.autopilot.job_memory_codec import decode_memory, encode_memory
+from cellpilot.platform.kafka import AppliedOffsets
+from cellpilot.platform.redis_client import reply_bytes, reply_text
+
+_FENCED_WRITE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+for i = 2, #KEYS do
+  local f = ARGV[3 * i - 4]
+  local op = ARGV[3 * i - 3]
+  if op == 'set' then
+    redis.call('HSET', KEYS[i], f, ARGV[3 * i - 2])
+  else
+    redis.call('HDEL', KEYS[i], f)
+  end
+end
+return 1
+"""
+
+
+@dataclass
+class StateWrites:
+    """A batch of hash writes applied together, only while the lock is ours."""
+
+    ops: list[tuple[str, str, str, bytes]] = field(default_factory=list)
+
+    def set(self, key: str, field_name: str, value: bytes) -> None:
+        self.ops.append((key, field_name, "set", value))
+
+    def delete(self, key: str, field_name: str) -> None:
+        self.ops.append((key, field_name, "del", b""))
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+
+class StateStore:
+    def __init__(self, redis: aioredis.Redis, prefix: str, lock_key: str) -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self.lock_key = lock_key
+        self.view_key = f"{prefix}:view"
+        self.memory_key = f"{prefix}:memory"
+        self.recommenders_key = f"{prefix}:recommenders"
+        self.offsets_key = f"{prefix}:offsets"
+
+    def candidates_key(self, job_id: str) -> str:
+        return f"{self.prefix}:cand:{job_id}"
+
+    def horizontal_key(self, job_id: str) -> str:
+        return f"{self.prefix}:horiz:{job_id}"
+
+    # ------------------------------------------------------------------ writes
+    async def commit(self, writes: StateWrites, lock_value: str, chunk: int = 2_000) -> bool:
+        """Apply ``writes`` if the lock still holds ``lock_value``; False = we are deposed.
+
+        Large batches go in chunks (each fenced); the offsets should be the last chunk's.
+        """
+        for start in range(0, max(1, len(writes.ops)), chunk):
+            ops = writes.ops[start : start + chunk]
+            keys = [self.lock_key, *(op[0] for op in ops)]
+            args: list[str | bytes] = [lock_value]
+            for _, name, kind, value in ops:
+                args.extend((name, kind, value))
+            ok = await self.redis.eval(_FENCED_WRITE, len(keys), *keys, *args)  # type: ignore[misc]
+            if not ok:
+                return False
+        return True
+
+    def put_offsets(self, writes: StateWrites, offsets: AppliedOffsets) -> None:
+        for name, offset in offsets.to_mapping().items():
+            writes.set(self.offsets_key, name, str(offset).encode())
+
+    # ------------------------------------------------------------------ reads
+    async def offsets(self) -> AppliedOffsets:
+        raw = await self.redis.hgetall(self.offsets_key)
+        return AppliedOffsets.from_mapping({reply_text(k): int(v) for k, v in raw.items()})
+
+    async def memory(self, job_id: str) -> JobMemory | None:
+        raw = await self.redis.hget(self.memory_key, job_id)
+        return None if raw is None else decode_memory(reply_bytes(raw))
+
+    def memory_bytes(self, memory: JobMemory) -> bytes:
+        return encode_memory(memory)
+
+    async def candidates(self, job_id: str) -> list[recommendation_pb2.Recommendation]:
+        raw = await self.redis.hgetall(self.candidates_key(job_id))
+        out = []
+        for _, value in sorted(raw.items()):
+            rec = recommendation_pb2.Recommendation()
+            rec.ParseFromString(reply_bytes(value))
+            out.append(rec)
+        return out
+
+    async def horizontal_inputs(self, job_id: str) -> list[recommendation_pb2.HorizontalRecommendation]:
+        raw = await self.redis.hgetall(self.horizontal_key(job_id))
+        out = []
+        for _, value in sorted(raw.items()):
+            rec = recommendation_pb2.HorizontalRecommendation()
+            rec.ParseFromString(reply_bytes(value))
+            out.append(rec)
+        return out
+
+    async def has_candidates(self, job_id: str) -> bool:
+        return bool(await self.redis.exists(self.candidates_key(job_id), self.horizontal_key(job_id)))
+
+    async def view(self, job_id: str) -> autopilot_pb2.JobRecommendations | None:
+        raw = await self.redis.hget(self.view_key, job_id)
+        if raw is None:
+            return None
+        view = autopilot_pb2.JobRecommendations()
+        view.ParseFromString(reply_bytes(raw))
+        return view
+
+    async def view_ids(self) -> list[str]:
+        return sorted(reply_text(k) for k in await self.redis.hkeys(self.view_key))
+
+    async def views(self, job_ids: Iterable[str]) -> list[autopilot_pb2.JobRecommendations]:
+        ids = list(job_ids)
+        if not ids:
+            return []
+        out = []
+        for raw in await self.redis.hmget(self.view_key, ids):
+            if raw is not None:
+                view = autopilot_pb2.JobRecommendations()
+                view.ParseFromString(reply_bytes(raw))
+                out.append(view)
+        return out
+
+    async def recommenders(self) -> dict[str, autopilot_pb2.RecommenderInfo]:
+        raw = await self.redis.hgetall(self.recommenders_key)
+        out = {}
+        for name, value in raw.items():
+            info = autopilot_pb2.RecommenderInfo()
+            info.ParseFromString(reply_bytes(value))
+            out[reply_text(name)] = info
+        return out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from cellpilot.api.v1 import job_pb2
@@ -124,3 +126,18 @@ def test_bad_specs_name_the_line_and_field(text: str, line: int, path: str, word
     assert words in str(error.value)
     if line:
         assert f"line {line}" in str(error.value)
+
+
+EXAMPLES = sorted((Path(__file__).parents[3] / "examples").glob("*.yaml"))
+
+
+def test_the_repository_ships_example_job_specs() -> None:
+    assert {p.name for p in EXAMPLES} >= {"web.yaml", "batch.yaml"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_job_spec_in_the_repository_parses(path: Path) -> None:
+    spec = parse_job_spec(path.read_text())
+    assert spec.name, "an example must name its job"
+    assert spec.user, "an example must name its user"
+    assert spec.task_count >= 1

@@ -23,6 +23,8 @@ import random
 import time
 from collections import Counter
 
+from opentelemetry import trace
+
 from cellpilot.api.v1 import actuation_pb2
 from cellpilot.autopilot.actuation_guard import ActuationGuard, Admission
 from cellpilot.autopilot.rate_limit import KeyedBuckets, TokenBucket
@@ -52,6 +54,7 @@ from cellpilot_services.actuator.update_request import (
 )
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
 OUTCOME = actuation_pb2.ActuationOutcome
 
 
@@ -180,6 +183,7 @@ class Actuator:
         log.info("actuator consuming", extra={"offsets": offsets.to_mapping(), "highest_token": highest})
         try:
             async for batch in consumer.batches(timeout_ms=100, max_records=self.settings.max_poll_records):
+                offsets.follow_log_resets(consumer.log_ends(batch))  # a broker that lost its log
                 for record in batch:
                     await self._handle(record, offsets)
         finally:
@@ -203,7 +207,14 @@ class Actuator:
             log.info("replayed actuation: no-op", extra={"cause_id": key, "job_id": actuation.job_id})
             await self.results.save(record, offsets, self.guard.highest_token, None, duplicates_key=key)
             return
-        result = await self.apply(actuation)
+        # The actuation's own trace: a child of the decision that published it (its headers),
+        # and the parent of the Borgmaster UpdateJob call (the gRPC client propagates it).
+        with tracer.start_as_current_span(
+            "actuate", context=record.trace_context, kind=trace.SpanKind.CONSUMER
+        ) as span:
+            span.set_attribute("cellpilot.job_id", actuation.job_id)
+            result = await self.apply(actuation)
+            span.set_attribute("cellpilot.outcome", OUTCOME.Name(result.outcome))
         self.guard.settle(key, OUTCOME.Name(result.outcome))
         offsets.mark(record)
         await self.results.save(record, offsets, self.guard.highest_token, result)

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
@@ -29,12 +29,14 @@ from cellpilot.api.v1 import monitoring_pb2_grpc, usage_pb2
 from cellpilot.autopilot.event_windows import ClosedWindows, PartitionWindows, WindowingConfig
 from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
 from cellpilot.platform.kafka import (
+    MAX_SPAN_LINKS,
     AppliedOffsets,
     MessageConsumer,
     MessageProducer,
     PoisonRecordError,
     Record,
     dead_letter,
+    record_links,
 )
 from cellpilot.platform.postgres import apply_migrations
 from cellpilot.platform.telemetry import Telemetry
@@ -77,6 +79,9 @@ class Aggregator:
         self._stop = asyncio.Event()
         self._job_trigger = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        # The latest "aggregate samples" spans: the published job windows link back to them
+        # (a window sums many samples from many batches; the trace is joined by links).
+        self.recent_aggregate_spans: deque[trace.Link] = deque(maxlen=MAX_SPAN_LINKS)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -153,7 +158,9 @@ class Aggregator:
                         continue  # revoked meanwhile: the new owner re-reads it from its checkpoint
                     if owned.idle and not await self._reactivate(owned):
                         continue
-                    with tracer.start_as_current_span("aggregate samples") as span:
+                    owned.fence.follow_log_resets(self.consumer.log_ends(part))  # a broker that lost its log
+                    with tracer.start_as_current_span("aggregate samples", links=record_links(part)) as span:
+                        self.recent_aggregate_spans.append(trace.Link(span.get_span_context()))
                         span.set_attribute("messaging.kafka.partition", partition)
                         span.set_attribute("cellpilot.records", len(part))
                         poison = await asyncio.to_thread(self._apply, owned, part)
@@ -328,13 +335,18 @@ class Aggregator:
                     self.store, settings.samples_topic, settings.sample_partitions, settings.window_ms
                 ):
                     pass
-                while (
-                    await publish_job_histograms(
-                        self.store, self.producer, settings.histograms_topic, settings.publish_batch
-                    )
-                    == settings.publish_batch
-                ):
-                    pass
+                with tracer.start_as_current_span(
+                    "publish job histograms", links=list(self.recent_aggregate_spans)
+                ) as span:
+                    published = 0
+                    while True:
+                        sent = await publish_job_histograms(
+                            self.store, self.producer, settings.histograms_topic, settings.publish_batch
+                        )
+                        published += sent
+                        if sent < settings.publish_batch:
+                            break
+                    span.set_attribute("cellpilot.histograms", published)
             except Exception:
                 log.exception("job window stage failed; retrying")
 

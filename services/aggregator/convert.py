@@ -218,8 +218,9 @@ def job_histogram_rows(jobs: JobWindows, job_ids: Sequence[str]) -> list[tuple[A
                 start,
                 start + window_ms,
                 _sparse_bytes(jobs.cpu, row),
-                float(jobs.cpu_peak[row]),
-                float(jobs.cpu_mean_total[row]),
+                # The windows are in cores (the CPU scheme's unit); the wire is in millicores.
+                float(jobs.cpu_peak[row]) * MILLI,
+                float(jobs.cpu_mean_total[row]) * MILLI,
                 *common,
                 int(jobs.throttled[row]),
             )

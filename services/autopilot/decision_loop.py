@@ -19,6 +19,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from opentelemetry import trace
+
 from cellpilot.api.v1 import actuation_pb2, autopilot_pb2, borgmaster_pb2, recommendation_pb2, state_pb2
 from cellpilot.autopilot.decisions import (
     Candidate,
@@ -38,6 +40,7 @@ from cellpilot.platform.kafka import (
     PoisonRecordError,
     Record,
     dead_letter,
+    record_links,
 )
 from cellpilot.platform.metrics import CellpilotMetrics
 from cellpilot.usage.buckets import Resource
@@ -47,6 +50,7 @@ from cellpilot_services.autopilot.settings import AutopilotSettings
 from cellpilot_services.autopilot.state_store import StateStore, StateWrites
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
 MAX_CONCURRENT_OBSERVATIONS = 32
 
 
@@ -145,6 +149,7 @@ class DecisionLoop:
         try:
             async for batch in consumer.batches(timeout_ms=100, max_records=self.settings.max_poll_records):
                 self._check(leadership)
+                offsets.follow_log_resets(consumer.log_ends(batch))  # a broker that lost its log
                 fresh = [r for r in batch if offsets.is_new(r)]
                 if fresh:
                     await self._apply(fresh, offsets, leadership)
@@ -156,6 +161,15 @@ class DecisionLoop:
 
     # ------------------------------------------------------------------ recommendations
     async def _apply(self, records: list[Record], offsets: AppliedOffsets, leadership: Leadership) -> None:
+        # One decision span per batch, linked to the recommendations it weighs; the actuations
+        # it publishes are its children (their headers carry it to the actuator).
+        with tracer.start_as_current_span("autopilot decide", links=record_links(records)) as span:
+            span.set_attribute("cellpilot.records", len(records))
+            await self._apply_batch(records, offsets, leadership)
+
+    async def _apply_batch(
+        self, records: list[Record], offsets: AppliedOffsets, leadership: Leadership
+    ) -> None:
         sets = []
         for record in records:
             try:

@@ -47,6 +47,7 @@ from cellpilot.platform.kafka import (
     PoisonRecordError,
     Record,
     dead_letter,
+    record_links,
 )
 from cellpilot.platform.metrics import CellpilotMetrics
 from cellpilot.platform.redis_client import connect_redis
@@ -147,6 +148,7 @@ class RecommenderWorker:
             try:
                 await self._sync_assignment()
                 events = await self._poll_events()
+                self._follow_log_resets(records, events)
                 await self._step(records, events)
             except Exception:
                 log.exception("recommender step failed; continuing")
@@ -199,6 +201,14 @@ class RecommenderWorker:
         )
         await self.events.start(AppliedOffsets(starts))
 
+    def _follow_log_resets(self, records: list[Record], events: list[Record]) -> None:
+        """A broker that lost its log restarts offsets at 0: fences beyond the log end reset."""
+        ends = self.consumer.log_ends(records)
+        if self.events is not None:
+            ends.update(self.events.log_ends(events))
+        for owned in self.owned.values():
+            owned.fence.follow_log_resets(ends)
+
     async def _poll_events(self) -> list[Record]:
         if self.events is None:
             return []
@@ -211,13 +221,16 @@ class RecommenderWorker:
                 by_partition[record.partition].append(record)
         if not by_partition and not events:
             return
-        with tracer.start_as_current_span("recommend") as span:
+        # Linked to the histogram records it folds in; the recommendations it publishes are its
+        # children (their headers carry this span), so a trace walks window -> recommendation.
+        links = record_links([*records, *events])
+        with tracer.start_as_current_span("recommend", links=links) as span:
             span.set_attribute("cellpilot.records", len(records))
             span.set_attribute("cellpilot.events", len(events))
             out = await asyncio.to_thread(self._apply, by_partition, events)
-        for error in out.poison:
-            await dead_letter(self.producer, error)
-        await self._publish_and_checkpoint()
+            for error in out.poison:
+                await dead_letter(self.producer, error)
+            await self._publish_and_checkpoint()
 
     def _apply(self, by_partition: dict[int, list[Record]], events: list[Record]) -> StepOutput:
         """Convert and fold records into the owned partitions' job states (a worker thread)."""

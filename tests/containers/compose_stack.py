@@ -70,10 +70,10 @@ def compose_command() -> list[str]:
         return ["docker-compose"]
 
 
-def port_in_use(port: int) -> bool:
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+        return sock.connect_ex((host, port)) == 0
 
 
 @dataclass

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from compose_stack import (
@@ -26,16 +28,33 @@ from compose_stack import (
 
 from cellpilot.client import CellpilotClient
 from cellpilot.client.failover import RetryPolicy
+from cellpilot.security.identity import ADMIN
+from cellpilot.security.tls import SecuritySettings
+from cellpilot.security.tokens import load_signer
 
-BORGMASTERS = ["127.0.0.1:7100", "127.0.0.1:7101", "127.0.0.1:7102"]
-AUTOPILOTS = ["127.0.0.1:7400", "127.0.0.1:7401"]
-MONITORING = ["127.0.0.1:7300"]
+
+def _publish_host() -> str:
+    """127.0.0.1, or 127.0.0.2 when a local stack (`make run`) already holds the ports there."""
+    if "CELLPILOT_PUBLISH_HOST" in os.environ:
+        return os.environ["CELLPILOT_PUBLISH_HOST"]
+    if any(port_in_use(port) for port in PUBLISHED_PORTS) and not any(
+        port_in_use(port, "127.0.0.2") for port in PUBLISHED_PORTS
+    ):
+        return "127.0.0.2"
+    return "127.0.0.1"
+
+
+PUBLISH_HOST = _publish_host()
+BORGMASTERS = [f"{PUBLISH_HOST}:{port}" for port in (7100, 7101, 7102)]
+AUTOPILOTS = [f"{PUBLISH_HOST}:{port}" for port in (7400, 7401)]
+MONITORING = [f"{PUBLISH_HOST}:7300"]
 
 # Event time runs this many times faster than the wall clock in the Borglets, so 5-minute
 # usage windows close every few seconds (override with CELLPILOT_SPEEDUP).
 TEST_ENV = {
     "CELLPILOT_SPEEDUP": os.environ.get("CELLPILOT_SPEEDUP", "60"),
     "CELLPILOT_BORGLET_FLEET_SIZE": os.environ.get("CELLPILOT_BORGLET_FLEET_SIZE", "4"),
+    "CELLPILOT_PUBLISH_HOST": PUBLISH_HOST,
 }
 
 
@@ -60,9 +79,9 @@ def stack(request: pytest.FixtureRequest, artifacts_dir: Path) -> Iterator[Runni
     except DockerError:
         pytest.fail(f"image {image} not found: run `make images` (offline) or `docker compose build`")
     compose.down()  # from clean: no containers, no volumes left from an earlier run
-    busy = [port for port in PUBLISHED_PORTS if port_in_use(port)]
+    busy = [port for port in PUBLISHED_PORTS if port_in_use(port, PUBLISH_HOST)]
     if busy:
-        pytest.fail(f"ports {busy} on 127.0.0.1 are in use: stop whatever runs there (another stack?)")
+        pytest.fail(f"ports {busy} on {PUBLISH_HOST} are in use: stop whatever runs there (another stack?)")
     started, missing = compose.runnable_services()
     for service, why in missing.items():
         _report(request.config, f"containers: not starting {service}: {why}")
@@ -90,20 +109,37 @@ def stack(request: pytest.FixtureRequest, artifacts_dir: Path) -> Iterator[Runni
         _report(request.config, f"containers: torn down, volumes left: {left or 'none'}")
 
 
-async def _master_first() -> list[str]:
+def _copy_certs(compose: ComposeStack, into: Path) -> Path:
+    """The stack's certificates, copied out of the `certs` volume (via a running Borgmaster)."""
+    shutil.rmtree(into, ignore_errors=True)
+    into.parent.mkdir(parents=True, exist_ok=True)
+    run(["docker", "cp", f"{compose.container_id('borgmaster-0')}:/certs", str(into)])
+    return into
+
+
+@pytest.fixture(scope="session")
+def client_options(stack: RunningStack, artifacts_dir: Path) -> dict[str, Any]:
+    """mTLS with the stack's `client` certificate and an admin user's bearer token."""
+    certs = _copy_certs(stack.compose, artifacts_dir / "containers-certs")
+    token = load_signer(certs).issue_for("container-tests", kind="user", capabilities=[ADMIN], ttl_s=3600)
+    return SecuritySettings(tls_mode="mtls", certs_dir=certs, token=token).client_options()
+
+
+async def _master_first(options: dict[str, Any]) -> list[str]:
     """The published Borgmaster ports, the elected master's first.
 
     A follower names the master by its compose host name (borgmaster-<i>), which only the
     compose network resolves; from the host its published port is 127.0.0.1:710<i>.
     """
-    async with CellpilotClient(BORGMASTERS, policy=RetryPolicy(budget_s=30.0)) as probe:
+    async with CellpilotClient(BORGMASTERS, policy=RetryPolicy(budget_s=30.0), **options) as probe:
         leader = (await probe.borgmaster.get_leader()).leader.replica_id
     index = int(leader.rsplit("-", 1)[-1]) if leader.startswith("borgmaster-") else 0
     return [BORGMASTERS[index], *(a for i, a in enumerate(BORGMASTERS) if i != index)]
 
 
 @pytest.fixture
-async def client(stack: RunningStack) -> AsyncIterator[CellpilotClient]:
+async def client(stack: RunningStack, client_options: dict[str, Any]) -> AsyncIterator[CellpilotClient]:
     policy = RetryPolicy(budget_s=45.0, max_backoff_s=1.0, call_timeout_s=5.0)
-    async with CellpilotClient(await _master_first(), AUTOPILOTS, MONITORING, policy=policy) as client:
+    first = await _master_first(client_options)
+    async with CellpilotClient(first, AUTOPILOTS, MONITORING, policy=policy, **client_options) as client:
         yield client

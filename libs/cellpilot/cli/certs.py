@@ -40,6 +40,13 @@ CertsDir = Annotated[
     ),
 ]
 DEFAULT_DIR = Path(".cellpilot/certs")
+# The certificates `cellpilot run` / `cellpilot stack up` issue for their stack.
+STACK_CERTS_DIR = Path(".cellpilot/stack/certs")
+
+
+def _token_certs_dir() -> Path:
+    """Tokens are for a running stack: its certificates directory when there is one."""
+    return STACK_CERTS_DIR if STACK_CERTS_DIR.is_dir() else DEFAULT_DIR
 
 
 @app.command()
@@ -55,14 +62,34 @@ def issue(
             "(default for borglet-rN: machine-rN-*). Repeatable."
         ),
     ] = None,
+    hostnames: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="IDENTITY=NAME[;NAME]: extra DNS names or IP addresses for an identity's certificate, e.g. "
+            "borgmaster=borgmaster-0;borgmaster-1 for compose replicas. Repeatable."
+        ),
+    ] = None,
+    keep_existing: Annotated[
+        bool,
+        typer.Option(help="Keep certificates that already exist (issue only the missing ones)."),
+    ] = False,
     days: Annotated[int, typer.Option(min=1, max=3650, help="Validity of the service certificates.")] = 825,
 ) -> None:
     """Create the CA (kept if it exists) and one certificate per service; create the token secret."""
     try:
-        requests = parse_identity_requests([services], machines or [])
+        requests = parse_identity_requests([services], machines or [], hostnames or [])
         if not requests:
             raise CertificateError("--services names no identity")
-        paths = issue_all(out, requests, days)
+        if keep_existing:
+            kept = [
+                r
+                for r in requests
+                if (out / f"{r.identity}.crt").exists() and (out / f"{r.identity}.key").exists()
+            ]
+            for request in kept:
+                typer.echo(f"{out / f'{request.identity}.crt'} (kept)")
+            requests = [r for r in requests if r not in kept]
+        paths = issue_all(out, requests, days) if requests else []
     except CertificateError as error:
         console.print(f"[red]cannot issue certificates:[/red] {error}")
         raise typer.Exit(2) from None
@@ -83,9 +110,19 @@ def token(
         bool, typer.Option(help="Grant the admin capability (quotas, other users' jobs).")
     ] = False,
     ttl_days: Annotated[int, typer.Option(min=0, max=3650, help="Days until it expires; 0 = never.")] = 30,
-    certs_dir: CertsDir = DEFAULT_DIR,
+    certs_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "--certs-dir",
+            envvar="CELLPILOT_CERTS_DIR",
+            help=f"The certificates directory; default {STACK_CERTS_DIR} if it exists, else {DEFAULT_DIR}.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Print a signed bearer token (send it as CELLPILOT_TOKEN or 'authorization: Bearer ...')."""
+    certs_dir = certs_dir or _token_certs_dir()
     if (user is None) == (service is None):
         console.print("[red]give exactly one of --user or --service[/red]")
         raise typer.Exit(2)

@@ -62,6 +62,29 @@ def extract_trace_context(headers: Iterable[tuple[str, bytes]]) -> otel_context.
     return propagate.extract(carrier)
 
 
+MAX_SPAN_LINKS = 32
+
+
+def record_links(records: Iterable[Record], limit: int = MAX_SPAN_LINKS) -> list[trace.Link]:
+    """Span links to the producers of consumed records (for a span that handles many at once).
+
+    A step that folds a batch of records into one output (a window of samples, a batch of
+    recommendations) cannot have every producer as its parent; it links to each distinct one
+    instead, at most ``limit`` of them, so a trace viewer can walk back from the output.
+    """
+    links: list[trace.Link] = []
+    seen: set[tuple[int, int]] = set()
+    for record in records:
+        context = trace.get_current_span(record.trace_context).get_span_context()
+        if not context.is_valid or (context.trace_id, context.span_id) in seen:
+            continue
+        seen.add((context.trace_id, context.span_id))
+        links.append(trace.Link(context, {"messaging.destination.name": record.topic}))
+        if len(links) >= limit:
+            break
+    return links
+
+
 class MessageProducer:
     """Publishes protobuf messages keyed for ordering, with trace context in the headers."""
 
@@ -161,6 +184,27 @@ class AppliedOffsets:
         key = (record.topic, record.partition)
         self.next_offset[key] = max(self.next_offset.get(key, 0), record.offset + 1)
 
+    def follow_log_resets(self, log_ends: Mapping[tuple[str, int], int]) -> list[tuple[str, int]]:
+        """Forget the fence of partitions whose log now ends below it; returns them.
+
+        A fence beyond the log end means the broker lost its log (e.g. a memory-only broker
+        restarted: offsets begin again at 0); the consumer has already been reset to the
+        beginning of the new log (auto_offset_reset), and without this its records, whose
+        offsets are below the old fence, would be skipped as already applied.
+        Limitation: a reset is noticed only while the new log is still shorter than the fence.
+        """
+        reset = []
+        for key, end in log_ends.items():
+            if self.next_offset.get(key, 0) > end:
+                log.warning(
+                    "log of %s/%d ends at %d, below the applied offset %d: the broker lost its log;"
+                    " applying the new log from its beginning",
+                    key[0], key[1], end, self.next_offset[key],
+                )  # fmt: skip
+                self.next_offset[key] = 0
+                reset.append(key)
+        return reset
+
     def to_mapping(self) -> dict[str, int]:
         return {f"{topic}/{partition}": offset for (topic, partition), offset in self.next_offset.items()}
 
@@ -227,6 +271,10 @@ class MessageConsumer:
     def assignment(self) -> set[TopicPartition]:
         return set(self._consumer.assignment())
 
+    def log_ends(self, records: Iterable[Record]) -> dict[tuple[str, int], int]:
+        """The log end (high watermark) of each partition the records came from, when known."""
+        return _log_ends(self._consumer, records)
+
 
 class AssignedConsumer:
     """Reads every partition of some topics without a consumer group, from given offsets.
@@ -269,6 +317,13 @@ class AssignedConsumer:
     async def stop(self) -> None:
         await self._consumer.stop()
 
+    def log_ends(self, records: Iterable[Record] | None = None) -> dict[tuple[str, int], int]:
+        """The log end (high watermark) of the records' partitions (all assigned ones if None)."""
+        if records is None:
+            return _log_ends(self._consumer, (Record(tp.topic, tp.partition, 0, "", b"", (), 0)
+                                              for tp in self._consumer.assignment()))  # fmt: skip
+        return _log_ends(self._consumer, records)
+
     async def batches(self, timeout_ms: int = 500, max_records: int = 500) -> AsyncIterator[list[Record]]:
         """Yields batches of records (possibly empty, so the caller can notice time passing)."""
         while True:
@@ -286,3 +341,12 @@ class AssignedConsumer:
                 for messages in fetched.values()
                 for m in messages
             ]
+
+
+def _log_ends(consumer: AIOKafkaConsumer, records: Iterable[Record]) -> dict[tuple[str, int], int]:
+    ends: dict[tuple[str, int], int] = {}
+    for key in {(r.topic, r.partition) for r in records}:
+        end = consumer.highwater(TopicPartition(*key))
+        if end is not None:
+            ends[key] = int(end)
+    return ends

@@ -173,16 +173,26 @@ def load_or_create_ca(out_dir: Path, valid_days: int = 3650) -> CertificateAutho
     return create_ca(out_dir, valid_days)
 
 
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
 def issue_certificate(
     ca: CertificateAuthority, request: IdentityRequest, out_dir: Path, valid_days: int = 825
 ) -> Path:
     """Issue ``<identity>.crt``/``.key`` signed by ``ca``; returns the certificate's path."""
     key = ec.generate_private_key(ec.SECP256R1())
+    extra_ips = [n for n in request.extra_dns_names if _is_ip(n)]
     dns_names = dict.fromkeys(
-        [request.identity, identity_kind(request.identity), *LOCAL_HOSTS, *request.extra_dns_names]
+        [request.identity, identity_kind(request.identity), *LOCAL_HOSTS]
+        + [n for n in request.extra_dns_names if not _is_ip(n)]
     )
     names: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
-    names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in LOCAL_IPS]
+    names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in dict.fromkeys([*LOCAL_IPS, *extra_ips])]
     names.append(x509.UniformResourceIdentifier(SPIFFE_SERVICE_PREFIX + request.identity))
     names += [x509.UniformResourceIdentifier(SPIFFE_MACHINES_PREFIX + g) for g in request.machine_globs]
     now = _now()
@@ -244,21 +254,44 @@ def identity_from_certificate(pem: bytes) -> CertificateIdentity:
     return CertificateIdentity(identity, globs)
 
 
-def parse_identity_requests(services: Iterable[str], machines: Iterable[str]) -> list[IdentityRequest]:
-    """``--services a,b`` and ``--machines IDENTITY=GLOB[;GLOB]`` into requests.
+HOSTNAME_PATTERN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
+
+
+def _per_identity(option: str, items: Iterable[str], what: str) -> dict[str, tuple[str, ...]]:
+    """``IDENTITY=A[;B...]`` items (repeatable options) into {identity: (A, B, ...)}."""
+    result: dict[str, tuple[str, ...]] = {}
+    for item in items:
+        identity, sep, values = item.partition("=")
+        parsed = tuple(v.strip() for v in values.split(";") if v.strip())
+        if not sep or not parsed:
+            raise CertificateError(f"{option} {item!r}: expected IDENTITY={what}[;{what}...]")
+        result[identity.strip()] = result.get(identity.strip(), ()) + parsed
+    return result
+
+
+def parse_identity_requests(
+    services: Iterable[str], machines: Iterable[str], hostnames: Iterable[str] = ()
+) -> list[IdentityRequest]:
+    """``--services a,b``, ``--machines IDENTITY=GLOB[;GLOB]`` and ``--hostnames
+    IDENTITY=NAME[;NAME]`` (extra DNS names, e.g. compose replicas ``borgmaster-0``) into requests.
 
     A Borglet identity without ``--machines`` gets :func:`default_machine_globs`.
     """
-    scopes: dict[str, tuple[str, ...]] = {}
-    for item in machines:
-        identity, sep, globs = item.partition("=")
-        if not sep or not globs:
-            raise CertificateError(f"--machines {item!r}: expected IDENTITY=GLOB[;GLOB...]")
-        scopes[identity.strip()] = tuple(g.strip() for g in globs.split(";") if g.strip())
+    scopes = _per_identity("--machines", machines, "GLOB")
+    extra_names = _per_identity("--hostnames", hostnames, "NAME")
+    for name in (n for names in extra_names.values() for n in names):
+        if not HOSTNAME_PATTERN.fullmatch(name) and not _is_ip(name):
+            raise CertificateError(
+                f"--hostnames {name!r}: not a DNS host name (a-z, 0-9, '.', '-') or IP address"
+            )
     names = [name.strip() for chunk in services for name in chunk.split(",") if name.strip()]
-    unknown = set(scopes) - set(names)
-    if unknown:
-        raise CertificateError(f"--machines names identities not in --services: {', '.join(sorted(unknown))}")
+    for option, given in (("--machines", scopes), ("--hostnames", extra_names)):
+        unknown = set(given) - set(names)
+        if unknown:
+            raise CertificateError(
+                f"{option} names identities not in --services: {', '.join(sorted(unknown))}"
+            )
     return [
-        IdentityRequest(name, scopes.get(name, default_machine_globs(name))) for name in dict.fromkeys(names)
+        IdentityRequest(name, scopes.get(name, default_machine_globs(name)), extra_names.get(name, ()))
+        for name in dict.fromkeys(names)
     ]

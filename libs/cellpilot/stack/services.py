@@ -35,6 +35,8 @@ SERVICES: tuple[ServiceSpec, ...] = (
         1,
         {
             "CELLPILOT_BORGLET_FLEET_SIZE": "4",
+            # Event time 60x the wall clock: a 5-minute window closes every 5 s (the demo).
+            "CELLPILOT_BORGLET_SPEEDUP": "60",
             "CELLPILOT_BORGLET_BORGMASTER_ADDRESSES": "127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102",
         },
     ),
@@ -42,7 +44,7 @@ SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("recommender", "recommender", 3),  # one consumer group; gRPC health 7500-7502
     ServiceSpec("autopilot", "autopilot", 2),  # 127.0.0.1:7400-7401, one holds the Redis lock
     ServiceSpec("actuator", "actuator", 1),  # gRPC health on 127.0.0.1:7600
-    ServiceSpec("dashboard", "dashboard", 1),  # http://127.0.0.1:8080/ (and /metrics, /docs)
+    ServiceSpec("dashboard", "dashboard", 1),  # https://127.0.0.1:8080/ (bearer token; /metrics, /docs)
 )
 
 STOP_TIMEOUT_S = 15.0

@@ -36,7 +36,7 @@ from cellpilot.api.v1 import (
     state_pb2,
 )
 from cellpilot.client.async_client import CellpilotClient
-from cellpilot.platform.kafka import MessageConsumer, MessageProducer, ensure_topics
+from cellpilot.platform.kafka import MessageConsumer, MessageProducer, Record, ensure_topics
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.platform.topics import Topic
 from cellpilot.stack import StackEndpoints
@@ -307,6 +307,7 @@ class TopicReader:
         self.consumer = MessageConsumer(bootstrap, [topic], group_id=f"reader-{uuid.uuid4().hex[:8]}")
         self.message_type = message_type
         self.messages: list[Any] = []
+        self.records: list[Record] = []  # the raw records, for partition and offset order
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> TopicReader:
@@ -316,6 +317,7 @@ class TopicReader:
 
     async def _read(self) -> None:
         async for batch in self.consumer.batches(timeout_ms=100):
+            self.records.extend(batch)
             self.messages.extend(r.decode(self.message_type) for r in batch)
 
     async def __aexit__(self, *exc: object) -> None:

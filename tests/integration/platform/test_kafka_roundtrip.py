@@ -160,3 +160,25 @@ async def test_restart_redelivers_uncommitted_records_and_the_fence_applies_each
     assert [r.offset for r in redelivered][:5] == [5, 6, 7, 8, 9], "uncommitted records come again"
     apply(redelivered)
     assert applied == [f"a{i}" for i in range(10)] + [f"b{i}" for i in range(5)]
+
+
+async def test_a_fence_beyond_the_log_end_is_reset_so_a_lost_log_is_applied_again(
+    endpoints: StackEndpoints,
+) -> None:
+    """A memory-only broker that restarted: offsets begin again at 0, below the stored fence."""
+    topic = await _new_topic(endpoints.kafka_bootstrap, 1)
+    await _publish(endpoints.kafka_bootstrap, topic, [f"n{i}" for i in range(5)])
+    fence = AppliedOffsets({(topic, 0): 50})  # stored before the broker lost its log
+    consumer = MessageConsumer(endpoints.kafka_bootstrap, [topic], group_id=f"g-{uuid.uuid4().hex[:6]}")
+    await consumer.start()
+    try:
+        records = await _collect(consumer, 5)
+        assert consumer.log_ends(records) == {(topic, 0): 5}
+        assert fence.follow_log_resets(consumer.log_ends(records)) == [(topic, 0)]
+    finally:
+        await consumer.stop()
+    applied = [r.offset for r in records if fence.is_new(r)]
+    assert applied == [0, 1, 2, 3, 4], "the new log's records are applied, not skipped"
+    for record in records:
+        fence.mark(record)
+    assert fence.follow_log_resets({(topic, 0): 5}) == [], "a fence at the log end stays"

@@ -6,6 +6,7 @@ import ssl
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -194,3 +195,25 @@ def test_correctly_signed_but_malformed_claims_never_crash_verification(claims: 
         return
     assert isinstance(claims, dict)
     assert verified.subject == claims["sub"]
+
+
+def test_extra_host_names_go_into_the_certificate(tmp_path: Path) -> None:
+    requests = parse_identity_requests(
+        ["borgmaster,borglet-r1"], [], ["borgmaster=borgmaster-0;borgmaster-1", "borglet-r1=borglet-1"]
+    )
+    assert requests[0].extra_dns_names == ("borgmaster-0", "borgmaster-1")
+    assert requests[1].machine_globs == ("machine-r1-*",)
+    path = issue_all(tmp_path, requests)[0]
+    san = x509.load_pem_x509_certificate(path.read_bytes()).extensions
+    names = san.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert {"borgmaster", "borgmaster-0", "borgmaster-1"} <= set(names)
+    published = parse_identity_requests(["dashboard"], [], ["dashboard=127.0.0.2"])
+    dashboard = x509.load_pem_x509_certificate(issue_all(tmp_path, published)[0].read_bytes()).extensions
+    ips = dashboard.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.IPAddress
+    )
+    assert {str(ip) for ip in ips} == {"127.0.0.1", "::1", "127.0.0.2"}
+    with pytest.raises(CertificateError, match="not in --services"):
+        parse_identity_requests(["borgmaster"], [], ["actuator=a"])
+    with pytest.raises(CertificateError, match="DNS host name"):
+        parse_identity_requests(["borgmaster"], [], ["borgmaster=Bad_Name"])

@@ -1,0 +1,5 @@
+"""The ``cellpilot run`` demo: a mixed workload on the simulated fleet, watched by Autopilot."""
+
+from cellpilot.demo.workload import DEMO_JOBS, DEMO_USER, DemoJob, submit_demo_workload
+
+__all__ = ["DEMO_JOBS", "DEMO_USER", "DemoJob", "submit_demo_workload"]

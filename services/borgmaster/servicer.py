@@ -79,6 +79,12 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
         await context.abort(code, message)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _name_the_master(self, context: grpc.aio.ServicerContext) -> None:
+        """A follower answers reads from its warm copy, but soft state (usage, readiness) lives
+        with the master: name it, so clients send their next calls there."""
+        if not self.replica.is_leader and (leader := self.replica.leader_address()):
+            context.set_trailing_metadata(((LEADER_METADATA_KEY, leader),))
+
     async def _write(self, command: Command, context: grpc.aio.ServicerContext) -> tuple[Any, int]:
         cause = command.request_id or f"req-{uuid.uuid4().hex[:12]}"
         with tracer.start_as_current_span(f"Borgmaster.{type(command).__name__}") as span:
@@ -165,6 +171,7 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
     async def GetJob(  # noqa: N802
         self, request: borgmaster_pb2.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.GetJobResponse:
+        self._name_the_master(context)
         job = self.replica.state.job(request.job_id)
         if job is None:
             await self._abort(context, grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
@@ -180,6 +187,7 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
     async def ListJobs(  # noqa: N802
         self, request: borgmaster_pb2.ListJobsRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.ListJobsResponse:
+        self._name_the_master(context)
         try:
             size = _page_size(request.page_size, DEFAULT_JOBS_PAGE)
             after = _untoken(request.page_token)
@@ -210,6 +218,7 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
     async def GetTask(  # noqa: N802
         self, request: borgmaster_pb2.GetTaskRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.GetTaskResponse:
+        self._name_the_master(context)
         job = self.replica.state.job(request.job_id)
         task = None if job is None else job.tasks.get(request.task_index)
         if job is None or task is None or request.task_index >= job.spec.task_count:
@@ -228,6 +237,7 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
     async def WhyPending(  # noqa: N802
         self, request: borgmaster_pb2.WhyPendingRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.WhyPendingResponse:
+        self._name_the_master(context)
         async with self.replica.lock:  # the view is also the scheduler's working copy
             state = self.replica.state
             job = state.job(request.job_id)
@@ -247,6 +257,7 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
     async def ListMachines(  # noqa: N802
         self, request: borgmaster_pb2.ListMachinesRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.ListMachinesResponse:
+        self._name_the_master(context)
         try:
             size = _page_size(request.page_size, DEFAULT_MACHINES_PAGE)
             after = _untoken(request.page_token)
@@ -305,6 +316,7 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
     async def GetQuota(  # noqa: N802
         self, request: borgmaster_pb2.GetQuotaRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.GetQuotaResponse:
+        self._name_the_master(context)
         state = self.replica.state
         keys = sorted(
             ((u, b) for u, b in state.quotas if not request.user or u == request.user),

@@ -57,7 +57,12 @@ class _ServiceClient:
     async def _call(self, stub_type: type, method: str, request: Message, response: type[R]) -> R:
         async def attempt(channel: grpc.aio.Channel, deadline_s: float) -> R:
             rpc = getattr(stub_type(channel), method)
-            return cast(R, await rpc(request, timeout=deadline_s, metadata=self._metadata))
+            call = rpc(request, timeout=deadline_s, metadata=self._metadata)
+            result = cast(R, await call)
+            # A follower answering a read names the master: later calls go there, where the
+            # soft state (usage, readiness, last contact) is fresh.
+            self._replicas.note_leader(await call.trailing_metadata())
+            return result
 
         return await self._replicas.call(method, attempt, self._policy)
 

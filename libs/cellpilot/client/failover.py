@@ -59,6 +59,7 @@ class ReplicaChannels:
         self.credentials = credentials
         self.options = list(options)
         self.preferred = 0
+        self._named_leader: int | None = None  # set by note_leader during an attempt
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def channel(self, address: str) -> grpc.aio.Channel:
@@ -72,6 +73,15 @@ class ReplicaChannels:
                     address, self.credentials, self.options, interceptors=client_interceptors()
                 )
         return self._channels[address]
+
+    def note_leader(self, trailing_metadata: Sequence[tuple[str, str | bytes]] | None) -> None:
+        """Prefer the master a successful reply named, if it is one of the configured addresses
+        (a name only a container network resolves is not followed on a success)."""
+        for key, value in trailing_metadata or ():
+            if key == LEADER_METADATA_KEY and value:
+                address = value if isinstance(value, str) else value.decode()
+                if address in self.addresses:
+                    self._named_leader = self.addresses.index(address)
 
     def prefer(self, address: str) -> None:
         if address not in self.addresses:
@@ -98,8 +108,10 @@ class ReplicaChannels:
         while True:
             address = self.addresses[index % len(self.addresses)]
             try:
+                self._named_leader = None
                 result = await attempt(self.channel(address), policy.call_timeout_s)
-                self.preferred = index % len(self.addresses)
+                named, self._named_leader = self._named_leader, None
+                self.preferred = named if named is not None else index % len(self.addresses)
                 return result
             except grpc.aio.AioRpcError as error:
                 last = error

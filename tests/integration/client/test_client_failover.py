@@ -26,6 +26,14 @@ class Replica(borgmaster_pb2_grpc.BorgmasterServicer):
     def __init__(self, leader_address: str | None) -> None:
         self.leader_address = leader_address  # None: this replica is the master
         self.request_ids: list[str] = []
+        self.reads = 0
+
+    async def GetJob(self, request, context):  # type: ignore[no-untyped-def]
+        # Followers answer reads, naming the master like the real Borgmaster does.
+        self.reads += 1
+        if self.leader_address is not None:
+            context.set_trailing_metadata((("cellpilot-leader", self.leader_address),))
+        return borgmaster_pb2.GetJobResponse()
 
     async def SubmitJob(self, request, context):  # type: ignore[no-untyped-def]
         self.request_ids.append(request.request_id)
@@ -69,6 +77,32 @@ async def test_a_follower_redirects_writes_to_the_master() -> None:
         assert again.job_id == "alice/web"
         assert follower.request_ids == ["req-1"], "once the master is known, writes go straight to it"
         assert leader.request_ids == ["req-1", "req-2"]
+    finally:
+        for server in servers:
+            await server.stop(0)
+
+
+async def test_reads_move_to_the_master_a_follower_names_when_it_is_a_configured_replica() -> None:
+    follower_port, leader_port = free_port(), free_port()
+    leader = Replica(None)
+    follower = Replica(f"127.0.0.1:{leader_port}")
+    stranger = Replica("borgmaster-2:7102")  # a container-network name: not followed
+    stranger_port = free_port()
+    servers = [
+        await _serve(follower, follower_port),
+        await _serve(leader, leader_port),
+        await _serve(stranger, stranger_port),
+    ]
+    try:
+        addresses = [f"127.0.0.1:{follower_port}", f"127.0.0.1:{leader_port}"]
+        async with CellpilotClient(borgmaster=addresses, policy=FAST) as client:
+            for _ in range(3):
+                await client.borgmaster.get_job("alice/web")
+        assert (follower.reads, leader.reads) == (1, 2), "after the first answer, reads go to the master"
+        async with CellpilotClient(borgmaster=[f"127.0.0.1:{stranger_port}"], policy=FAST) as client:
+            for _ in range(2):
+                await client.borgmaster.get_job("alice/web")
+        assert stranger.reads == 2
     finally:
         for server in servers:
             await server.stop(0)
@@ -136,12 +170,11 @@ def test_the_blocking_client_behaves_like_the_async_one() -> None:
     holder: dict[str, GrpcServer] = {}
 
     def serve() -> None:
-        async def main() -> None:
-            holder["server"] = await _serve(leader, port)
-            started.set()
-            await holder["server"].server.wait_for_termination()
-
-        loop.run_until_complete(main())
+        # The loop runs until the test stops it, so stopping the server is always scheduled.
+        asyncio.set_event_loop(loop)
+        holder["server"] = loop.run_until_complete(_serve(leader, port))
+        started.set()
+        loop.run_forever()
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -153,5 +186,6 @@ def test_the_blocking_client_behaves_like_the_async_one() -> None:
                 client.borgmaster.submit_job(job_pb2.JobSpec(user="alice"))
     finally:
         asyncio.run_coroutine_threadsafe(holder["server"].stop(0), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
     assert leader.request_ids[0] == "sync-1"

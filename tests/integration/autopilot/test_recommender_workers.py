@@ -146,7 +146,8 @@ async def test_workers_resume_after_a_kill_without_gap_or_double_apply_and_react
             assert int(saved.memory.ml.updates[0]) == WINDOWS, "each window applied exactly once"
 
         oom_job = "svc/3"
-        limit = float(np.nanmax(reference[oom_job].rows[Resource.MEMORY].value))
+        # Whole bytes, as the event carries them (a fractional limit would be truncated below).
+        limit = float(int(np.nanmax(reference[oom_job].rows[Resource.MEMORY].value)))
         oom = state_pb2.BorgEvent(
             task=state_pb2.TaskEvent(
                 job_id=oom_job,

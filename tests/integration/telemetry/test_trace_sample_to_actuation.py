@@ -123,9 +123,20 @@ async def test_one_actuation_is_traced_back_to_usage_samples_and_counted_on_metr
                 return limits.cpu_millicores < LIMIT_CPU and limits.memory_bytes < LIMIT_MEMORY
 
             await eventually(lowered, 45, "the over-provisioned job's limits lowered")
-            await asyncio.sleep(0.3)  # the actuator's and the Borgmaster's spans end after the reply
-            # The latest applied actuation a decision published: the right-sizing (or a later one).
-            actuated = max(right_sizing(), key=lambda s: s.end_time or 0)
+
+            async def served_actuation() -> ReadableSpan | None:
+                # An applied actuation whose Borgmaster server span has ended too (it ends after
+                # the reply is sent, so it may lag the actuator's span on a loaded machine).
+                finished = spans.get_finished_spans()
+                served = {
+                    s.context.trace_id
+                    for s in finished
+                    if "UpdateJob" in s.name and s.kind == trace.SpanKind.SERVER
+                }
+                done = [s for s in right_sizing() if s.context.trace_id in served]
+                return max(done, key=lambda s: s.end_time or 0) if done else None
+
+            actuated = await eventually(served_actuation, 20, "an applied actuation served by the Borgmaster")
 
         finished = spans.get_finished_spans()
         trace_id = actuated.context.trace_id

@@ -9,13 +9,14 @@ BENCH       ?=
 PYTEST_ARGS ?=
 
 .PHONY: help install proto proto-check lint format typecheck importlint check test test-unit \
-        test-integration test-containers bench run stop stack-up stack-down stack-status images lock clean
+        test-integration test-containers browser bench run stop stack-up stack-down stack-status images lock clean
 
 help:
 	@echo "make install          create $(VENV) and install pinned dependencies (requirements.lock)"
 	@echo "make run              start the embedded stack and every service (Ctrl-C or make stop ends it)"
 	@echo "make stop             stop everything make run started"
 	@echo "make test             lint, type-check, generated-code check, unit and integration tests"
+	@echo "make browser          install Chromium (the dashboard browser tests) when it is missing"
 	@echo "make test-containers  the compose stack's tests (needs Docker)"
 	@echo "make bench [BENCH=prefix]  run benchmarks, write bench-results.json"
 	@echo "make proto            regenerate libs/cellpilot/api from proto/"
@@ -52,13 +53,18 @@ importlint: install
 
 check: proto-check lint typecheck importlint
 
-test: check
+# The dashboard's browser tests need Chromium: installed with the system's package manager when
+# missing; when that fails, one line says why and those tests fail with it (they never skip).
+browser:
+	@infra/scripts/ensure_chromium.sh
+
+test: check browser
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 test-unit: install
 	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
 
-test-integration: install
+test-integration: install browser
 	$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
 
 test-containers: install

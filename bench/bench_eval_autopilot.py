@@ -68,7 +68,7 @@ def run(report: Report) -> None:
 
     def study(jobs: int, chunk_jobs: int) -> Callable[[], StudyResult]:
         workload = AutopilotWorkloadConfig(jobs=jobs, days=DAYS, seed=SEED)
-        return lambda: run_study(workload, specs, config, workers=1, max_chunk_jobs=chunk_jobs)
+        return lambda: run_study(workload, specs, config, max_chunk_jobs=chunk_jobs)
 
     seconds, batched = _cpu_best_of(2, study(JOBS, 64))
     per_job_seconds, per_job = _cpu_best_of(2, study(PER_JOB_JOBS, 1))

@@ -39,7 +39,7 @@ if [ -z "${BASE_IMAGE}" ]; then
     ROOTFS=$(mktemp -d /tmp/cellpilot-rootfs.XXXXXX)
     trap 'rm -rf "${ROOTFS}"' EXIT
     echo "mirror ${MIRROR}, suite ${SUITE}"
-    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,tini,procps \
+    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,tini,procps,libgomp1 \
       "${SUITE}" "${ROOTFS}" "${MIRROR}" > /tmp/cellpilot-debootstrap.log 2>&1 \
       || { tail -20 /tmp/cellpilot-debootstrap.log; exit 1; }
     rm -rf "${ROOTFS}"/var/cache/apt/archives/*.deb "${ROOTFS}"/var/lib/apt/lists/*

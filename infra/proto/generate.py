@@ -1,4 +1,4 @@
-"""The single code generation command for the Cellpilot API (DESIGN.md rule 8).
+"""The single code generation command for the Cellpilot API (docs/architecture.md rule 8).
 
 Compiles every ``proto/cellpilot/api/v1/*.proto`` with ``grpc_tools.protoc`` (from the pinned
 grpcio-tools) into ``libs/cellpilot/api/v1/``: messages (``--python_out``), gRPC stubs and

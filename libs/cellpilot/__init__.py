@@ -1,6 +1,6 @@
 """Cellpilot: Borg, Autopilot, GPA and LAVA as one open cluster manager.
 
-The package is split in two layers (see DESIGN.md):
+The package is split in two layers (see docs/architecture.md):
 
 * the core (``usage``, ``recommend``, ``schedule``, ``lifetimes``, ``workloads``,
   ``evaluate``) is pure numpy code with no I/O;

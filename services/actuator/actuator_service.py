@@ -62,7 +62,7 @@ class ActuationResults:
     """Where outcomes, offsets and the highest token live in Redis (prefix ``<p>``).
 
     ``<p>:result:<key>`` -> ``ActuationResult`` (expires after ``ttl_s``), ``<p>:offsets``
-    hash, ``<p>:highest_token``.
+    hash (``<topic>/<partition>`` -> ``LogPosition.encode``), ``<p>:highest_token``.
     """
 
     def __init__(self, redis_url: str, prefix: str, ttl_s: int) -> None:
@@ -78,7 +78,7 @@ class ActuationResults:
     async def load(self) -> tuple[AppliedOffsets, int]:
         raw = await self.redis.hgetall(self.offsets_key)
         token = await self.redis.get(self.token_key)
-        offsets = AppliedOffsets.from_mapping({reply_text(k): int(v) for k, v in raw.items()})
+        offsets = AppliedOffsets.from_mapping({reply_text(k): reply_text(v) for k, v in raw.items()})
         return offsets, int(token or 0)
 
     async def result(self, idempotency_key: str) -> actuation_pb2.ActuationResult | None:
@@ -105,7 +105,7 @@ class ActuationResults:
             tx.hset(
                 self.offsets_key,
                 f"{record.topic}/{record.partition}",
-                str(offsets.next_offset[(record.topic, record.partition)]),
+                offsets.encoded((record.topic, record.partition)),
             )
             tx.set(self.token_key, str(highest_token))
             await tx.execute()
@@ -178,12 +178,15 @@ class Actuator:
             self.settings.platform.kafka_bootstrap,
             [self.settings.actuations_topic],
             client_id=self.replica_id,
+            log_check_interval_s=self.settings.platform.log_check_interval_s,
         )
-        await consumer.start(offsets)
+        await consumer.start(offsets)  # checks the stored positions against the broker's logs
         log.info("actuator consuming", extra={"offsets": offsets.to_mapping(), "highest_token": highest})
         try:
             async for batch in consumer.batches(timeout_ms=100, max_records=self.settings.max_poll_records):
-                offsets.follow_log_resets(consumer.log_ends(batch))  # a broker that lost its log
+                # Periodically, records or not: a position whose log is gone (a broker that
+                # lost its log) resumes at the new log's start.
+                batch = await consumer.follow_log_resets(batch, [offsets])
                 for record in batch:
                     await self._handle(record, offsets)
         finally:

@@ -31,14 +31,17 @@ from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
 from cellpilot.platform.kafka import (
     MAX_SPAN_LINKS,
     AppliedOffsets,
+    LogPosition,
     MessageConsumer,
     MessageProducer,
     PoisonRecordError,
     Record,
+    RecordFingerprint,
     dead_letter,
     record_links,
 )
 from cellpilot.platform.postgres import apply_migrations
+from cellpilot.platform.store_outage import POSTGRES, StoreOutageInterceptor
 from cellpilot.platform.telemetry import Telemetry
 from cellpilot_services.aggregator import convert
 from cellpilot_services.aggregator.history_store import FencedError, HistoryStore, PartitionProgress
@@ -98,6 +101,7 @@ class Aggregator:
             [self.settings.samples_topic],
             group_id=self.settings.consumer_group,
             client_id=self.replica_id,
+            log_check_interval_s=platform.log_check_interval_s,
         )
         await self.consumer.start()
         self.server = GrpcServer(
@@ -109,7 +113,9 @@ class Aggregator:
                 )
             ],
             address=f"{self.settings.listen_host}:{self.settings.resolved_port}",
-            **self.settings.security.server_options("aggregator"),
+            **self.settings.security.server_options(
+                "aggregator", extra_interceptors=[StoreOutageInterceptor(POSTGRES)]
+            ),
         )
         self.port = await self.server.start()
         self._tasks = [
@@ -148,7 +154,11 @@ class Aggregator:
             if self._stop.is_set():
                 return
             try:
-                await self._sync_assignment()
+                claimed = await self._sync_assignment()
+                # Positions checked against the broker's logs: at a claim, then periodically
+                # whether or not records arrive (a broker that lost its log).
+                fences = [owned.fence for owned in self.owned.values()]
+                records = await self.consumer.follow_log_resets(records, fences, force=claimed)
                 by_partition: dict[int, list[Record]] = defaultdict(list)
                 for record in records:
                     by_partition[record.partition].append(record)
@@ -158,7 +168,6 @@ class Aggregator:
                         continue  # revoked meanwhile: the new owner re-reads it from its checkpoint
                     if owned.idle and not await self._reactivate(owned):
                         continue
-                    owned.fence.follow_log_resets(self.consumer.log_ends(part))  # a broker that lost its log
                     with tracer.start_as_current_span("aggregate samples", links=record_links(part)) as span:
                         self.recent_aggregate_spans.append(trace.Link(span.get_span_context()))
                         span.set_attribute("messaging.kafka.partition", partition)
@@ -218,7 +227,8 @@ class Aggregator:
             owned.idle = False
         return poison
 
-    async def _sync_assignment(self) -> None:
+    async def _sync_assignment(self) -> bool:
+        """Follow the group's assignment; True if a partition was claimed."""
         assert self.consumer is not None
         assert self.store is not None
         assigned = {
@@ -227,7 +237,8 @@ class Aggregator:
         for partition in set(self.owned) - assigned:
             log.info("partition revoked", extra={"partition": partition, "replica": self.replica_id})
             del self.owned[partition]
-        for partition in sorted(assigned - set(self.owned)):
+        claimed = sorted(assigned - set(self.owned))
+        for partition in claimed:
             claim = await self.store.claim(self.settings.samples_topic, partition, self.replica_id)
             if claim.checkpoint is not None:
                 windows = await asyncio.to_thread(
@@ -238,7 +249,11 @@ class Aggregator:
                 )
             else:
                 windows = PartitionWindows(self.config, self.settings.fold_every_samples)
-            fence = AppliedOffsets({(self.settings.samples_topic, partition): claim.next_offset})
+            fence = AppliedOffsets()
+            fence.restore(
+                (self.settings.samples_topic, partition),
+                LogPosition(claim.next_offset, RecordFingerprint.decode(claim.last_applied)),
+            )
             now = time.monotonic()
             owned = OwnedPartition(partition, claim.epoch, windows, fence, now, now)
             if claim.jobs_closed_through_ms is not None:
@@ -255,6 +270,7 @@ class Aggregator:
                     "replica": self.replica_id,
                 },
             )
+        return bool(claimed)
 
     async def _checkpoint_due(self) -> None:
         now = time.monotonic()
@@ -284,10 +300,12 @@ class Aggregator:
             lambda: [r for closed in pending for r in convert.task_window_rows(closed, owned.partition)]
         )
         checkpoint = await asyncio.to_thread(owned.windows.to_bytes)
-        next_offset = owned.fence.next_offset.get((topic, owned.partition), 0)
+        position = owned.fence.position((topic, owned.partition))
+        next_offset = position.next_offset
         windows = owned.windows
         progress = PartitionProgress(
             next_offset=next_offset,
+            last_applied=position.last_applied.encode() if position.last_applied else None,
             closed_through_ms=windows.closed_through_ms,
             watermark_ms=windows.watermark_ms,
             idle=owned.idle,

@@ -1,7 +1,8 @@
 """The aggregator's one meeting place of wire types and core types.
 
-* Kafka ``usage.samples`` records (UsageSampleBatch, CPU in millicores) -> the core's
-  :class:`~cellpilot.autopilot.event_windows.SampleChunk` (CPU in the CPU scheme's cores);
+* Kafka ``usage.samples`` records (UsageSampleBatch, CPU and unmet CPU demand in millicores)
+  -> the core's :class:`~cellpilot.autopilot.event_windows.SampleChunk` (in the CPU scheme's
+  cores);
 * closed task windows and job sums -> rows of the history tables (millicores, bytes);
 * stored rows -> UsageHistogram / TaskUsageWindow messages of the Monitoring API and of
   Kafka ``usage.histograms``.
@@ -48,14 +49,21 @@ class DecodedBatch:
     machine_id: str
     sequence: int
     chunk: SampleChunk
-    invalid: int  # samples dropped for NaN / negative values
+    invalid: int  # samples dropped for NaN / negative values (usage or unmet demand)
 
 
 def decode_samples(batch: usage_pb2.UsageSampleBatch, registry: TaskRegistry) -> DecodedBatch:
     """One pass over the samples; CPU millicores -> cores; malformed samples are dropped."""
     key = registry.key
     rows = [
-        (key(s.job_id, s.task_index), s.event_time_ms, s.cpu_millicores, s.memory_bytes, s.cpu_throttled)
+        (
+            key(s.job_id, s.task_index),
+            s.event_time_ms,
+            s.cpu_millicores,
+            s.memory_bytes,
+            s.cpu_throttled,
+            s.cpu_unmet_millicores,
+        )
         for s in batch.samples
     ]
     if not rows:
@@ -63,16 +71,20 @@ def decode_samples(batch: usage_pb2.UsageSampleBatch, registry: TaskRegistry) ->
             np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0, bool)
         )
         return DecodedBatch(batch.machine_id, batch.batch_sequence, empty, 0)
-    task, time_ms, cpu, memory, throttled = zip(*rows, strict=True)
+    task, time_ms, cpu, memory, throttled, unmet = zip(*rows, strict=True)
     cpu_arr = np.asarray(cpu, dtype=np.float64) / MILLI
     memory_arr = np.asarray(memory, dtype=np.float64)
-    valid = np.isfinite(cpu_arr) & (cpu_arr >= 0) & (memory_arr >= 0)
+    unmet_arr = np.asarray(unmet, dtype=np.float64) / MILLI
+    valid = (
+        np.isfinite(cpu_arr) & (cpu_arr >= 0) & (memory_arr >= 0) & np.isfinite(unmet_arr) & (unmet_arr >= 0)
+    )
     chunk = SampleChunk(
         np.asarray(task, dtype=np.int64),
         np.asarray(time_ms, dtype=np.int64),
         cpu_arr,
         memory_arr,
         np.asarray(throttled, dtype=bool),
+        unmet_arr,
     )
     invalid = int(len(rows) - np.count_nonzero(valid))
     if invalid:
@@ -109,6 +121,7 @@ def task_window_rows(closed: ClosedWindows, partition: int) -> list[tuple[Any, .
             float(stats.cpu_max[row]) * MILLI,
             float(stats.memory_sum[row]),
             float(stats.memory_max[row]),
+            float(stats.cpu_unmet_sum[row]) * MILLI,
         )
         for row in range(len(windows))
     ]
@@ -128,6 +141,7 @@ TASK_WINDOW_COLUMNS = (
     "cpu_max_millicores",
     "memory_sum_bytes",
     "memory_max_bytes",
+    "cpu_unmet_sum_millicores",
 )
 TASK_WINDOW_TYPES = (
     "text",
@@ -139,6 +153,7 @@ TASK_WINDOW_TYPES = (
     "int",
     "bigint",
     "bigint",
+    "float8",
     "float8",
     "float8",
     "float8",
@@ -156,7 +171,9 @@ def stored_task_windows(rows: Sequence[Any], window_ms: int) -> tuple[TaskWindow
     sizes: list[int] = [0]
     buckets: list[np.ndarray] = []
     counts: list[np.ndarray] = []
-    columns: dict[str, list[float]] = {name: [] for name in ("samples", "throttled", "cpu_sum", "cpu_max")}
+    columns: dict[str, list[float]] = {
+        name: [] for name in ("samples", "throttled", "cpu_sum", "cpu_max", "cpu_unmet_sum")
+    }
     memory_sum: list[float] = []
     memory_max: list[float] = []
     for row in rows:
@@ -177,6 +194,7 @@ def stored_task_windows(rows: Sequence[Any], window_ms: int) -> tuple[TaskWindow
         columns["throttled"].append(int(row["throttled_count"]))
         columns["cpu_sum"].append(float(row["cpu_sum_millicores"]) / MILLI)
         columns["cpu_max"].append(float(row["cpu_max_millicores"]) / MILLI)
+        columns["cpu_unmet_sum"].append(float(row["cpu_unmet_sum_millicores"]) / MILLI)
         memory_sum.append(float(row["memory_sum_bytes"]))
         memory_max.append(float(row["memory_max_bytes"]))
     key_arr = np.asarray(keys, dtype=np.int64)
@@ -199,6 +217,7 @@ def stored_task_windows(rows: Sequence[Any], window_ms: int) -> tuple[TaskWindow
         np.asarray(memory_sum, dtype=np.float64),
         np.asarray(memory_max, dtype=np.float64),
         np.asarray(columns["throttled"], dtype=np.int64),
+        np.asarray(columns["cpu_unmet_sum"], dtype=np.float64),
     )
     return TaskWindows(cpu, stats), np.asarray(job_of_task, dtype=np.int64), list(job_keys)
 
@@ -223,6 +242,7 @@ def job_histogram_rows(jobs: JobWindows, job_ids: Sequence[str]) -> list[tuple[A
                 float(jobs.cpu_mean_total[row]) * MILLI,
                 *common,
                 int(jobs.throttled[row]),
+                float(jobs.cpu_unmet_mean_total[row]) * MILLI,
             )
         )
         rows.append(
@@ -236,6 +256,7 @@ def job_histogram_rows(jobs: JobWindows, job_ids: Sequence[str]) -> list[tuple[A
                 float(jobs.memory_mean_total[row]),
                 *common,
                 0,
+                0.0,
             )
         )
     return rows
@@ -252,6 +273,7 @@ JOB_HISTOGRAM_COLUMNS = (
     "sample_count",
     "task_count",
     "throttled_count",
+    "mean_total_unmet",
 )
 JOB_HISTOGRAM_TYPES = (
     "text",
@@ -264,6 +286,7 @@ JOB_HISTOGRAM_TYPES = (
     "bigint",
     "int",
     "bigint",
+    "float8",
 )
 
 
@@ -277,6 +300,7 @@ def usage_histogram(
     task_count: int,
     throttled: int,
     task_index: int | None = None,
+    mean_total_unmet: float = 0.0,
 ) -> usage_pb2.UsageHistogram:
     sparse = SparseHistogram.from_bytes(histogram)
     message = usage_pb2.UsageHistogram(
@@ -293,6 +317,7 @@ def usage_histogram(
         sample_count=sample_count,
         task_count=task_count,
         throttled_sample_count=throttled,
+        mean_total_unmet=mean_total_unmet,
     )
     if task_index is not None:
         message.task_index = task_index
@@ -310,6 +335,7 @@ def job_histogram_message(row: Any) -> usage_pb2.UsageHistogram:
         int(row["sample_count"]),
         int(row["task_count"]),
         int(row["throttled_count"]),
+        mean_total_unmet=float(row["mean_total_unmet"]),
     )
 
 
@@ -327,13 +353,14 @@ def task_histogram_message(rows: Sequence[Any], resource_code: int) -> usage_pb2
         peak = max(float(r["cpu_max_millicores"]) for r in rows)
         mean = sum(float(r["cpu_sum_millicores"]) for r in rows) / max(samples, 1)
         throttled = sum(int(r["throttled_count"]) for r in rows)
+        unmet = sum(float(r["cpu_unmet_sum_millicores"]) for r in rows) / max(samples, 1)
     else:
         counts = np.zeros(MEMORY_SCHEME.size)
         counts[max(int(r["memory_bucket"]) for r in rows)] = 1.0
         scheme = MEMORY_SCHEME
         peak = max(float(r["memory_max_bytes"]) for r in rows)
         mean = sum(float(r["memory_sum_bytes"]) for r in rows) / max(samples, 1)
-        throttled = 0
+        throttled, unmet = 0, 0.0
     nonzero = np.flatnonzero(counts).astype(np.int32)
     sparse = SparseHistogram(scheme, start, end - start, nonzero, counts[nonzero])
     return usage_histogram(
@@ -346,6 +373,7 @@ def task_histogram_message(rows: Sequence[Any], resource_code: int) -> usage_pb2
         1,
         throttled,
         int(first["task_index"]),
+        unmet,
     )
 
 
@@ -359,6 +387,7 @@ def task_usage_window(rows: Sequence[Any]) -> monitoring_pb2.TaskUsageWindow:
         memory_peak_bytes=int(max(float(r["memory_max_bytes"]) for r in rows)),
         sample_count=samples,
         throttled_sample_count=sum(int(r["throttled_count"]) for r in rows),
+        cpu_unmet_mean_millicores=sum(float(r["cpu_unmet_sum_millicores"]) for r in rows) / max(samples, 1),
     )
 
 

@@ -1,6 +1,6 @@
 """The aggregator's PostgreSQL tables (``infra/migrations/0010_autopilot_usage_history.sql``).
 
-Partition checkpoints are fenced (DESIGN.md rule 7): a replica that takes a
+Partition checkpoints are fenced (docs/architecture.md rule 7): a replica that takes a
 ``usage.samples`` partition bumps its ``owner_epoch``, and every later checkpoint of it is
 written only while the epoch is still the one claimed, in the same transaction as the
 windows it closes. So a deposed owner can never write, and a window's task rows are
@@ -56,6 +56,7 @@ class Claim:
     epoch: int
     checkpoint: bytes | None
     next_offset: int
+    last_applied: str | None  # fingerprint of the record at next_offset - 1 (RecordFingerprint)
     jobs_closed_through_ms: int | None  # job windows already summed (possibly without us)
 
 
@@ -67,6 +68,7 @@ class PartitionProgress:
     """What a checkpoint says about a partition besides its bytes."""
 
     next_offset: int
+    last_applied: str | None
     closed_through_ms: int | None
     watermark_ms: int | None
     idle: bool
@@ -121,7 +123,7 @@ class HistoryStore:
                 " VALUES ($1, $2, $3, 1)"
                 " ON CONFLICT (topic, partition) DO UPDATE"
                 " SET owner = $3, owner_epoch = p.owner_epoch + 1, idle = false, updated_at = now()"
-                " RETURNING owner_epoch, checkpoint, next_offset",
+                " RETURNING owner_epoch, checkpoint, next_offset, last_applied",
                 topic,
                 partition,
                 owner,
@@ -132,6 +134,7 @@ class HistoryStore:
             int(row["owner_epoch"]),
             bytes(checkpoint) if checkpoint else None,
             int(row["next_offset"]),
+            row["last_applied"],
             None if jobs_closed is None else int(jobs_closed),
         )
 
@@ -173,7 +176,8 @@ class HistoryStore:
             updated = await conn.fetchval(
                 "UPDATE aggregator_partitions SET checkpoint = $4, next_offset = $5, closed_through_ms = $6,"
                 " watermark_ms = $7, idle = $8, accepted_samples = $9, late_samples = $10,"
-                " duplicate_batches = $11, late_task_windows = late_task_windows + $12, updated_at = now()"
+                " duplicate_batches = $11, late_task_windows = late_task_windows + $12, last_applied = $13,"
+                " updated_at = now()"
                 " WHERE topic = $1 AND partition = $2 AND owner_epoch = $3 RETURNING owner_epoch",
                 topic,
                 partition,
@@ -187,6 +191,7 @@ class HistoryStore:
                 progress.late_samples,
                 progress.duplicate_batches,
                 late,
+                progress.last_applied,
             )
             if updated is None:
                 return False

@@ -68,8 +68,8 @@ async def close_job_windows(store: HistoryStore, topic: str, partitions: int, wi
             target = min(target, progress + MAX_WINDOWS_PER_STEP * window_ms)
         task_rows = await conn.fetch(
             "SELECT job_id, task_index, window_start_ms, cpu_histogram, sample_count, throttled_count,"
-            " cpu_sum_millicores, cpu_max_millicores, memory_sum_bytes, memory_max_bytes"
-            " FROM usage_task_windows WHERE window_end_ms <= $1"
+            " cpu_sum_millicores, cpu_max_millicores, memory_sum_bytes, memory_max_bytes,"
+            " cpu_unmet_sum_millicores FROM usage_task_windows WHERE window_end_ms <= $1"
             " AND ($2::bigint IS NULL OR window_end_ms > $2)",
             target,
             progress,

@@ -1,4 +1,9 @@
-"""The Monitoring gRPC API (``monitoring.proto``), answered from the aggregator's history tables."""
+"""The Monitoring gRPC API (``monitoring.proto``), answered from the aggregator's history tables.
+
+When PostgreSQL cannot be reached a query fails with UNAVAILABLE naming it (the aggregator's
+server installs :class:`cellpilot.platform.store_outage.StoreOutageInterceptor`), which
+clients retry — not with UNKNOWN and a driver traceback.
+"""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
 from cellpilot.platform.kafka import MessageProducer, ensure_topics
 from cellpilot.platform.metrics import CellpilotMetrics
 from cellpilot.platform.redis_client import connect_redis
+from cellpilot.platform.store_outage import REDIS, StoreOutageInterceptor
 from cellpilot.platform.telemetry import Telemetry
 from cellpilot.platform.topics import TOPICS, Topic
 from cellpilot_services.autopilot.decision_loop import DecisionLoop, LostLeadership
@@ -62,7 +63,9 @@ class AutopilotMaster:
             [ServiceBinding(SERVICE_NAME, autopilot_pb2_grpc.add_AutopilotServicer_to_server, self.servicer)],
             address=f"{settings.listen_host}:{settings.resolved_port}",
             **settings.security.server_options(
-                "autopilot", recommender_owner_lookup=self.servicer.recommender_owner
+                "autopilot",
+                recommender_owner_lookup=self.servicer.recommender_owner,
+                extra_interceptors=[StoreOutageInterceptor(REDIS)],
             ),
         )
         self.address = ""

@@ -1,4 +1,4 @@
-"""Wire types <-> the core's dataclasses for the Autopilot master (DESIGN.md rule 2).
+"""Wire types <-> the core's dataclasses for the Autopilot master (docs/architecture.md rule 2).
 
 Recommendations and horizontal signals in, ``JobStatus`` in as a :class:`JobView`,
 decisions out as ``JobRecommendations`` (what the API shows) and ``Actuation`` (what the

@@ -142,14 +142,17 @@ class DecisionLoop:
             self.settings.platform.kafka_bootstrap,
             [self.settings.recommendations_topic],
             client_id=f"{self.lock.replica_id}-decisions",
+            log_check_interval_s=self.settings.platform.log_check_interval_s,
         )
-        await consumer.start(offsets)
+        await consumer.start(offsets)  # checks the stored positions against the broker's logs
         log.info("leading: deciding", extra={"token": leadership.token, "offsets": offsets.to_mapping()})
         next_scan = 0.0
         try:
             async for batch in consumer.batches(timeout_ms=100, max_records=self.settings.max_poll_records):
                 self._check(leadership)
-                offsets.follow_log_resets(consumer.log_ends(batch))  # a broker that lost its log
+                # Periodically, records or not: a position whose log is gone (a broker that
+                # lost its log) resumes at the new log's start.
+                batch = await consumer.follow_log_resets(batch, [offsets])
                 fresh = [r for r in batch if offsets.is_new(r)]
                 if fresh:
                     await self._apply(fresh, offsets, leadership)

@@ -1,7 +1,7 @@
 """Leadership of the Autopilot master replicas: a Redis lock with a fencing token.
 
 Acquiring the lock atomically INCRs a counter and stores ``<token>|<replica>|<address>``
-under the lock key with a TTL, so every term has a strictly larger token (DESIGN.md rule
+under the lock key with a TTL, so every term has a strictly larger token (docs/architecture.md rule
 7). The leader renews before the TTL runs out; a replica that fails to renew steps down.
 Every actuation carries the token, and the actuator and the Borgmaster refuse tokens older
 than the highest they have seen; the master's own Redis writes are conditional on the

@@ -4,7 +4,10 @@ Reads (recommendations, configs, recommenders) are answered by every replica fro
 and the Borgmaster. Writes (config changes, custom recommenders and their output) are
 taken by the elected leader only; another replica refuses them with FAILED_PRECONDITION
 and names the leader in the ``cellpilot-leader`` trailing metadata, as the Borgmaster
-does, so :mod:`cellpilot.client.failover` follows it.
+does, so :mod:`cellpilot.client.failover` follows it. While no leader holds the lock (an
+election, or Redis unreachable) writes get UNAVAILABLE, which clients retry; a call that
+fails because Redis cannot be reached gets UNAVAILABLE naming Redis (the service's
+``StoreOutageInterceptor``). The Borgmaster's refusals are passed on with their reason.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from cellpilot.api.v1 import autopilot_pb2, autopilot_pb2_grpc, job_pb2, recomme
 from cellpilot.autopilot.candidates import KINDS, STATISTIC_NAMES, CandidateKind
 from cellpilot.client.async_client import BorgmasterClient
 from cellpilot.client.errors import CellpilotError
+from cellpilot.platform.error_reasons import NO_MASTER, reason_metadata
 from cellpilot.platform.kafka import MessageProducer
 from cellpilot.security.authentication import AUTHORIZATION_HEADER
 from cellpilot_services.autopilot import convert
@@ -92,14 +96,25 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
             return
         current = await self.lock.current()
         leader = current.address if current is not None and current.address != self.lock.address else ""
+        if not leader:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                "no elected Autopilot master at the moment (an election is under way); retry",
+                trailing_metadata=reason_metadata(NO_MASTER),
+            )
         await context.abort(
             grpc.StatusCode.FAILED_PRECONDITION,
-            f"not the elected Autopilot master; the master is {leader or 'not known yet'}",
+            f"not the elected Autopilot master; the master is {leader}",
             trailing_metadata=((LEADER_METADATA_KEY, leader),),
         )
 
     async def _borgmaster_error(self, context: grpc.aio.ServicerContext, error: CellpilotError) -> NoReturn:
-        await self._abort(context, error.code, f"Borgmaster: {error.details}")
+        await context.abort(
+            error.code,
+            f"Borgmaster: {error.details}",
+            trailing_metadata=reason_metadata(error.reason) if error.reason else (),
+        )
+        raise AssertionError("unreachable")  # pragma: no cover
 
     # ------------------------------------------------------------------ recommendations
     async def _with_candidates(self, view: autopilot_pb2.JobRecommendations) -> None:

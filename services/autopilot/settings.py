@@ -43,7 +43,7 @@ class AutopilotSettings(BaseSettings):
         default_factory=lambda: ["127.0.0.1:7100", "127.0.0.1:7101", "127.0.0.1:7102"]
     )
 
-    # Election (DESIGN.md rule 7): a Redis lock whose every acquisition INCRs a fencing token.
+    # Election (docs/architecture.md rule 7): a Redis lock whose every acquisition INCRs a fencing token.
     redis_prefix: str = "cellpilot:autopilot"
     lock_ttl_s: float = Field(default=3.0, gt=0)
     renew_interval_s: float = Field(default=1.0, gt=0)

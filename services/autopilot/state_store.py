@@ -8,7 +8,8 @@ Keys (``<p>`` is the configured prefix):
 * ``<p>:view``: hash job -> the latest ``JobRecommendations`` (what Get/List answer);
 * ``<p>:memory``: hash job -> the decision memory (:mod:`cellpilot.autopilot.job_memory_codec`);
 * ``<p>:recommenders``: hash name -> ``RecommenderInfo`` of a registered custom recommender;
-* ``<p>:offsets``: hash ``<topic>/<partition>`` -> next offset of ``recommendations`` to apply.
+* ``<p>:offsets``: hash ``<topic>/<partition>`` -> position in ``recommendations``: the next
+  offset to apply and the last applied record's fingerprint (``LogPosition.encode``).
 
 Every write of the leader goes through one Lua script that first checks the lock still
 holds the leader's token, and applies the whole batch (state and consumed offsets)
@@ -94,13 +95,13 @@ class StateStore:
         return True
 
     def put_offsets(self, writes: StateWrites, offsets: AppliedOffsets) -> None:
-        for name, offset in offsets.to_mapping().items():
-            writes.set(self.offsets_key, name, str(offset).encode())
+        for name, position in offsets.to_mapping().items():
+            writes.set(self.offsets_key, name, position.encode())
 
     # ------------------------------------------------------------------ reads
     async def offsets(self) -> AppliedOffsets:
         raw = await self.redis.hgetall(self.offsets_key)
-        return AppliedOffsets.from_mapping({reply_text(k): int(v) for k, v in raw.items()})
+        return AppliedOffsets.from_mapping({reply_text(k): reply_text(v) for k, v in raw.items()})
 
     async def memory(self, job_id: str) -> JobMemory | None:
         raw = await self.redis.hget(self.memory_key, job_id)

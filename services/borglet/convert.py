@@ -1,8 +1,10 @@
-"""The one place the Borglet's protobuf messages meet its plain dataclasses (DESIGN.md rule 2).
+"""The one place the Borglet's protobuf messages meet its plain dataclasses (docs/architecture.md rule 2).
 
 Requests become :class:`TaskPlan` objects, validated on the way in: a bad field raises
-:class:`InvalidFieldError` naming it (the servicer answers INVALID_ARGUMENT). Records, events
-and sample arrays become replies and Kafka messages on the way out.
+:class:`InvalidFieldError` naming it (StartTask answers INVALID_ARGUMENT). In a poll's desired
+set, a task whose plan cannot be read becomes an :class:`UnrunnablePlan` instead, so it fails
+alone and the rest of the set is applied (:func:`desired_plans`). Records, events and sample
+arrays become replies and Kafka messages on the way out.
 """
 
 from __future__ import annotations
@@ -11,17 +13,23 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cellpilot.api.v1 import borglet_pb2, job_pb2, machine_pb2, resources_pb2, state_pb2, usage_pb2
+from cellpilot.borg.health_checks import resolve, validate_health_check
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
+from cellpilot.borg.model import HealthCheck, SharedDemand
+from cellpilot.borg.validation import demand_in
+from cellpilot.workloads.job_demand import DemandError, JobDemand
 from cellpilot.workloads.usage_models import resolve_params
-from cellpilot_services.borglet.fleet_ticks import TaskTable, TickResult
+from cellpilot.workloads.world import WorldStep, WorldTasks
 from cellpilot_services.borglet.task_record import (
     BorgletEvent,
     Limits,
     Phase,
     ProcessPlan,
     SimulatedPlan,
+    TaskKey,
     TaskPlan,
     TaskRecord,
+    UnrunnablePlan,
 )
 
 
@@ -108,7 +116,22 @@ def _runtime(spec: job_pb2.RuntimeSpec, field: str, defaults: RuntimeDefaults) -
         process = spec.process
         if not process.command:
             raise InvalidFieldError(f"{field}.process.command", "must name an executable")
-        return ProcessPlan(process.command, tuple(process.args), tuple(sorted(process.env.items())))
+        check = None
+        if process.HasField("health_check"):
+            h = process.health_check
+            core = HealthCheck(
+                h.http_url,
+                tuple(h.command),
+                h.interval_ms,
+                h.timeout_ms,
+                h.failure_threshold,
+                h.initial_delay_ms,
+            )
+            problem = validate_health_check(core, f"{field}.process.health_check")
+            if problem is not None:
+                raise InvalidFieldError(*problem)
+            check = resolve(core)
+        return ProcessPlan(process.command, tuple(process.args), tuple(sorted(process.env.items())), check)
     simulated = spec.simulated
     if simulated.trace_uri:
         raise InvalidFieldError(
@@ -129,7 +152,33 @@ def _runtime(spec: job_pb2.RuntimeSpec, field: str, defaults: RuntimeDefaults) -
         seed=simulated.seed,
         duration_seconds=simulated.duration_seconds,
         startup_seconds=simulated.startup_seconds,
+        demand=_demand(simulated, f"{field}.simulated.demand") if simulated.HasField("demand") else None,
     )
+
+
+def _demand(simulated: job_pb2.SimulatedRuntime, field: str) -> JobDemand:
+    d = simulated.demand
+    shared = SharedDemand(
+        usage_model=d.usage_model,
+        params=tuple(sorted(d.params.items())),
+        trace_step_seconds=d.trace.step_seconds,
+        trace_cpu_millicores=tuple(d.trace.cpu_millicores),
+        trace_memory_bytes=tuple(d.trace.memory_bytes),
+        imbalance=d.imbalance,
+    )
+    try:
+        return demand_in(shared, simulated.seed)
+    except DemandError as error:
+        raise InvalidFieldError(f"{field}.{error.field}" if error.field else field, error.message) from error
+
+
+def latency_sensitive(task: borglet_pb2.TaskAssignment) -> bool:
+    """The task's appclass (Borg §6.2); a master that does not say: prod bands are latency-sensitive."""
+    if task.app_class == job_pb2.APP_CLASS_BATCH:
+        return False
+    if task.app_class == job_pb2.APP_CLASS_LATENCY_SENSITIVE:
+        return True
+    return task.band in (job_pb2.PRIORITY_BAND_MONITORING, job_pb2.PRIORITY_BAND_PRODUCTION)
 
 
 def task_plan(task: borglet_pb2.TaskAssignment, field: str, defaults: RuntimeDefaults) -> TaskPlan:
@@ -152,7 +201,72 @@ def task_plan(task: borglet_pb2.TaskAssignment, field: str, defaults: RuntimeDef
         package_ids=tuple(spec.package_ids),
         ports=tuple(task.ports),
         spec_version=task.spec_version,
+        latency_sensitive=latency_sensitive(task),
     )
+
+
+def _identity_problem(task: borglet_pb2.TaskAssignment, field: str) -> str:
+    """Why an assignment names no task a report could refer to ("" if it names one)."""
+    if not task.job_id:
+        return f"{field}.job_id: must not be empty"
+    if task.task_index < 0:
+        return f"{field}.task_index: must be >= 0"
+    if task.incarnation < 0:
+        return f"{field}.incarnation: must be >= 0"
+    return ""
+
+
+def unrunnable_plan(task: borglet_pb2.TaskAssignment, reason: str) -> TaskPlan:
+    """The plan of a task this Borglet cannot run: enough of it to report the task FAILED."""
+    try:
+        task_limits = limits(task.spec.limits, "limits")
+    except InvalidFieldError:
+        task_limits = Limits()
+    return TaskPlan(
+        job_id=task.job_id,
+        task_index=task.task_index,
+        incarnation=task.incarnation,
+        priority=task.priority,
+        band=task.band,
+        limits=task_limits,
+        hard_memory_limit=True,
+        runtime=UnrunnablePlan(reason),
+        ports=tuple(task.ports),
+        spec_version=task.spec_version,
+    )
+
+
+@dataclass(frozen=True)
+class DesiredPlans:
+    plans: tuple[TaskPlan, ...]
+    skipped: tuple[str, ...]  # entries naming no usable task (or one named twice), with the reason
+
+
+def desired_plans(desired: borglet_pb2.DesiredTasks, defaults: RuntimeDefaults) -> DesiredPlans:
+    """Every task of a poll's desired set as a plan; one bad task never spoils the others.
+
+    A task whose spec cannot be read or run here becomes an :class:`UnrunnablePlan` (reported
+    FAILED with the reason). An entry that names no task (no job id, a negative index) or
+    names one a second time cannot be reported and is skipped, with its reason.
+    """
+    plans: list[TaskPlan] = []
+    skipped: list[str] = []
+    seen: set[TaskKey] = set()
+    for i, task in enumerate(desired.tasks):
+        field = f"desired.tasks[{i}]"
+        problem = _identity_problem(task, field)
+        if problem:
+            skipped.append(problem)
+            continue
+        if (task.job_id, task.task_index) in seen:
+            skipped.append(f"{field}: names {task.job_id}/{task.task_index} a second time")
+            continue
+        seen.add((task.job_id, task.task_index))
+        try:
+            plans.append(task_plan(task, field, defaults))
+        except InvalidFieldError as error:
+            plans.append(unrunnable_plan(task, f"invalid task plan: {error}"))
+    return DesiredPlans(tuple(plans), tuple(skipped))
 
 
 def task_report(record: TaskRecord, now_ms: int) -> borglet_pb2.TaskReport:
@@ -167,7 +281,7 @@ def task_report(record: TaskRecord, now_ms: int) -> borglet_pb2.TaskReport:
             cpu_millicores=round(record.cpu_millicores), memory_bytes=record.memory_bytes
         ),
         cpu_throttled=record.cpu_throttled,
-        ready=_ready(record, now_ms),
+        ready=task_ready(record, now_ms),
         restarts=record.restarts,
         started_ms=record.started_ms,
         spec_version=plan.spec_version,
@@ -178,12 +292,16 @@ def task_report(record: TaskRecord, now_ms: int) -> borglet_pb2.TaskReport:
     return report
 
 
-def _ready(record: TaskRecord, now_ms: int) -> bool:
-    if not record.alive or record.phase is Phase.STARTING:
+def task_ready(record: TaskRecord, now_ms: int) -> bool:
+    """Ready (Autopilot §3.3: no longer initialising): a simulated task after its start-up period;
+    a process after its first passing health check (Borg §2.6), or once running if it has none."""
+    if record.phase is not Phase.RUNNING:
         return False
     runtime = record.plan.runtime
     if isinstance(runtime, SimulatedPlan):
         return now_ms - record.started_ms >= runtime.startup_seconds * 1000
+    if isinstance(runtime, ProcessPlan) and runtime.health_check is not None:
+        return record.health.ready
     return True
 
 
@@ -252,9 +370,9 @@ def machine_spec(profile: MachineProfile, borglet_address: str) -> machine_pb2.M
 class SampleChunk:
     """Samples of one batch of event-seconds: the table they were taken on and the result."""
 
-    table: TaskTable
+    table: WorldTasks
     identities: Sequence[tuple[str, int, int]]  # (job id, task index, incarnation) per row
-    result: TickResult
+    result: WorldStep
 
 
 def sample_batches(
@@ -268,7 +386,7 @@ def sample_batches(
     for chunk in chunks:
         result = chunk.result
         times = (result.seconds * 1000).tolist()
-        cpu, memory = result.cpu.tolist(), result.memory.tolist()
+        cpu, memory, unmet = result.cpu.tolist(), result.memory.tolist(), result.cpu_unmet.tolist()
         throttled, sampled = result.throttled.tolist(), result.sampled.tolist()
         bounds = chunk.table.machine_bounds.tolist()
         for machine_index in range(len(bounds) - 1):
@@ -279,6 +397,7 @@ def sample_batches(
             own = batches.setdefault(machine_id, [])
             for j, time_ms in enumerate(times):
                 cpu_j, memory_j, throttled_j, sampled_j = cpu[j], memory[j], throttled[j], sampled[j]
+                unmet_j = unmet[j]
                 for row in range(lo, hi):
                     if not sampled_j[row]:
                         continue
@@ -293,6 +412,7 @@ def sample_batches(
                         cpu_millicores=cpu_j[row],
                         memory_bytes=memory_j[row],
                         cpu_throttled=throttled_j[row],
+                        cpu_unmet_millicores=unmet_j[row],
                     )
     out = []
     for machine_id, machine_batches in batches.items():

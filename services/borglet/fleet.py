@@ -5,6 +5,11 @@ mode, for scale tests). Every event-second the loop samples every running task a
 limits (:mod:`fleet_ticks`, off the event loop for large fleets), then applies the outcome:
 OOM kills, finished simulated tasks, the latest usage for reports, and samples handed to the
 publisher. Tasks keep running whether or not a master polls (Borg §3.3, §4).
+
+Whatever goes wrong with one task — a plan this Borglet cannot run, a command that cannot be
+started, metering that raises, a usage model that cannot be evaluated — fails that task
+(reported FAILED with the reason, logged at WARNING) and nothing else: the other tasks keep
+running and being metered, and the machine keeps answering its polls.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,33 +27,29 @@ from opentelemetry import trace
 
 from cellpilot.borg.enforcement import KillReason
 from cellpilot.borg.lifecycle import TaskEvent
+from cellpilot.workloads.world import MeasuredUsage, WorldStep, WorldTasks
 from cellpilot_services.borglet.convert import SampleChunk
 from cellpilot_services.borglet.desired_set import diff_desired
 from cellpilot_services.borglet.event_clock import EventClock
-from cellpilot_services.borglet.fleet_ticks import (
-    ProcessUsage,
-    SimulatedGroup,
-    TaskTable,
-    TickResult,
-    empty_usage,
-    run_ticks,
-)
+from cellpilot_services.borglet.fleet_ticks import MachineShape, build_table, run_ticks
+from cellpilot_services.borglet.load_balancer_view import JobRouting
 from cellpilot_services.borglet.machine_agent import MachineAgent
 from cellpilot_services.borglet.process_runtime import ProcessHandle, ProcessRunner
 from cellpilot_services.borglet.sample_publisher import SamplePublisher
 from cellpilot_services.borglet.task_record import (
     Limits,
     Phase,
+    ProcessPlan,
     SimulatedPlan,
     TaskPlan,
     TaskRecord,
+    UnrunnablePlan,
 )
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
 KILL_EXIT_CODE = -int(signal.SIGKILL)
-_U64 = (1 << 64) - 1
 
 
 class StaleIncarnationError(Exception):
@@ -67,7 +68,7 @@ class FleetOptions:
 
 @dataclass(frozen=True)
 class _Snapshot:
-    table: TaskTable
+    table: WorldTasks
     rows: tuple[TaskRecord, ...]
     identities: tuple[tuple[str, int, int], ...]
     process_rows: tuple[int, ...]
@@ -88,10 +89,18 @@ class Fleet:
         self.runner = runner
         self.publisher = publisher
         self.options = options or FleetOptions()
-        self._capacity = np.array(
-            [m.profile.capacity.memory_bytes for m in self.machine_list], dtype=np.float64
+        self._shape = MachineShape(
+            cpu_millicores=np.array(
+                [m.profile.capacity.cpu_millicores for m in self.machine_list], dtype=float
+            ),
+            memory_bytes=np.array([m.profile.capacity.memory_bytes for m in self.machine_list], dtype=float),
+            pressure_fraction=self.options.pressure_fraction,
         )
+        # How each job's load balancer sees it (set by a LoadBalancerView); None: no Borgmaster
+        # to ask, this Borglet's own ready tasks share each job's demand.
+        self.routing: Mapping[str, JobRouting] | None = None
         self._snapshot: _Snapshot | None = None
+        self._checked: list[tuple[MachineAgent, TaskRecord]] | None = None
         self._watchers: set[asyncio.Task[None]] = set()
         self.last_second = clock.now_ms() // 1000
         self.steps = 0
@@ -100,6 +109,36 @@ class Fleet:
 
     def _changed(self) -> None:
         self._snapshot = None
+        self._checked = None
+
+    def checked_tasks(self) -> list[tuple[MachineAgent, TaskRecord]]:
+        """Running process tasks that declare a health check (Borg §2.6), kept until tasks change."""
+        if self._checked is None:
+            self._checked = [
+                (machine, record)
+                for machine in self.machine_list
+                for record in machine.tasks.values()
+                if record.phase is Phase.RUNNING
+                and isinstance(record.plan.runtime, ProcessPlan)
+                and record.plan.runtime.health_check is not None
+            ]
+        return self._checked
+
+    def routing_changed(self, routing: Mapping[str, JobRouting] | None) -> None:
+        """A new load-balancer view (the tasks each job's balancer routes to)."""
+        self.routing = routing
+        self._changed()
+
+    def demand_jobs(self) -> set[str]:
+        """Jobs with a shared demand that have a running task here."""
+        return {
+            record.plan.job_id
+            for machine in self.machine_list
+            for record in machine.tasks.values()
+            if record.phase is Phase.RUNNING
+            and isinstance(record.plan.runtime, SimulatedPlan)
+            and record.plan.runtime.demand is not None
+        }
 
     async def start_task(self, machine: MachineAgent, plan: TaskPlan, cause_id: str) -> TaskRecord:
         """Start a task (a no-op for an incarnation already known here)."""
@@ -125,13 +164,16 @@ class Fleet:
         record = TaskRecord(machine.machine_id, plan, Phase.STARTING, started_ms=now)
         machine.tasks[plan.key] = record
         machine.packages.update(plan.package_ids)
+        if isinstance(plan.runtime, UnrunnablePlan):
+            self._fail(machine, record, plan.runtime.reason, cause_id)
+            return record
         if record.simulated:
             self._running(machine, record, cause_id, "simulated")
             return record
         try:
             handle = await self.runner.spawn(record)
-        except OSError as error:
-            self._exited(machine, record, TaskEvent.FAILED, -1, f"could not start: {error}", cause_id)
+        except Exception as error:  # command not found, permission denied, a bad environment...
+            self._fail(machine, record, f"could not start: {_describe(error)}", cause_id)
             return record
         record.process = handle
         if record.stop_kind is not None:  # stopped while it was starting
@@ -143,6 +185,54 @@ class Fleet:
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
         return record
+
+    def _fail(
+        self,
+        machine: MachineAgent,
+        record: TaskRecord,
+        detail: str,
+        cause_id: str,
+        at_ms: int | None = None,
+    ) -> None:
+        """The task failed here (not the machine): report it FAILED; kill its process if it has one."""
+        plan = record.plan
+        log.warning(
+            "task failed on its machine",
+            extra={
+                "cause_id": cause_id,
+                "machine_id": machine.machine_id,
+                "job_id": plan.job_id,
+                "task_index": plan.task_index,
+                "incarnation": plan.incarnation,
+                "reason": detail,
+            },
+        )
+        if isinstance(record.process, ProcessHandle) and record.phase is not Phase.DEAD:
+            self._kill_now(record, TaskEvent.FAILED, detail, cause_id, at_ms or self.clock.now_ms())
+            return
+        self._exited(machine, record, TaskEvent.FAILED, -1, detail, cause_id, at_ms)
+
+    def fail_task(self, machine: MachineAgent, record: TaskRecord, detail: str, cause_id: str) -> None:
+        """The task failed on its machine (e.g. its health checks): kill it, report it FAILED."""
+        if record.phase is Phase.RUNNING:
+            self._fail(machine, record, detail, cause_id)
+
+    def _kill_now(self, record: TaskRecord, kind: TaskEvent, detail: str, cause: str, at_ms: int) -> None:
+        """SIGKILL a process task; its watcher reports the exit as ``kind``."""
+        assert isinstance(record.process, ProcessHandle)
+        record.stop_kind, record.stop_detail, record.stop_cause = kind, detail, cause
+        record.extra["stop_ms"] = at_ms
+        record.phase = Phase.STOPPING
+        self._changed()
+        self.runner.signal(record.process, signal.SIGKILL)
+
+    def _start_failed(self, machine: MachineAgent, plan: TaskPlan, detail: str, cause_id: str) -> None:
+        """Starting failed outside the runtime's own error handling: record the task as failed."""
+        record = machine.tasks.get(plan.key)
+        if record is None or record.plan.incarnation != plan.incarnation:
+            record = TaskRecord(machine.machine_id, plan, Phase.STARTING, started_ms=self.clock.now_ms())
+            machine.tasks[plan.key] = record
+        self._fail(machine, record, detail, cause_id)
 
     def _running(self, machine: MachineAgent, record: TaskRecord, cause_id: str, detail: str) -> None:
         record.phase = Phase.RUNNING
@@ -174,11 +264,30 @@ class Fleet:
         code = await self.runner.wait(handle)
         if record.stop_kind is not None:
             kind, detail, cause = record.stop_kind, record.stop_detail, record.stop_cause
+        elif code != 0 and handle.oom_kills > 0:
+            record.memory_bytes = max(record.memory_bytes, handle.memory_peak)  # the memory at the kill
+            detail = self._kernel_oom_detail(record, handle)
+            kind, cause = TaskEvent.OOM, f"oom:{record.machine_id}:{record.plan.name}:kernel"
         elif code == 0:
             kind, detail, cause = TaskEvent.FINISHED, "exit code 0", f"exit:{record.plan.name}"
         else:
             kind, detail, cause = TaskEvent.FAILED, f"exit code {code}", f"exit:{record.plan.name}"
         self._exited(machine, record, kind, code, detail, cause, record.extra.get("stop_ms"))
+
+    @staticmethod
+    def _kernel_oom_detail(record: TaskRecord, handle: ProcessHandle) -> str:
+        """The kernel OOM-killed the task in its cgroup (Borg §6.2: the Borglet "handles
+        Out-of-Memory (OOM) events from the kernel"); say at which limit, with the kill count."""
+        limit = record.plan.limits.memory_bytes
+        counted = f"cgroup memory.events oom_kill {handle.oom_kills}"
+        if record.plan.hard_memory_limit and limit > 0:
+            return (
+                f"{_REASON_TEXT[KillReason.HARD_LIMIT]}: killed by the kernel at memory.max {limit} B "
+                f"(peak {handle.memory_peak} B; {counted})"
+            )
+        return (
+            f"{_REASON_TEXT[KillReason.MACHINE_OUT_OF_MEMORY]}: killed by the kernel's OOM killer ({counted})"
+        )
 
     async def stop_task(
         self,
@@ -238,9 +347,10 @@ class Fleet:
             package_ids=plan.package_ids,
             ports=plan.ports,
             spec_version=spec_version,
+            latency_sensitive=plan.latency_sensitive,
         )
         if isinstance(record.process, ProcessHandle):
-            self.runner.update_limit(record.process, limits.cpu_millicores)
+            self.runner.update_limits(record.process, limits, hard_memory_limit)
         self._changed()
 
     async def apply_desired(
@@ -250,21 +360,41 @@ class Fleet:
         changes = diff_desired(machine.known_tasks(), plans)
         for known in changes.kill:
             record = machine.tasks[known.key]
-            await self.stop_task(
-                machine,
-                record,
-                TaskEvent.KILLED,
-                0,
-                cause_id,
-                "duplicate: not in the master's desired task set",
-            )
+            try:
+                await self.stop_task(
+                    machine,
+                    record,
+                    TaskEvent.KILLED,
+                    0,
+                    cause_id,
+                    "duplicate: not in the master's desired task set",
+                )
+            except Exception as error:
+                log.warning(
+                    "could not kill a task",
+                    extra={"cause_id": cause_id, "machine_id": machine.machine_id, "task": record.plan.name,
+                           "error": _describe(error)},
+                )  # fmt: skip
         for plan in changes.update:
             record = machine.tasks[plan.key]
-            self.update_task(record, plan.limits, plan.hard_memory_limit, plan.priority, plan.spec_version)
+            try:
+                self.update_task(
+                    record, plan.limits, plan.hard_memory_limit, plan.priority, plan.spec_version
+                )
+            except Exception as error:
+                self._fail(machine, record, f"could not update in place: {_describe(error)}", cause_id)
         machine.desired = {plan.key: plan.incarnation for plan in plans}
         machine.desired_version = version
         for plan in changes.start:
-            await self.start_task(machine, plan, cause_id)
+            try:
+                await self.start_task(machine, plan, cause_id)
+            except StaleIncarnationError as error:
+                log.warning(
+                    "desired task is older than the one running here",
+                    extra={"cause_id": cause_id, "machine_id": machine.machine_id, "error": str(error)},
+                )
+            except Exception as error:
+                self._start_failed(machine, plan, f"could not start: {_describe(error)}", cause_id)
 
     # ----- the event-time loop --------------------------------------------------------------
 
@@ -278,63 +408,32 @@ class Fleet:
                 if record.phase is Phase.RUNNING:
                     rows.append(record)
                     machine_index.append(machine.index)
-        n = len(rows)
-        machine = np.array(machine_index, dtype=np.intp)
-        groups: dict[tuple[str, tuple[tuple[str, float], ...]], tuple[list[int], list[int]]] = {}
-        duration = np.zeros(n)
-        simulated = np.zeros(n, dtype=bool)
-        process_rows = []
-        for row, record in enumerate(rows):
-            runtime = record.plan.runtime
-            if isinstance(runtime, SimulatedPlan):
-                simulated[row] = True
-                duration[row] = runtime.duration_seconds
-                members, keys = groups.setdefault((runtime.usage_model, runtime.params), ([], []))
-                members.append(row)
-                keys.append((runtime.seed + record.plan.task_index) & _U64)
-            else:
-                process_rows.append(row)
-        table = TaskTable(
-            machine=machine,
-            priority=np.array([r.plan.priority for r in rows], dtype=np.int64),
-            cpu_limit=np.array([r.plan.limits.cpu_millicores for r in rows], dtype=np.float64),
-            memory_limit=np.array([r.plan.limits.memory_bytes for r in rows], dtype=np.float64),
-            hard_memory_limit=np.array([r.plan.hard_memory_limit for r in rows], dtype=bool),
-            simulated=simulated,
-            start_s=np.array([r.started_ms / 1000.0 for r in rows], dtype=np.float64),
-            duration_s=duration,
-            groups=tuple(
-                SimulatedGroup(
-                    model=model,
-                    params=dict(params),
-                    rows=np.array(members, dtype=np.intp),
-                    keys=np.array(keys, dtype=np.uint64).view(np.int64),
-                )
-                for (model, params), (members, keys) in groups.items()
-            ),
-            memory_capacity=self._capacity,
-            pressure_fraction=self.options.pressure_fraction,
-            machine_bounds=TaskTable.bounds(machine, len(self.machine_list)),
-        )
+        table = build_table(rows, machine_index, self._shape, self.routing)
         identities = tuple((r.plan.job_id, r.plan.task_index, r.plan.incarnation) for r in rows)
-        self._snapshot = _Snapshot(table, tuple(rows), identities, tuple(process_rows))
+        process_rows = tuple(np.flatnonzero(table.measured).tolist())
+        self._snapshot = _Snapshot(table, tuple(rows), identities, process_rows)
         return self._snapshot
 
-    def _process_usage(self, snapshot: _Snapshot) -> ProcessUsage:
-        usage = empty_usage(snapshot.table.size)
+    def _process_usage(self, snapshot: _Snapshot) -> MeasuredUsage:
+        usage = MeasuredUsage.none(snapshot.table.size)
         for row in snapshot.process_rows:
             handle = snapshot.rows[row].process
             if isinstance(handle, ProcessHandle):
                 usage.cpu[row] = handle.cpu_millicores
                 usage.memory[row] = handle.memory_bytes
                 usage.throttled[row] = handle.kernel_throttled
+                usage.unmet[row] = handle.throttled_millicores
         return usage
 
     def meter_processes(self) -> None:
         for machine in self.machine_list:
-            for record in machine.tasks.values():
+            for record in list(machine.tasks.values()):
                 if record.phase is Phase.RUNNING and isinstance(record.process, ProcessHandle):
-                    self.runner.meter(record.process)
+                    try:
+                        self.runner.meter(record.process)
+                    except Exception as error:  # this task's metering, not the machine's
+                        cause = f"meter:{record.plan.name}"
+                        self._fail(machine, record, f"metering failed: {_describe(error)}", cause)
 
     async def step(self) -> int:
         """Process the event-seconds elapsed since the last step; returns how many."""
@@ -356,20 +455,22 @@ class Fleet:
         self.steps += 1
         return count
 
-    def _apply(self, snapshot: _Snapshot, result: TickResult) -> None:
+    def _apply(self, snapshot: _Snapshot, result: WorldStep) -> None:
         sampled = result.sampled
         if sampled.shape[0]:
-            any_sampled = sampled.any(axis=0)
+            any_sampled = np.asarray(sampled.any(axis=0)).tolist()
             last = sampled.shape[0] - 1 - np.argmax(sampled[::-1], axis=0)
             cols = np.arange(sampled.shape[1])
             cpu = result.cpu[last, cols].tolist()
             memory = result.memory[last, cols].tolist()
             throttled = result.throttled[last, cols].tolist()
+            unmet = result.cpu_unmet[last, cols].tolist()
             for row, record in enumerate(snapshot.rows):
                 if any_sampled[row]:
                     record.cpu_millicores = cpu[row]
                     record.memory_bytes = memory[row]
                     record.cpu_throttled = throttled[row]
+                    record.cpu_unmet_millicores = unmet[row]
         for row, second in result.finished:
             record = snapshot.rows[row]
             machine = self.machines[record.machine_id]
@@ -386,6 +487,12 @@ class Fleet:
                     f"finish:{record.plan.name}",
                     second * 1000,
                 )
+        for row, reason in result.failed:
+            record = snapshot.rows[row]
+            if record.phase is Phase.RUNNING:
+                second = int(result.seconds[0]) if result.seconds.size else self.last_second
+                machine = self.machines[record.machine_id]
+                self._fail(machine, record, reason, f"usage:{record.plan.name}:{second}", second * 1000)
         for kill in result.kills:
             record = snapshot.rows[kill.row]
             machine = self.machines[record.machine_id]
@@ -409,11 +516,7 @@ class Fleet:
         if record.simulated:
             self._exited(machine, record, TaskEvent.OOM, KILL_EXIT_CODE, detail, cause, second * 1000)
         elif isinstance(record.process, ProcessHandle):
-            record.stop_kind, record.stop_detail, record.stop_cause = TaskEvent.OOM, detail, cause
-            record.extra["stop_ms"] = second * 1000
-            record.phase = Phase.STOPPING
-            self._changed()
-            self.runner.signal(record.process, signal.SIGKILL)
+            self._kill_now(record, TaskEvent.OOM, detail, cause, second * 1000)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Step through event time until ``stop``: meter processes, sample, enforce, publish."""
@@ -448,6 +551,10 @@ class Fleet:
         for watcher in list(self._watchers):
             watcher.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 _REASON_TEXT = {

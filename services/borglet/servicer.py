@@ -2,8 +2,10 @@
 
 Every call names the machine (a fleet-mode Borglet routes by it: NOT_FOUND for a machine it
 does not host) and carries the master's epoch: an epoch older than the newest the machine
-has seen is refused with FAILED_PRECONDITION, so a deposed master cannot command it
-(DESIGN.md rule 7). Bad input is INVALID_ARGUMENT naming the field, and changes nothing.
+has seen is refused with FAILED_PRECONDITION, so a deposed master cannot command it.
+Bad input is INVALID_ARGUMENT naming the field, and changes nothing — except in a poll's
+desired set, where a task the Borglet cannot run fails alone (reported FAILED with the
+reason) and the poll answers for the rest of the machine.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ tracer = trace.get_tracer(__name__)
 
 
 def _traced(name: str, machine_id: str, cause_id: str) -> Any:
-    """A span for one call, carrying the machine and the cause id (DESIGN.md rule 4)."""
+    """A span for one call, carrying the machine and the cause id (docs/architecture.md rule 4)."""
     return tracer.start_as_current_span(
         f"Borglet.{name}", attributes={"cellpilot.machine_id": machine_id, "cellpilot.cause_id": cause_id}
     )
@@ -71,16 +73,15 @@ class BorgletServicer(borglet_pb2_grpc.BorgletServicer):
     ) -> borglet_pb2.PollResponse:
         machine = await self._machine(request.machine_id, request.master_epoch, context)
         if request.HasField("desired"):
-            try:
-                plans = [
-                    convert.task_plan(task, f"desired.tasks[{i}]", self.defaults)
-                    for i, task in enumerate(request.desired.tasks)
-                ]
-                if len({plan.key for plan in plans}) != len(plans):
-                    raise InvalidFieldError("desired.tasks", "names a task (job_id, task_index) twice")
-            except InvalidFieldError as error:
-                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
-            await self.fleet.apply_desired(machine, request.desired.version, plans, cause)
+            # A task that cannot be read fails alone (reported FAILED); the poll still answers,
+            # so one bad task never makes its machine look down (Borg §3.3).
+            desired = convert.desired_plans(request.desired, self.defaults)
+            for problem in desired.skipped:
+                log.warning(
+                    "desired task skipped: it names no task to report on",
+                    extra={"cause_id": cause, "machine_id": machine.machine_id, "error": problem},
+                )
+            await self.fleet.apply_desired(machine, request.desired.version, list(desired.plans), cause)
         machine.acknowledge(request.ack_event_sequence)
         machine.forget_settled()
         return convert.poll_response(

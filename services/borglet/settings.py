@@ -6,14 +6,14 @@ comma-separated in the environment; attributes are ``key=value`` pairs, comma-se
 
 from __future__ import annotations
 
-import os
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.security.tls import SecuritySettings
+from cellpilot_services.borglet.task_sandbox import MINIMAL_PATH
 
 GIB = 1 << 30
 
@@ -66,11 +66,19 @@ class BorgletSettings(BaseSettings):
     identity: str = ""
     register_backoff_initial_s: float = Field(default=0.2, gt=0)
     register_backoff_max_s: float = Field(default=5.0, gt=0)
+    # How often (wall seconds) the view of each hosted job's load balancer is re-read from the
+    # Borgmaster: which of the job's tasks share its demand (Borg §2.6).
+    load_balancer_refresh_s: float = Field(default=1.0, gt=0)
 
     # Event time: simulated seconds per wall second, and the event time the clock starts at
     # (ms since epoch; unset = the wall clock at start).
     speedup: float = Field(default=1.0, gt=0)
     event_start_ms: int | None = None
+    # Where the clock keeps how far it went (written every clock_save_interval_s wall seconds),
+    # so a restart resumes after it and event time never goes backwards; "" = nowhere (each
+    # start begins at event_start_ms or the wall clock). `cellpilot run` puts it in its data dir.
+    clock_file: str = ""
+    clock_save_interval_s: float = Field(default=1.0, gt=0)
 
     # Usage samples on Kafka usage.samples, batched per machine every publish interval (wall).
     publish_samples: bool = True
@@ -86,14 +94,20 @@ class BorgletSettings(BaseSettings):
     # Runtime defaults: for tasks whose spec names no runtime.
     default_runtime: Literal["simulated", "process"] = "simulated"
     default_usage_model: str = "steady"
-    # Process runtime: where task logs go, how often processes are metered (wall seconds),
-    # the cgroup v2 directory to create task cgroups under ("" = detect /sys/fs/cgroup;
-    # "none" = never use cgroups), and the environment every task process starts with.
+    # Process runtime: where task working directories and logs go, how often processes are
+    # metered (wall seconds), and the cgroup v2 directory to create task cgroups under ("" = the
+    # Borglet's own cgroup, found through /proc/self; "none" = never use cgroups: the Borglet's
+    # metering enforces limits).
     allow_process_runtime: bool = True
     work_dir: str = ""
     meter_interval_s: float = Field(default=1.0, gt=0)
     cgroup_root: str = ""
-    task_base_env: dict[str, str] = Field(default_factory=dict)
+    # The account process tasks run as when the Borglet is root ("" = the system user
+    # cellpilot-task, created on first use). A Borglet that is not root runs them as itself.
+    task_user: str = ""
+    # Variables every task process starts with (under the spec's own; nothing else is inherited
+    # from the Borglet's environment, HOME is the task's working directory).
+    task_base_env: dict[str, str] = Field(default_factory=lambda: {"PATH": MINIMAL_PATH})
     # Kill the tasks this process started when it shuts down (no orphans on a laptop).
     kill_tasks_on_exit: bool = True
 
@@ -111,15 +125,6 @@ class BorgletSettings(BaseSettings):
                 raise ValueError("attributes must be key=value pairs separated by commas")
             return {key.strip(): val.strip() for key, val in pairs}
         return value
-
-    @model_validator(mode="after")
-    def _defaults_from_environment(self) -> BorgletSettings:
-        # Tasks inherit the Borglet's PATH and locale unless told otherwise.
-        if not self.task_base_env:
-            self.task_base_env = {
-                key: os.environ[key] for key in ("PATH", "HOME", "LANG", "LC_ALL") if key in os.environ
-            }
-        return self
 
     def resolved_identity(self) -> str:
         return self.identity or f"borglet-r{self.replica_index}"

@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cellpilot.borg.health_checks import HealthState, ResolvedCheck
 from cellpilot.borg.lifecycle import TASK_TRANSITIONS, TaskEvent, TaskState, transition
+from cellpilot.workloads.job_demand import JobDemand
 
 TaskKey = tuple[str, int]  # (job id, task index)
 
@@ -29,6 +31,7 @@ class ProcessPlan:
     command: str
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    health_check: ResolvedCheck | None = None  # Borg §2.6; None: ready once running
 
 
 @dataclass(frozen=True)
@@ -38,10 +41,20 @@ class SimulatedPlan:
     seed: int = 0
     duration_seconds: int = 0  # 0 = runs until killed
     startup_seconds: int = 0
+    demand: JobDemand | None = None  # the job's demand, shared among its ready tasks
 
     @property
     def params_map(self) -> Mapping[str, float]:
         return dict(self.params)
+
+
+@dataclass(frozen=True)
+class UnrunnablePlan:
+    """A task this Borglet cannot run: a field of its plan it cannot read, or a runtime it does not
+    offer. It is recorded and reported FAILED with ``reason``, never started; the rest of the
+    desired set runs (a bad task fails alone, never the machine's poll)."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -55,10 +68,11 @@ class TaskPlan:
     band: int  # PriorityBand wire value, echoed only
     limits: Limits
     hard_memory_limit: bool
-    runtime: ProcessPlan | SimulatedPlan
+    runtime: ProcessPlan | SimulatedPlan | UnrunnablePlan
     package_ids: tuple[str, ...] = ()
     ports: tuple[int, ...] = ()
     spec_version: int = 0
+    latency_sensitive: bool = True  # Borg §6.2 appclass: served first under CPU contention
 
     @property
     def key(self) -> TaskKey:
@@ -96,6 +110,8 @@ class TaskRecord:
     cpu_millicores: float = 0.0  # latest usage sample
     memory_bytes: int = 0
     cpu_throttled: bool = False
+    cpu_unmet_millicores: float = 0.0  # demand not served at the latest sample
+    health: HealthState = field(default_factory=HealthState)  # its health checks so far (process)
     restarts: int = 0
     process: Any = None  # the process runtime's handle
     extra: dict[str, Any] = field(default_factory=dict)

@@ -31,6 +31,8 @@ from cellpilot_services.borgmaster.settings import BorgmasterSettings
 
 log = logging.getLogger(__name__)
 
+_LOGGED_MISSES = frozenset({0, 1, 4, 9, 99})  # failed polls in a row already counted, when logged
+
 
 @dataclass(frozen=True)
 class CycleStats:
@@ -56,6 +58,7 @@ class BorgletPoller:
         self.urgent: set[str] = set()
         self.wake = asyncio.Event()
         self.last_cycle: CycleStats | None = None
+        self.policy = settings.restart_policy
         replica.listeners.append(self._on_applied)
 
     def _on_applied(self, _seq: int, changes: list[Change]) -> None:
@@ -137,6 +140,18 @@ class BorgletPoller:
                             "a Borglet refused our epoch",
                             extra={"machine_id": request.machine_id, "error": error.details()},
                         )
+                    elif count_misses and self.missed.get(request.machine_id, 0) in _LOGGED_MISSES:
+                        # The first failed poll of a run, and a few after it: a machine heading
+                        # for DOWN says why (Borg §3.3).
+                        log.warning(
+                            "poll failed",
+                            extra={
+                                "machine_id": request.machine_id,
+                                "missed_before": self.missed.get(request.machine_id, 0),
+                                "code": error.code().name,
+                                "error": error.details(),
+                            },
+                        )
                     return None
 
         ids = list(requests)
@@ -162,7 +177,7 @@ class BorgletPoller:
                         "malformed poll response", extra={"machine_id": machine_id, "error": str(error)}
                     )
                     continue
-                diff = diff_report(state, report, self.settings.max_task_failures)
+                diff = diff_report(state, report, self.settings.max_task_failures, self.policy)
                 diffs.append((machine_id, response, diff))
                 mutations += diff.mutations
                 duplicates += len(diff.duplicates)
@@ -188,6 +203,7 @@ class BorgletPoller:
                     self.acked_event[machine_id] = max(e.sequence for e in response.events)
                 soft = self.replica.soft
                 soft.last_contact_ms[machine_id] = response.event_time_ms
+                soft.latest_event_ms = max(soft.latest_event_ms, response.event_time_ms)
                 soft.machine_usage[machine_id] = convert.resources_in(response.usage, "poll.usage")
                 soft.cached_packages[machine_id] = tuple(response.cached_package_ids)
                 soft.task_usage.update(diff.usage)

@@ -37,7 +37,10 @@ class Borgmaster:
         work = [self.scheduler.run, self.poller.run, self.replica.snapshot_loop]
         if settings.publish_events:
             self.publisher = EventPublisher(
-                self.replica, settings.platform.kafka_bootstrap, settings.events_topic
+                self.replica,
+                settings.platform.kafka_bootstrap,
+                settings.events_topic,
+                settings.platform.log_check_interval_s,
             )
             work.append(self.publisher.run)
         self.replica.leader_work = work

@@ -1,6 +1,6 @@
 """The checkpoint's storage encoding: log records and snapshots as ``checkpoint.proto`` bytes.
 
-Part of the service's conversion edge (DESIGN.md rule 2), kept apart from the request and
+Part of the service's conversion edge (docs/architecture.md rule 2), kept apart from the request and
 response conversions of :mod:`convert`: a :class:`LogRecord` becomes one
 ``CheckpointRecord`` (its oneof case is the mutation kind), a :class:`CellState` one
 ``Snapshot``; decoding either gives back exactly what was encoded, so a replica that loads
@@ -77,6 +77,17 @@ def mutation_out(mutation: mu.Mutation) -> dict[str, Any]:
         )
         if x.usage is not None:
             msg.usage.CopyFrom(resources_out(x.usage))
+        if x.backoff is not None:
+            b = x.backoff
+            msg.backoff.CopyFrom(
+                p.RestartBackoff(
+                    failures=b.failures,
+                    not_before_ms=b.not_before_ms,
+                    failed_at_ms=b.failed_at_ms,
+                    machine_id=b.machine_id,
+                    avoid_until_ms=b.avoid_until_ms,
+                )
+            )
     elif isinstance(x, mu.MachineRegistered):
         msg = p.MachineRegistered(spec=machine_spec_out(x.spec))
     elif isinstance(x, mu.MachineStateChanged):
@@ -99,6 +110,8 @@ def record_out(record: mu.LogRecord) -> checkpoint_pb2.CheckpointRecord:
         event_time_ms=record.event_time_ms,
         request_id=record.request_id,
         cause_id=record.cause_id,
+        request_method=record.request_method,
+        request_digest=record.request_digest,
         **mutation_out(record.mutation),
     )
 
@@ -131,7 +144,15 @@ def mutation_in(msg: checkpoint_pb2.CheckpointRecord) -> mu.Mutation:
         state = enum_in(TaskState, state_pb2.TaskState, c.state, f)
         usage = resources_in(c.usage, f) if c.HasField("usage") else None
         reason = task_event_in(c.reason, state, f)
-        return mu.TaskStateChanged(c.job_id, c.task_index, c.incarnation, state, reason, c.detail, usage)
+        backoff = None
+        if c.HasField("backoff"):
+            b = c.backoff
+            backoff = mu.RestartBackoff(
+                b.failures, b.not_before_ms, b.failed_at_ms, b.machine_id, b.avoid_until_ms
+            )
+        return mu.TaskStateChanged(
+            c.job_id, c.task_index, c.incarnation, state, reason, c.detail, usage, backoff
+        )
     if case == "machine_registered":
         return mu.MachineRegistered(machine_spec_in(msg.machine_registered.spec))
     if case == "machine_state_changed":
@@ -154,7 +175,14 @@ def record_in(data: bytes) -> mu.LogRecord:
     msg = checkpoint_pb2.CheckpointRecord()
     msg.ParseFromString(data)
     return mu.LogRecord(
-        msg.sequence, msg.epoch, msg.event_time_ms, mutation_in(msg), msg.request_id, msg.cause_id
+        msg.sequence,
+        msg.epoch,
+        msg.event_time_ms,
+        mutation_in(msg),
+        msg.request_id,
+        msg.cause_id,
+        msg.request_method,
+        msg.request_digest,
     )
 
 
@@ -170,7 +198,9 @@ def snapshot_out(state: CellState, epoch: int) -> checkpoint_pb2.Snapshot:
     snapshot.machines.extend(machine_out(state, machine) for machine in state.machines.values())
     snapshot.quotas.extend(quota_out(state, user, band) for user, band in state.quotas)
     snapshot.applied_requests.extend(
-        checkpoint_pb2.AppliedRequest(request_id=a.request_id, sequence=a.sequence, job_id=a.job_id)
+        checkpoint_pb2.AppliedRequest(
+            request_id=a.request_id, sequence=a.sequence, job_id=a.job_id, method=a.method, digest=a.digest
+        )
         for a in state.applied_requests.values()
     )
     leader = leader_out(state.leader)
@@ -202,6 +232,12 @@ def snapshot_in(data: bytes) -> CellState:
                 tuple(t.ports),
                 t.restarts,
                 t.state_since_ms,
+                t.failures,
+                t.next_restart_ms,
+                t.last_failure,
+                t.last_failure_ms,
+                tuple((r.machine_id, r.event_time_ms) for r in t.recent_failures),
+                {a.machine_id: a.until_ms for a in t.avoided_machines},
             )
         jobs.append(
             JobRecord(
@@ -231,7 +267,10 @@ def snapshot_in(data: bytes) -> CellState:
         (q.user, enum_in(m.PriorityBand, job_pb2.PriorityBand, q.band, f), resources_in(q.limit, f))
         for q in snapshot.quotas
     ]
-    applied = [AppliedRequest(a.request_id, a.sequence, a.job_id) for a in snapshot.applied_requests]
+    applied = [
+        AppliedRequest(a.request_id, a.sequence, a.job_id, a.method, a.digest)
+        for a in snapshot.applied_requests
+    ]
     leader = None
     if snapshot.HasField("leader"):
         leader = Leader(snapshot.leader.replica_id, snapshot.leader.address, snapshot.leader.epoch)

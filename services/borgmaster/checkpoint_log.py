@@ -5,7 +5,7 @@ log — kept in a Paxos-based store. Here the log is the ``checkpoint_log`` tabl
 is appended at the next dense sequence number only while the writer's epoch is the
 current one. The check takes a share lock on the lease row, and a new election must
 update that row, so an election and an append are serialised: once a new epoch is
-committed no append of an older epoch can commit (DESIGN.md rule 7).
+committed no append of an older epoch can commit (docs/architecture.md rule 7).
 """
 
 from __future__ import annotations

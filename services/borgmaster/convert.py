@@ -8,11 +8,14 @@ contact) alongside the logical state, which is not logged.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, TypeVar
+
+from google.protobuf.message import Message
 
 from cellpilot.api.v1 import (
     borglet_pb2,
@@ -156,11 +159,40 @@ def _horizontal_out(h: m.HorizontalScaling) -> job_pb2.HorizontalScalingConfig:
     )
 
 
+HEALTH_CHECK_PLAIN = ("http_url", "interval_ms", "timeout_ms", "failure_threshold", "initial_delay_ms")
+
+
+def health_check_in(msg: job_pb2.HealthCheck) -> m.HealthCheck:
+    return m.HealthCheck(command=tuple(msg.command), **{n: getattr(msg, n) for n in HEALTH_CHECK_PLAIN})
+
+
+def health_check_out(check: m.HealthCheck) -> job_pb2.HealthCheck:
+    return job_pb2.HealthCheck(command=check.command, **{n: getattr(check, n) for n in HEALTH_CHECK_PLAIN})
+
+
+def demand_in(msg: job_pb2.SharedDemand) -> m.SharedDemand:
+    t = msg.trace
+    params = tuple(sorted(msg.params.items()))
+    return m.SharedDemand(
+        msg.usage_model, params, t.step_seconds, tuple(t.cpu_millicores), tuple(t.memory_bytes), msg.imbalance
+    )
+
+
+def demand_out(d: m.SharedDemand) -> job_pb2.SharedDemand:
+    out = job_pb2.SharedDemand(usage_model=d.usage_model, params=dict(d.params), imbalance=d.imbalance)
+    if d.has_trace:
+        out.trace.step_seconds = d.trace_step_seconds
+        out.trace.cpu_millicores.extend(d.trace_cpu_millicores)
+        out.trace.memory_bytes.extend(d.trace_memory_bytes)
+    return out
+
+
 def runtime_in(msg: job_pb2.RuntimeSpec) -> m.Runtime:
     case = msg.WhichOneof("runtime")
     if case == "process":
         p = msg.process
-        return m.ProcessRuntime(p.command, tuple(p.args), tuple(sorted(p.env.items())))
+        check = health_check_in(p.health_check) if p.HasField("health_check") else None
+        return m.ProcessRuntime(p.command, tuple(p.args), tuple(sorted(p.env.items())), check)
     if case == "simulated":
         s = msg.simulated
         return m.SimulatedRuntime(
@@ -170,6 +202,7 @@ def runtime_in(msg: job_pb2.RuntimeSpec) -> m.Runtime:
             s.seed,
             s.duration_seconds,
             s.startup_seconds,
+            demand_in(s.demand) if s.HasField("demand") else None,
         )
     return None
 
@@ -177,6 +210,8 @@ def runtime_in(msg: job_pb2.RuntimeSpec) -> m.Runtime:
 def runtime_out(runtime: m.Runtime) -> job_pb2.RuntimeSpec:
     if isinstance(runtime, m.ProcessRuntime):
         process = job_pb2.ProcessRuntime(command=runtime.command, args=runtime.args, env=dict(runtime.env))
+        if runtime.health_check is not None:
+            process.health_check.CopyFrom(health_check_out(runtime.health_check))
         return job_pb2.RuntimeSpec(process=process)
     if isinstance(runtime, m.SimulatedRuntime):
         simulated = job_pb2.SimulatedRuntime(
@@ -187,6 +222,8 @@ def runtime_out(runtime: m.Runtime) -> job_pb2.RuntimeSpec:
             duration_seconds=runtime.duration_seconds,
             startup_seconds=runtime.startup_seconds,
         )
+        if runtime.demand is not None:
+            simulated.demand.CopyFrom(demand_out(runtime.demand))
         return job_pb2.RuntimeSpec(simulated=simulated)
     return job_pb2.RuntimeSpec()
 
@@ -280,6 +317,15 @@ def job_spec_out(spec: m.JobSpec) -> job_pb2.JobSpec:
     )
 
 
+def payload_digest(request: Message) -> str:
+    """A digest of a mutating request without its ``request_id``, as the client sent it: a
+    retry carries the same bytes, so the same digest; another request reusing the id does not."""
+    payload = type(request)()
+    payload.CopyFrom(request)
+    payload.ClearField("request_id")  # type: ignore[arg-type]
+    return hashlib.sha256(payload.SerializeToString(deterministic=True)).hexdigest()[:32]
+
+
 def machine_spec_in(msg: machine_pb2.MachineSpec, f: str = "spec") -> m.MachineSpec:
     return m.MachineSpec(
         msg.machine_id,
@@ -313,6 +359,9 @@ class SoftState:
     task_ready: dict[tuple[str, int], bool] = field(default_factory=dict)
     machine_usage: dict[str, Resources] = field(default_factory=dict)
     last_contact_ms: dict[str, int] = field(default_factory=dict)
+    # The newest event time any Borglet reported: the cell's clock for restart backoffs,
+    # which are stamped in the Borglets' event time (sped up in a simulated fleet).
+    latest_event_ms: int = 0
     cached_packages: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
@@ -337,9 +386,21 @@ def task_status_out(
         usage=resources_out(soft.task_usage.get(task.key) if running else None),
         ports=task.ports,
         restarts=task.restarts,
-        ready=running and soft.task_ready.get(task.key, False),
+        # Ready only once this incarnation's Borglet said so: a rescheduled task is initialising
+        # again (Autopilot §3.3), whatever its previous incarnation last reported.
+        ready=task.started and soft.task_ready.get(task.key, False),
         spec_version=task.spec_version,
         state_since_ms=task.state_since_ms,
+        failures=task.failures,
+        next_restart_ms=task.not_before_ms,
+        last_failure=task.last_failure,
+        last_failure_ms=task.last_failure_ms,
+        avoided_machines=[
+            state_pb2.AvoidedMachine(machine_id=m, until_ms=until) for m, until in sorted(task.avoid.items())
+        ],
+        recent_failures=[
+            state_pb2.TaskFailure(machine_id=m, event_time_ms=at) for m, at in task.recent_failures
+        ],
     )
 
 
@@ -461,6 +522,10 @@ def pending_report_out(report: PendingReport) -> borgmaster_pb2.WhyPendingRespon
         machines_total=report.machines_total,
         machines_feasible=report.machines_feasible,
         evaluated_at_ms=report.evaluated_at_ms,
+        next_restart_ms=report.next_restart_ms,
+        avoided_machines=[
+            state_pb2.AvoidedMachine(machine_id=m, until_ms=until) for m, until in report.avoided_machines
+        ],
     )
     for constraint, count in report.constraint_exclusions:
         response.constraint_exclusions.append(
@@ -503,6 +568,7 @@ def desired_out(version: int, tasks: Iterable[tuple[JobRecord, TaskRecord]]) -> 
                 spec=task_spec_out(job.spec.task, task.limits),
                 ports=task.ports,
                 spec_version=task.spec_version,
+                app_class=enum_out(job_pb2.AppClass, job.spec.app_class),
             )
         )
     return desired
@@ -519,7 +585,15 @@ def report_in(response: borglet_pb2.PollResponse) -> MachineReport:
         usage = resources_in(t.usage, f) if t.HasField("usage") else None
         tasks.append(
             ReportedTask(
-                t.job_id, t.task_index, t.incarnation, state, exit_reason, t.exit_code, usage, t.ready
+                t.job_id,
+                t.task_index,
+                t.incarnation,
+                state,
+                exit_reason,
+                t.exit_code,
+                usage,
+                t.ready,
+                t.started_ms,
             )
         )
     events = []
@@ -528,7 +602,9 @@ def report_in(response: borglet_pb2.PollResponse) -> MachineReport:
         usage = resources_in(ev.usage, f) if ev.HasField("usage") else None
         kind = task_event_in(ev.kind, TaskState.PENDING, f)
         events.append(
-            ReportedEvent(e.sequence, ev.job_id, ev.task_index, ev.incarnation, kind, ev.detail, usage)
+            ReportedEvent(
+                e.sequence, ev.job_id, ev.task_index, ev.incarnation, kind, ev.detail, usage, ev.event_time_ms
+            )
         )
     return MachineReport(
         response.machine_id, response.event_time_ms, response.desired_version, tuple(tasks), tuple(events)

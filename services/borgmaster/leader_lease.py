@@ -3,7 +3,7 @@
 Exactly one replica holds the lease at a time. Taking it over (after it expired) bumps
 the epoch, which is the fencing token: every checkpoint-log append checks it under a
 row lock (see :mod:`checkpoint_log`), so a deposed master that still believes it leads
-can never append (Borg §3.1 uses Paxos for the same guarantee; DESIGN.md rule 7).
+can never append (Borg §3.1 uses Paxos for the same guarantee; docs/architecture.md rule 7).
 
 Lease times use the database clock (``now()``), so replicas need no synchronised clocks.
 """

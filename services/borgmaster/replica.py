@@ -15,6 +15,12 @@ a change log. Here:
 * every mutation is appended with the master's epoch *before* it is applied and
   acknowledged (:meth:`Replica.commit`); a refused or failed append makes the master step
   down, discard its speculative scheduling view and follow the log again.
+
+When PostgreSQL cannot be reached the master cannot append (and soon cannot renew its
+lease): a write then fails with :class:`StoreUnavailable` — retryable, since the log decides
+whether a write whose acknowledgement was lost was applied, and a retry with the same
+request id finds it there — and the replica remembers the outage (:meth:`store_problem`)
+so that, while no master is elected, callers are told why.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from cellpilot.borg.changes import Change, TaskChange
 from cellpilot.borg.decisions import Accepted, Command, Result, handle
 from cellpilot.borg.mutations import LeaderElected, LogRecord, Mutation, kind_of, to_records
 from cellpilot.borg.scheduling_view import SchedulingView
+from cellpilot.platform.store_outage import POSTGRES, StoreUnavailable, describe, store_of
 from cellpilot.schedule import SchedulerConfig, default_profile
 from cellpilot_services.borgmaster import checkpoint_codec, convert
 from cellpilot_services.borgmaster.checkpoint_log import CheckpointLog, FencedOut
@@ -43,6 +50,7 @@ from cellpilot_services.borgmaster.settings import BorgmasterSettings
 log = logging.getLogger(__name__)
 
 READ_BATCH = 5_000
+CHECKPOINT_STORE = f"{POSTGRES} (the checkpoint store)"
 Listener = Callable[[int, list[Change]], None]
 LeaderWork = Callable[[], Awaitable[None]]
 
@@ -103,6 +111,9 @@ class Replica:
         self.epoch = 0
         self.is_leader = False
         self.known_leader: Leadership | None = None
+        self.known_leader_at = 0.0  # when the lease last named known_leader (monotonic)
+        self.store_error = ""  # why the last contact with PostgreSQL failed ("" = it worked)
+        self.store_error_since = 0.0
         self.lease_renewed_at = 0.0
         self.recent = RecentChanges(settings.recent_changes)
         self.task_events: dict[TaskKey, deque[TaskChange]] = {}
@@ -161,23 +172,43 @@ class Replica:
             for listener in self.listeners:
                 listener(record.sequence, changes)
 
+    def event_now_ms(self) -> int:
+        """The cell's event time: the newest a Borglet reported, or the wall clock if that is later.
+
+        Restart backoffs are stamped in the Borglets' event time (a simulated fleet runs it
+        faster than the wall clock), so they are judged against it, never against the wall alone.
+        """
+        return max(now_ms(), self.soft.latest_event_ms)
+
     # ------------------------------------------------------------------ writes
     async def commit(
         self,
         mutations: tuple[Mutation, ...] | list[Mutation],
         cause_id: str,
-        request_id: str = "",
+        command: Command | None = None,
         event_time_ms: int | None = None,
     ) -> int:
         """Appends (fenced by our epoch), then applies; returns the first record's position.
 
-        The caller holds :attr:`lock`. A refused or failed append steps down and raises
-        :class:`NotLeader`: nothing was applied, and the log decides what happened.
+        ``command`` is the client request the mutations carry out (its id, method and payload
+        digest go on the first record). The caller holds :attr:`lock`. A refused append
+        steps down and raises :class:`NotLeader`; an append that fails (PostgreSQL
+        unreachable) steps down and raises :class:`StoreUnavailable`. Nothing was applied
+        either way, and the log decides what happened.
         """
         if not self.is_leader:
             raise NotLeader(self.leader_address())
         first = self.state.last_sequence + 1
-        records = to_records(first, self.epoch, event_time_ms or now_ms(), mutations, request_id, cause_id)
+        records = to_records(
+            first,
+            self.epoch,
+            event_time_ms or now_ms(),
+            mutations,
+            command.request_id if command else "",
+            cause_id,
+            request_method=command.method if command else "",
+            request_digest=command.payload_digest if command else "",
+        )
         entries = [(kind_of(r.mutation), checkpoint_codec.record_out(r).SerializeToString()) for r in records]
         try:
             await self.log.append(self.epoch, first, entries)
@@ -185,9 +216,11 @@ class Replica:
             await self.step_down(f"append refused: {error}", release=False)
             raise NotLeader(None, str(error)) from error
         except Exception as error:
-            log.exception("checkpoint append failed", extra={"cause_id": cause_id})
-            await self.step_down(f"append failed: {error}", release=True)
-            raise NotLeader(None, f"append failed: {error}") from error
+            self.note_store_failure(error)
+            # The lease cannot be released through a store we cannot reach; it expires.
+            await self.step_down(f"append failed: {describe(error)}", release=False)
+            raise StoreUnavailable(CHECKPOINT_STORE, error) from error
+        self.note_store_reachable()
         self._apply(records)
         return first
 
@@ -203,14 +236,45 @@ class Replica:
                 return result, result.already_applied.sequence
             if not result.mutations:
                 return result, self.state.last_sequence
-            seq = await self.commit(result.mutations, cause_id, command.request_id)
+            seq = await self.commit(result.mutations, cause_id, command)
             return result, seq
+
+    # ------------------------------------------------------------------ store health
+    def note_store_failure(self, error: BaseException) -> None:
+        if not self.store_error:
+            self.store_error_since = time.monotonic()
+            log.warning(
+                "checkpoint store unreachable",
+                extra={"replica_id": self.replica_id, "error": describe(error)},
+            )
+        self.store_error = describe(error)
+
+    def note_store_reachable(self) -> None:
+        if self.store_error:
+            log.info(
+                "checkpoint store reachable again",
+                extra={
+                    "replica_id": self.replica_id,
+                    "outage_s": round(time.monotonic() - self.store_error_since, 3),
+                },
+            )
+        self.store_error = ""
+
+    def store_problem(self) -> str | None:
+        """Why this replica cannot reach PostgreSQL right now, or None if its last contact worked."""
+        if not self.store_error:
+            return None
+        since = time.monotonic() - self.store_error_since
+        return f"{CHECKPOINT_STORE} has been unreachable for {since:.1f} s ({self.store_error})"
 
     # ------------------------------------------------------------------ leadership
     def leader_address(self) -> str | None:
+        """The master's address: ours, or the one the lease named within the last lease period
+        (an older answer may name a master that is gone, so it is not repeated)."""
         if self.is_leader:
             return self.address
-        return self.known_leader.address if self.known_leader else None
+        fresh = time.monotonic() - self.known_leader_at <= self.settings.lease_s
+        return self.known_leader.address if self.known_leader and fresh else None
 
     async def run(self, stop: asyncio.Event) -> None:
         """The election loop: follow and try for the lease, or lead and renew it."""
@@ -224,11 +288,13 @@ class Replica:
                         next_renew = now + self.settings.renew_interval_s
                         if await self.lease.renew(self.epoch):
                             self.lease_renewed_at = time.monotonic()
+                            self.note_store_reachable()
                         else:
                             await self._locked_step_down("lost the lease", release=False)
                 else:
                     async with self.lock:
                         await self.catch_up()
+                    self.note_store_reachable()  # a read of the log worked
                     if now >= next_election:
                         next_election = now + self.settings.election_interval_s
                         leadership = await self.lease.try_acquire()
@@ -236,10 +302,14 @@ class Replica:
                             await self._promote(leadership)
                         else:
                             self.known_leader = await self.lease.current()
+                            self.known_leader_at = time.monotonic()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("replica loop error", extra={"replica_id": self.replica_id})
+            except Exception as error:
+                if store_of(error, default=POSTGRES) is not None:
+                    self.note_store_failure(error)
+                else:
+                    log.exception("replica loop error", extra={"replica_id": self.replica_id})
                 if self.is_leader and time.monotonic() - self.lease_renewed_at > self.settings.lease_s:
                     await self._locked_step_down("could not renew the lease in time", release=False)
             with contextlib.suppress(TimeoutError):
@@ -258,7 +328,7 @@ class Replica:
                     [LeaderElected(self.replica_id, self.address, leadership.epoch)],
                     f"election-{leadership.epoch}",
                 )
-            except NotLeader:
+            except (NotLeader, StoreUnavailable):
                 return
         self.known_leader = leadership
         self.promoted_at = time.monotonic()
@@ -278,11 +348,15 @@ class Replica:
             await work()
         except asyncio.CancelledError:
             raise
-        except NotLeader:
-            return
-        except Exception:
-            log.exception("leader work failed; stepping down", extra={"replica_id": self.replica_id})
-            await self._locked_step_down("leader work failed", release=True)
+        except (NotLeader, StoreUnavailable):
+            return  # the commit that failed has already stepped down
+        except Exception as error:
+            if store_of(error, default=POSTGRES) is None:
+                log.exception("leader work failed; stepping down", extra={"replica_id": self.replica_id})
+                await self._locked_step_down("leader work failed", release=True)
+            else:  # e.g. a snapshot write: the store is gone, and the lease with it soon
+                self.note_store_failure(error)
+                await self._locked_step_down(f"leader work failed: {describe(error)}", release=False)
 
     async def _locked_step_down(self, reason: str, release: bool) -> None:
         async with self.lock:

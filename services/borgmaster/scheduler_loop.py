@@ -48,6 +48,7 @@ class SchedulerLoop:
 
     async def run(self) -> None:
         idle_at_seq = -1
+        restart_at = 0  # the earliest restart of a backing-off task after the last pass
         last_forced = time.monotonic()
         while True:
             with contextlib.suppress(TimeoutError):
@@ -62,14 +63,20 @@ class SchedulerLoop:
                 if steps:
                     await self.replica.commit(steps, cause_id=f"rollout-{state.last_sequence}")
                 forced = time.monotonic() - last_forced >= self.settings.force_pass_interval_s
-                if not state.pending or (state.last_sequence == idle_at_seq and not forced):
+                event_now = self.replica.event_now_ms()
+                # A task whose restart backoff (Borg §4) just ran out is a reason for a pass.
+                restart_due = 0 < restart_at <= event_now
+                if not state.pending or (
+                    state.last_sequence == idle_at_seq and not forced and not restart_due
+                ):
                     continue
                 if forced:
                     last_forced = time.monotonic()
                 started = time.monotonic()
                 plan = await asyncio.to_thread(
-                    self.replica.view.plan, state, now_ms(), self.settings.max_tasks_per_pass
+                    self.replica.view.plan, state, now_ms(), self.settings.max_tasks_per_pass, event_now
                 )
+                restart_at = state.next_restart_ms(event_now)
                 self.stats.passes += 1
                 self.stats.last_pass_s = time.monotonic() - started
                 if plan.mutations:

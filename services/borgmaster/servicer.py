@@ -2,10 +2,13 @@
 
 Reads are answered by every replica from its in-memory copy. Writes go to the elected
 master; a follower refuses them with FAILED_PRECONDITION and names the master in the
-``cellpilot-leader`` trailing metadata. Refusals of the core map to gRPC codes
-(INVALID_ARGUMENT naming the field, RESOURCE_EXHAUSTED for quota, NOT_FOUND, ...). Each
-request's cause id (its request id, or a fresh one) goes to the log record, the logs and
-the trace span.
+``cellpilot-leader`` trailing metadata. While no master is known — an election, or
+PostgreSQL unreachable so that nobody can append or hold the lease — a write gets
+UNAVAILABLE saying which, so clients retry it (with the same request id) instead of giving
+up. Refusals of the core map to gRPC codes (INVALID_ARGUMENT naming the field,
+RESOURCE_EXHAUSTED for quota, ALREADY_EXISTS for a reused request id, NOT_FOUND, ...), with
+``cellpilot-error-reason`` where the code alone is ambiguous. Each request's cause id (its
+request id, or a fresh one) goes to the log record, the logs and the trace span.
 """
 
 from __future__ import annotations
@@ -32,6 +35,14 @@ from cellpilot.borg.lifecycle import JobState, TaskState
 from cellpilot.borg.model import MachineAvailability, PriorityBand
 from cellpilot.borg.pending_reasons import explain
 from cellpilot.borg.rejection import Code, Rejection
+from cellpilot.platform.error_reasons import (
+    NO_MASTER,
+    QUOTA_EXCEEDED,
+    REQUEST_ID_REUSED,
+    STORE_UNAVAILABLE,
+    reason_metadata,
+)
+from cellpilot.platform.store_outage import StoreUnavailable
 from cellpilot_services.borgmaster import convert
 from cellpilot_services.borgmaster.replica import NotLeader, Replica
 
@@ -49,6 +60,15 @@ STATUS = {
     Code.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
     Code.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
+
+
+def _reason(rejection: Rejection) -> str:
+    """The ``cellpilot-error-reason`` of a refusal whose status code is shared by several causes."""
+    if rejection.code is Code.RESOURCE_EXHAUSTED:
+        return QUOTA_EXCEEDED
+    if rejection.code is Code.ALREADY_EXISTS and rejection.field == "request_id":
+        return REQUEST_ID_REUSED
+    return ""
 
 
 def _token(value: str) -> str:
@@ -74,10 +94,37 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
 
     # ------------------------------------------------------------------ plumbing
     async def _abort(
-        self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str
+        self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str, reason: str = ""
     ) -> NoReturn:
-        await context.abort(code, message)
+        await context.abort(code, message, trailing_metadata=reason_metadata(reason) if reason else ())
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _no_master_here(self, context: grpc.aio.ServicerContext, error: NotLeader) -> NoReturn:
+        """A write this replica cannot take: redirect to the master if one is known, else
+        UNAVAILABLE (retryable) saying why there is none."""
+        leader = error.leader or self.replica.leader_address() or ""
+        if leader and leader != self.replica.address:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{error}; the master is {leader}",
+                trailing_metadata=((LEADER_METADATA_KEY, leader),),
+            )
+            raise AssertionError("unreachable") from error  # pragma: no cover
+        problem = self.replica.store_problem()
+        if problem:
+            await self._abort(
+                context,
+                grpc.StatusCode.UNAVAILABLE,
+                f"no elected Borgmaster master: {problem}; retry with the same request_id",
+                STORE_UNAVAILABLE,
+            )
+        await self._abort(
+            context,
+            grpc.StatusCode.UNAVAILABLE,
+            f"no elected Borgmaster master at the moment ({error}; an election is under way); "
+            "retry with the same request_id",
+            NO_MASTER,
+        )
 
     def _name_the_master(self, context: grpc.aio.ServicerContext) -> None:
         """A follower answers reads from its warm copy, but soft state (usage, readiness) lives
@@ -92,33 +139,36 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
             try:
                 result, seq = await self.replica.execute(command, cause)
             except NotLeader as error:
-                leader = error.leader or self.replica.leader_address() or ""
-                await context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"{error}; the master is {leader or 'not known yet'}",
-                    trailing_metadata=((LEADER_METADATA_KEY, leader),),
+                await self._no_master_here(context, error)
+            except StoreUnavailable as error:
+                span.set_attribute("cellpilot.rejected", str(error))
+                await self._abort(
+                    context,
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"{error}; the write was not acknowledged: retry it with the same request_id",
+                    STORE_UNAVAILABLE,
                 )
-                raise AssertionError("unreachable") from error  # pragma: no cover
             if isinstance(result, Rejection):
                 span.set_attribute("cellpilot.rejected", str(result))
                 log.info(
                     "request refused",
                     extra={"cause_id": cause, "code": result.code.value, "reason": str(result)},
                 )
-                await self._abort(context, STATUS[result.code], str(result))
+                await self._abort(context, STATUS[result.code], str(result), _reason(result))
             log.info(
                 "request applied", extra={"cause_id": cause, "seq": seq, "command": type(command).__name__}
             )
             return result, seq
 
     async def _reused_request_id(self, context: grpc.aio.ServicerContext, request_id: str) -> NoReturn:
-        """A request id an earlier, different request used: its recorded answer is not this one's."""
+        """A request id an earlier, different request used (logged before requests recorded
+        their method and payload digest): its recorded answer is not this one's."""
         await self._abort(
             context,
             grpc.StatusCode.ALREADY_EXISTS,
             f"request_id: {request_id!r} was already used by another request; use a new id",
+            REQUEST_ID_REUSED,
         )
-        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _convert_or_abort(self, context: grpc.aio.ServicerContext, fn: Any, *args: Any) -> Any:
         try:
@@ -131,7 +181,8 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
         self, request: borgmaster_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.SubmitJobResponse:
         spec = await self._convert_or_abort(context, convert.job_spec_in, request.spec, "spec")
-        result, seq = await self._write(SubmitJob(request.request_id, spec), context)
+        command = SubmitJob(request.request_id, spec, payload_digest=convert.payload_digest(request))
+        result, seq = await self._write(command, context)
         job = self.replica.state.jobs.get(result.subject)
         if job is None or result.subject != f"{spec.user}/{spec.name}":
             await self._reused_request_id(context, request.request_id)
@@ -155,6 +206,7 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
             request.fencing_token,
             request.release_hold,
             request.policy.max_disruptions,
+            payload_digest=convert.payload_digest(request),
         )
         result, seq = await self._write(command, context)
         job = self.replica.state.jobs.get(result.subject)
@@ -165,7 +217,8 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
     async def KillJob(  # noqa: N802
         self, request: borgmaster_pb2.KillJobRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.KillJobResponse:
-        _, seq = await self._write(KillJob(request.request_id, request.job_id), context)
+        command = KillJob(request.request_id, request.job_id, payload_digest=convert.payload_digest(request))
+        _, seq = await self._write(command, context)
         return borgmaster_pb2.KillJobResponse(log_sequence=seq)
 
     async def GetJob(  # noqa: N802
@@ -250,7 +303,7 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
             else:
                 pending = [t.index for t in job.visible_tasks() if t.state is TaskState.PENDING]
                 index = pending[0] if pending else 0
-            report = explain(self.replica.view, state, job.job_id, index)
+            report = explain(self.replica.view, state, job.job_id, index, self.replica.event_now_ms())
         return convert.pending_report_out(report)
 
     # ------------------------------------------------------------------ machines
@@ -287,7 +340,8 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
         self, request: borgmaster_pb2.RegisterMachineRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.RegisterMachineResponse:
         spec = await self._convert_or_abort(context, convert.machine_spec_in, request.spec, "spec")
-        _, seq = await self._write(RegisterMachine(request.request_id, spec), context)
+        command = RegisterMachine(request.request_id, spec, payload_digest=convert.payload_digest(request))
+        _, seq = await self._write(command, context)
         state = self.replica.state
         machine = state.machines.get(spec.machine_id)
         if machine is None:
@@ -302,7 +356,13 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
         target = await self._convert_or_abort(
             context, convert.enum_in, MachineAvailability, machine_pb2.MachineState, request.state, "state"
         )
-        command = SetMachineState(request.request_id, request.machine_id, target, request.detail)
+        command = SetMachineState(
+            request.request_id,
+            request.machine_id,
+            target,
+            request.detail,
+            payload_digest=convert.payload_digest(request),
+        )
         _, seq = await self._write(command, context)
         state = self.replica.state
         machine = state.machines.get(request.machine_id)
@@ -333,7 +393,10 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
         if band is PriorityBand.UNSPECIFIED:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "band: name the priority band")
         limit = await self._convert_or_abort(context, convert.resources_in, request.limit, "limit")
-        _, seq = await self._write(SetQuota(request.request_id, request.user, band, limit), context)
+        command = SetQuota(
+            request.request_id, request.user, band, limit, payload_digest=convert.payload_digest(request)
+        )
+        _, seq = await self._write(command, context)
         return borgmaster_pb2.SetQuotaResponse(
             quota=convert.quota_out(self.replica.state, request.user, band), log_sequence=seq
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from cellpilot.borg.restart_backoff import RestartPolicy
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.security.tls import SecuritySettings
 
@@ -33,7 +34,7 @@ class BorgmasterSettings(BaseSettings):
     advertise_host: str = "127.0.0.1"  # the host other processes reach this replica on
     apply_migrations: bool = True
 
-    # Election (Borg §3.1; DESIGN.md rule 7): a lease in PostgreSQL, renewed by the master.
+    # Election (Borg §3.1; docs/architecture.md rule 7): a lease in PostgreSQL, renewed by the master.
     lease_s: float = Field(default=3.0, gt=0)
     renew_interval_s: float = Field(default=1.0, gt=0)
     election_interval_s: float = Field(
@@ -58,13 +59,36 @@ class BorgmasterSettings(BaseSettings):
     poll_timeout_s: float = Field(default=2.0, gt=0)
     missed_polls_down: int = Field(default=5, ge=1)
     poll_concurrency: int = Field(default=256, ge=1)
-    max_task_failures: int = Field(default=10, ge=0)
+    max_task_failures: int = Field(default=10, ge=0)  # error exits in a row before giving a task up
+
+    # Restart backoff of failed tasks, in event time (Borg §4; cellpilot.borg.restart_backoff):
+    # 1 s doubling to 5 min, reset after 10 min of clean running; 3 crashes on one machine
+    # within 10 min keep the task off it for 30 min.
+    restart_initial_delay_s: float = Field(default=1.0, ge=0)
+    restart_backoff_factor: float = Field(default=2.0, ge=1)
+    restart_max_delay_s: float = Field(default=300.0, ge=0)
+    restart_reset_after_s: float = Field(default=600.0, ge=0)
+    crash_threshold: int = Field(default=3, ge=1)
+    crash_window_s: float = Field(default=600.0, ge=0)
+    crash_avoid_s: float = Field(default=1800.0, ge=0)
 
     # Events on Kafka borg.events, in log order.
     publish_events: bool = True
     events_topic: str = "borg.events"
     recent_changes: int = Field(default=200_000, ge=1_000)  # log records whose events are kept in memory
     recent_task_events: int = Field(default=10, ge=1)  # per task, for GetTask
+
+    @property
+    def restart_policy(self) -> RestartPolicy:
+        return RestartPolicy(
+            initial_delay_ms=round(self.restart_initial_delay_s * 1000),
+            factor=self.restart_backoff_factor,
+            max_delay_ms=round(max(self.restart_max_delay_s, self.restart_initial_delay_s) * 1000),
+            reset_after_ms=round(self.restart_reset_after_s * 1000),
+            crash_threshold=self.crash_threshold,
+            crash_window_ms=round(self.crash_window_s * 1000),
+            avoid_ms=round(self.crash_avoid_s * 1000),
+        )
 
     @property
     def resolved_replica_id(self) -> str:

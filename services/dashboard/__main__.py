@@ -1,4 +1,4 @@
-"""``python -m cellpilot_services.dashboard``: the dashboard on http://127.0.0.1:8080."""
+"""``python -m cellpilot_services.dashboard``: the dashboard on https://127.0.0.1:8080 (see app.py)."""
 
 from __future__ import annotations
 

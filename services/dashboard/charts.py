@@ -2,33 +2,48 @@
 
 The job chart is Autopilot §5.2 / Figure 9: a heatmap of how many tasks use how much of a
 resource in each 5-minute window, the limit as a step line, every recommender's output as a
-line, and OOM kills as markers. Elements carry ids (``usage-heatmap``, ``limit-line``,
-``recommender-<name>``, ``oom-markers``) so tests and scripts can find them in the SVG.
+line, OOM kills as markers, and (CPU) the demand per task its machines did not serve as a
+dotted line. Elements carry ids (``usage-heatmap``, ``limit-line``, ``recommender-<name>``,
+``oom-markers``, ``unmet-demand``) so tests and scripts can find them in the SVG.
+
+The horizontal chart (Autopilot §3.3) and the cell's utilisation over time live in
+:mod:`cellpilot_services.dashboard.trend_charts`.
+
+The SVG is inlined into pages served with a Content-Security-Policy that allows no inline
+styles, so :func:`svg` turns matplotlib's ``style`` attributes into the equivalent SVG
+presentation attributes and drops its stylesheet (see :func:`presentation_attributes`).
 """
 
 from __future__ import annotations
 
 import io
+import re
 from datetime import UTC, datetime
 
+import matplotlib
 import numpy as np
 import numpy.typing as npt
 from matplotlib import dates as mdates  # the Figure API below needs no pyplot and no GUI backend
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from cellpilot_services.dashboard import models
+
+# Ids of clip paths are hashes salted with this (a random salt by default), so that the same
+# data draws the same SVG and a refreshing page swaps only the charts that changed.
+matplotlib.rcParams["svg.hashsalt"] = "cellpilot-dashboard"
 
 GIB = float(1 << 30)
 ROWS = 240  # vertical resolution of the heatmap raster
 RECOMMENDER_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff7f0e")
 
 
-def _time(ms: int) -> float:
+def time_number(ms: int) -> float:
     """Event time as a matplotlib date number."""
     return float(mdates.date2num(datetime.fromtimestamp(ms / 1000, tz=UTC)))
 
 
-def _scale(resource: str) -> tuple[float, str]:
+def scale_of(resource: str) -> tuple[float, str]:
     return (1000.0, "CPU (cores)") if resource == "cpu" else (GIB, "memory (GiB)")
 
 
@@ -66,16 +81,47 @@ def _resample(grid: models.Heatmap, top: float) -> tuple[npt.NDArray[np.float64]
     return rows, x0, x0 + slots * width
 
 
-def _svg(figure: Figure) -> str:
+def date_axis(figure: Figure, axes: Axes) -> None:
+    """Event time along the x axis, as month-day hours:minutes."""
+    axes.xaxis_date()
+    axes.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
+    figure.autofmt_xdate()
+
+
+STYLE_ATTRIBUTE = re.compile(r' style="([^"]*)"')
+STYLE_ELEMENT = re.compile(r"<style[^>]*>(.*?)</style>", re.DOTALL)
+METADATA = re.compile(r"\s*<metadata>.*?</metadata>", re.DOTALL)
+ROOT_DEFAULTS = ' stroke-linejoin="round" stroke-linecap="butt"'  # matplotlib's stylesheet, as attributes
+
+
+def _as_attributes(match: re.Match[str]) -> str:
+    declarations = (part.split(":", 1) for part in match.group(1).split(";") if ":" in part)
+    return "".join(f' {name.strip()}="{value.strip()}"' for name, value in declarations)
+
+
+def presentation_attributes(text: str) -> str:
+    """``style="fill: #fff; stroke-width: 0.8"`` -> ``fill="#fff" stroke-width="0.8"``.
+
+    Every property matplotlib writes (fill, stroke and their widths, caps, joins, dashes,
+    opacities) is also an SVG presentation attribute, so the drawing is unchanged while the
+    page's Content-Security-Policy can refuse inline styles. Its one stylesheet (round joins,
+    butt caps) becomes attributes of the root element, which its children inherit; the
+    metadata (a timestamp) goes, so the same data renders to the same SVG."""
+    text = METADATA.sub("", STYLE_ELEMENT.sub("", text))
+    text = text.replace("<svg ", f"<svg{ROOT_DEFAULTS} ", 1)
+    return STYLE_ATTRIBUTE.sub(_as_attributes, text)
+
+
+def svg(figure: Figure) -> str:
     buffer = io.StringIO()
     figure.savefig(buffer, format="svg", bbox_inches="tight")
     text = buffer.getvalue()
-    return text[text.index("<svg") :]  # inline-able: no XML prolog or doctype
+    return presentation_attributes(text[text.index("<svg") :])  # inline-able: no XML prolog or doctype
 
 
 def job_chart(usage: models.JobUsage) -> str:
     """The job page's chart for one resource, as an inline SVG document."""
-    scale, label = _scale(usage.resource)
+    scale, label = scale_of(usage.resource)
     figure = Figure(figsize=(10, 4.2))
     axes = figure.add_subplot()
     top = 0.0
@@ -85,7 +131,7 @@ def job_chart(usage: models.JobUsage) -> str:
         image, x0, x1 = _resample(grid, top * scale)
         heat = axes.imshow(
             np.ma.masked_equal(image, 0.0),
-            extent=(_time(x0), _time(x1), 0.0, top),
+            extent=(time_number(x0), time_number(x1), 0.0, top),
             origin="lower",
             aspect="auto",
             cmap="YlOrRd",
@@ -98,13 +144,13 @@ def job_chart(usage: models.JobUsage) -> str:
     else:
         axes.text(0.5, 0.5, "no usage history yet", transform=axes.transAxes, ha="center", color="grey")
     if usage.limit:
-        xs = [_time(p.t_ms) for p in usage.limit]
+        xs = [time_number(p.t_ms) for p in usage.limit]
         ys = [p.value / scale for p in usage.limit]
         (line,) = axes.step(xs, ys, where="post", color="black", linewidth=2.2, label="limit")
         line.set_gid("limit-line")
         top = max(top, *ys)
     for i, rec in enumerate(usage.recommenders):
-        xs = [_time(p.t_ms) for p in rec.points]
+        xs = [time_number(p.t_ms) for p in rec.points]
         ys = [p.value / scale for p in rec.points]
         selected = rec.recommender == usage.selected_recommender
         (line,) = axes.plot(
@@ -118,8 +164,16 @@ def job_chart(usage: models.JobUsage) -> str:
         )
         line.set_gid(f"recommender-{rec.recommender}")
         top = max(top, *ys) if ys else top
+    if usage.unmet:
+        xs = [time_number(p.t_ms) for p in usage.unmet]
+        ys = [p.value / scale for p in usage.unmet]
+        (line,) = axes.plot(
+            xs, ys, color="purple", linewidth=1.4, linestyle=":", label="unmet demand per task"
+        )
+        line.set_gid("unmet-demand")
+        top = max(top, *ys)
     if usage.ooms:
-        xs = [_time(o.t_ms) for o in usage.ooms]
+        xs = [time_number(o.t_ms) for o in usage.ooms]
         ys = [o.memory_bytes / scale for o in usage.ooms]
         marks = axes.scatter(xs, ys, marker="X", s=60, color="red", zorder=5, label="OOM kill")
         marks.set_gid("oom-markers")
@@ -127,12 +181,10 @@ def job_chart(usage: models.JobUsage) -> str:
     axes.set_ylim(0, top * 1.1 if top > 0 else 1)
     axes.set_ylabel(label)
     axes.set_title(f"{usage.job_id}: {usage.resource} (Autopilot {usage.mode})")
-    axes.xaxis_date()
-    axes.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
-    figure.autofmt_xdate()
+    date_axis(figure, axes)
     if axes.get_legend_handles_labels()[0]:
         axes.legend(loc="upper left", fontsize="small", framealpha=0.8)
-    return _svg(figure)
+    return svg(figure)
 
 
 def cell_chart(cell: models.CellView) -> str:
@@ -166,4 +218,4 @@ def cell_chart(cell: models.CellView) -> str:
         if row == 0:
             axes.legend(loc="upper right", fontsize="small", ncols=3)
     figure.suptitle("utilisation vs reservation vs allocation")
-    return _svg(figure)
+    return svg(figure)

@@ -102,6 +102,38 @@ class JobUsage(BaseModel):
     mode: str
     ooms: list[OomMarker]
     notes: list[ServiceNote] = Field(default_factory=list)
+    # CPU: per window, the mean CPU demand per task its machines did not serve (Borg §6.2).
+    unmet: list[SeriesPoint] = Field(default_factory=list)
+
+
+class HorizontalDecisionView(BaseModel):
+    """Autopilot's current horizontal decision (Autopilot §3.3), when it has one."""
+
+    mode: str
+    current_task_count: int
+    recommended_task_count: int  # n_s[t], after stabilisation and bounds
+    raw_task_count: float  # n_r[t]
+    stabiliser: str  # the stabiliser that acted last
+    usage_statistic: float  # r_S[t], millicores
+    decided_at_ms: int  # event time of the newest input behind it
+    last_actuated_ms: int
+
+
+class HorizontalHistory(BaseModel):
+    """The job page's horizontal chart: task count, recommendations and CPU demand over time."""
+
+    job_id: str
+    mode: str  # the job's horizontal mode: on, dry-run or off
+    target_utilization: float  # r*, the target share of the CPU limit a task should use
+    cpu_limit_millicores: int
+    task_count: list[SeriesPoint]  # a step function: the job's task count from each point on
+    # n_r per recommender and window: ceil(r_S / (r* x limit)) from the CPU statistic, or the
+    # raw count a target-size recommender published
+    raw_recommendations: list[RecommenderLine]
+    demand: list[SeriesPoint]  # the mean summed CPU usage of the job's tasks per window (millicores)
+    demand_statistic: list[SeriesPoint]  # r_S the recommenders computed (millicores)
+    decision: HorizontalDecisionView | None  # Autopilot's current choice n_s
+    notes: list[ServiceNote] = Field(default_factory=list)
 
 
 class MachineView(BaseModel):
@@ -118,6 +150,28 @@ class MachineView(BaseModel):
 class CellView(BaseModel):
     machines: list[MachineView]
     totals: dict[str, dict[str, int]]  # capacity / usage / reserved / allocated -> cpu, memory
+    notes: list[ServiceNote] = Field(default_factory=list)
+
+
+class UsageSeries(BaseModel):
+    name: str
+    points: list[SeriesPoint]
+
+
+class ResourceUtilisation(BaseModel):
+    """One resource of the cell over time: what its jobs used per window against what it has."""
+
+    unit: str  # "millicores" or "bytes"
+    capacity: int  # of the machines up now (the Borgmaster)
+    allocated: int  # the limits of the tasks on them now
+    used: list[SeriesPoint]  # the cell's jobs' summed mean usage per window (the Monitoring API)
+    by_job: list[UsageSeries]  # the largest users, then "other jobs"
+
+
+class CellUtilisation(BaseModel):
+    cpu: ResourceUtilisation
+    memory: ResourceUtilisation
+    jobs_counted: int
     notes: list[ServiceNote] = Field(default_factory=list)
 
 

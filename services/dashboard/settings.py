@@ -45,6 +45,10 @@ class DashboardSettings(BaseSettings):
     eval_out_dirs: Annotated[list[Path], NoDecode] = Field(default_factory=list)
     # Job page: the last this many hours of event time (0 = all history the Monitoring API keeps).
     default_hours: float = Field(default=24.0, ge=0)
+    # Open pages fetch their live sections again this often (seconds; 0 = never).
+    refresh_s: float = Field(default=15.0, ge=0)
+    # A browser session lasts this long (never longer than the token it was started with).
+    session_hours: float = Field(default=8.0, gt=0, le=24 * 30)
 
     _split_lists = field_validator(
         "borgmaster_addresses", "autopilot_addresses", "monitoring_addresses", "eval_out_dirs", mode="before"

@@ -7,6 +7,7 @@ Borgmaster for pages that cannot exist without it (:class:`BorgmasterDown`).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
@@ -17,6 +18,7 @@ from cellpilot.api.v1 import (
     job_pb2,
     machine_pb2,
     monitoring_pb2,
+    recommendation_pb2,
     resources_pb2,
     state_pb2,
     usage_pb2,
@@ -26,12 +28,14 @@ from cellpilot.cli.job import autopilot_modes
 from cellpilot.cli.output import enum_label, recommender_name
 from cellpilot.client import CellpilotClient, CellpilotError, NotFoundError, RetryPolicy
 from cellpilot.platform.metrics import CellpilotMetrics
-from cellpilot_services.dashboard import models
+from cellpilot_services.dashboard import models, series
 from cellpilot_services.dashboard.settings import DashboardSettings
 from cellpilot_services.dashboard.stream_history import StreamHistory
 
 RESOURCES: dict[str, Any] = {"cpu": resources_pb2.RESOURCE_CPU, "memory": resources_pb2.RESOURCE_MEMORY}
-HOUR_MS = 3_600_000
+DIMENSIONS = {"cpu": "cpu_millicores", "memory": "memory_bytes"}
+MAX_JOBS_IN_CELL_HISTORY = 50  # the cell's utilisation chart sums the largest jobs' histories
+PARALLEL_HISTORY_CALLS = 4
 
 
 class BorgmasterUnreachableError(Exception):
@@ -68,6 +72,20 @@ def heatmap(histograms: list[usage_pb2.UsageHistogram], upper_bounds: list[float
         window_ends_ms=[h.window_end_ms for h in histograms],
         bucket_edges=[0.0, *upper_bounds],
         tasks=tasks,
+    )
+
+
+def _horizontal_decision(decision: autopilot_pb2.HorizontalDecision) -> models.HorizontalDecisionView:
+    chosen = decision.chosen
+    return models.HorizontalDecisionView(
+        mode=enum_label(job_pb2.ScalingMode, decision.mode or job_pb2.SCALING_MODE_OFF, "SCALING_MODE_"),
+        current_task_count=decision.current_task_count,
+        recommended_task_count=chosen.task_count,
+        raw_task_count=chosen.raw_task_count,
+        stabiliser=enum_label(recommendation_pb2.Stabiliser, chosen.stabiliser, "STABILISER_"),
+        usage_statistic=chosen.usage_statistic,
+        decided_at_ms=chosen.window_end_ms,
+        last_actuated_ms=decision.last_actuated_ms,
     )
 
 
@@ -183,26 +201,39 @@ class DashboardSources:
             self._schemes[key] = list(scheme.upper_bounds)
         return self._schemes[key]
 
+    async def _job_histograms(
+        self, job_id: str, resource: str, hours: float | None
+    ) -> tuple[list[usage_pb2.UsageHistogram], list[models.ServiceNote]]:
+        """The job's histograms of the last ``hours`` (default: the settings'), or a note why none."""
+        request = monitoring_pb2.GetHistogramHistoryRequest(
+            job_id=job_id, resource=RESOURCES[resource], page_size=2000
+        )
+        try:
+            histograms = await self.client.monitoring.histogram_history(request)
+        except CellpilotError as error:
+            return [], [_note("monitoring", error)]
+        return series.recent(histograms, self.default_hours if hours is None else hours), []
+
     async def usage(self, job_id: str, resource: str, hours: float | None) -> models.JobUsage:
         status: state_pb2.JobStatus = (await self._borgmaster("get_job", job_id, include_tasks=True)).job
-        notes: list[models.ServiceNote] = []
+        histograms, notes = await self._job_histograms(job_id, resource, hours)
         grid: models.Heatmap | None = None
-        try:
-            request = monitoring_pb2.GetHistogramHistoryRequest(
-                job_id=job_id, resource=RESOURCES[resource], page_size=2000
-            )
-            histograms = await self.client.monitoring.histogram_history(request)
-            span_ms = (self.default_hours if hours is None else hours) * HOUR_MS
-            if histograms and span_ms > 0:
-                newest = histograms[-1].window_end_ms
-                histograms = [h for h in histograms if h.window_start_ms >= newest - span_ms]
-            if histograms:
+        unmet: list[models.SeriesPoint] = []
+        if histograms:
+            try:
                 bounds = await self._upper_bounds(
                     histograms[0].bucket_scheme_id, histograms[0].bucket_scheme_version
                 )
                 grid = heatmap(histograms, bounds)
-        except CellpilotError as error:
-            notes.append(_note("monitoring", error))
+                if resource == "cpu" and any(h.mean_total_unmet > 0 for h in histograms):
+                    unmet = [
+                        models.SeriesPoint(
+                            t_ms=h.window_end_ms, value=h.mean_total_unmet / max(h.task_count, 1)
+                        )
+                        for h in histograms
+                    ]
+            except CellpilotError as error:
+                notes.append(_note("monitoring", error))
         recs, rec_notes = await self._recommendations(job_id)
         notes.extend(rec_notes)
         decision = next(
@@ -219,32 +250,23 @@ class DashboardSources:
             mode=enum_label(job_pb2.ScalingMode, decision.mode or 1, "SCALING_MODE_") if decision else "off",
             ooms=self._ooms(job_id, status) if resource == "memory" else [],
             notes=notes,
+            unmet=unmet,
         )
 
     def _limit_series(
         self, status: state_pb2.JobStatus, resource: str, grid: models.Heatmap | None
     ) -> list[models.SeriesPoint]:
-        def value(limits: Any) -> int:
-            return int(limits.cpu_millicores if resource == "cpu" else limits.memory_bytes)
-
         streams = self.history.job(status.job_id) if self.history else None
-        points = [
-            models.SeriesPoint(t_ms=s.t_ms, value=s.cpu_millicores if resource == "cpu" else s.memory_bytes)
-            for s in (streams.limits if streams else [])
-        ]
-        current = value(status.spec.task.limits)
-        if not points or points[-1].value != current:
-            points.append(
-                models.SeriesPoint(t_ms=status.state_since_ms or status.submitted_ms, value=current)
-            )
-        if grid is not None and grid.window_starts_ms:
-            start, end = grid.window_starts_ms[0], grid.window_ends_ms[-1]
-            before = [p for p in points if p.t_ms <= start]
-            inside = [p for p in points if start < p.t_ms <= end]
-            first_value = before[-1].value if before else points[0].value
-            points = [models.SeriesPoint(t_ms=start, value=first_value), *inside]
-            points.append(models.SeriesPoint(t_ms=end, value=points[-1].value))
-        return points
+        limits = status.spec.task.limits
+        return series.steps(
+            (
+                models.SeriesPoint(t_ms=step.t_ms, value=getattr(step, DIMENSIONS[resource]))
+                for step in (streams.limits if streams else [])
+            ),
+            getattr(limits, DIMENSIONS[resource]),
+            status.state_since_ms or status.submitted_ms,
+            (grid.window_starts_ms[0], grid.window_ends_ms[-1]) if grid and grid.window_starts_ms else None,
+        )
 
     def _recommender_lines(
         self, job_id: str, resource: str, decision: autopilot_pb2.VerticalDecision | None
@@ -277,6 +299,50 @@ class DashboardSources:
             if t.reason == state_pb2.TASK_EVENT_KIND_OOM
         ]
 
+    # ------------------------------------------------------------------ horizontal (Autopilot §3.3)
+    async def horizontal(self, job_id: str, hours: float | None) -> models.HorizontalHistory:
+        status: state_pb2.JobStatus = (await self._borgmaster("get_job", job_id)).job
+        windows, notes = await self._job_histograms(job_id, "cpu", hours)
+        recs, rec_notes = await self._recommendations(job_id)
+        notes.extend(rec_notes)
+        span = (windows[0].window_start_ms, windows[-1].window_end_ms) if windows else None
+        after = span[0] if span else 0
+        streams = self.history.job(job_id) if self.history else None
+        specs = list(streams.limits) if streams else []
+        config = status.spec.autopilot.horizontal
+        task_counts = series.steps(
+            (models.SeriesPoint(t_ms=s.t_ms, value=s.task_count) for s in specs if s.task_count),
+            status.spec.task_count,
+            status.state_since_ms or status.submitted_ms,
+            span,
+        )
+        limits = [(s.t_ms, s.cpu_millicores) for s in specs] or [(0, status.spec.task.limits.cpu_millicores)]
+        raw_lines: list[models.RecommenderLine] = []
+        statistic: list[models.SeriesPoint] = []
+        for name, points in sorted((streams.horizontal if streams else {}).items()):
+            recent = [p for p in points if p.t_ms >= after]
+            statistic = statistic or [
+                models.SeriesPoint(t_ms=p.t_ms, value=p.usage_statistic)
+                for p in recent
+                if p.usage_statistic > 0
+            ]
+            raw = series.raw_task_counts(recent, config.target_utilization, limits)
+            if raw:
+                raw_lines.append(models.RecommenderLine(recommender=name, points=raw))
+        decision = recs.horizontal if recs is not None and recs.HasField("horizontal") else None
+        return models.HorizontalHistory(
+            job_id=job_id,
+            mode=enum_label(job_pb2.ScalingMode, config.mode or job_pb2.SCALING_MODE_OFF, "SCALING_MODE_"),
+            target_utilization=config.target_utilization,
+            cpu_limit_millicores=status.spec.task.limits.cpu_millicores,
+            task_count=task_counts,
+            raw_recommendations=raw_lines,
+            demand=series.demand(windows),
+            demand_statistic=statistic,
+            decision=_horizontal_decision(decision) if decision and decision.HasField("chosen") else None,
+            notes=notes,
+        )
+
     # ------------------------------------------------------------------ cell and pending
     async def cell(self) -> models.CellView:
         machines: list[machine_pb2.Machine] = await self._borgmaster("list_machines")
@@ -300,6 +366,52 @@ class DashboardSources:
                 for dim in ("cpu_millicores", "memory_bytes")
             }
         return models.CellView(machines=views, totals=totals)
+
+    async def cell_utilisation(
+        self, hours: float | None, cell: models.CellView | None = None
+    ) -> models.CellUtilisation:
+        """Used vs capacity over time: the jobs' summed usage per window (the Monitoring API's job
+        histograms) against the capacity and allocation of the machines up now (the Borgmaster;
+        ``cell`` if the caller has it already)."""
+        cell = cell or await self.cell()
+        jobs: list[state_pb2.JobStatus] = await self._borgmaster("list_jobs")
+        largest = sorted(
+            jobs,
+            key=lambda j: -j.spec.task_count * (j.spec.task.limits.cpu_millicores + 1),
+        )[:MAX_JOBS_IN_CELL_HISTORY]
+        notes: list[models.ServiceNote] = []
+        if len(jobs) > len(largest):
+            notes.append(
+                models.ServiceNote(
+                    service="dashboard",
+                    detail=f"the chart sums the {len(largest)} largest of {len(jobs)} jobs",
+                )
+            )
+        gate = asyncio.Semaphore(PARALLEL_HISTORY_CALLS)
+
+        async def history(job_id: str, resource: str) -> tuple[str, list[usage_pb2.UsageHistogram]]:
+            async with gate:
+                if any(n.service == "monitoring" for n in notes):
+                    return job_id, []  # it did not answer for another job: do not wait again
+                windows, failed = await self._job_histograms(job_id, resource, 0)
+            notes.extend(n for n in failed if n not in notes)
+            return job_id, windows
+
+        span = self.default_hours if hours is None else hours
+        views = {}
+        for resource, dim in DIMENSIONS.items():
+            answers = await asyncio.gather(*(history(j.job_id, resource) for j in largest))
+            used, by_job = series.cell_usage(dict(answers), span)
+            views[resource] = models.ResourceUtilisation(
+                unit="millicores" if resource == "cpu" else "bytes",
+                capacity=cell.totals["capacity"][dim],
+                allocated=cell.totals["allocated"][dim],
+                used=used,
+                by_job=by_job,
+            )
+        return models.CellUtilisation(
+            cpu=views["cpu"], memory=views["memory"], jobs_counted=len(largest), notes=cell.notes + notes
+        )
 
     async def pending(self) -> models.PendingView:
         request = borgmaster_pb2.ListJobsRequest()

@@ -3,8 +3,10 @@
 ``borg.events`` gives each job's limit over time (the spec of every SUBMITTED / UPDATED job
 event) and its OOM kills (task events of kind OOM, with the usage at the kill);
 ``recommendations`` gives every recommender's output per window, so a dry-run job's page
-shows what Autopilot would have done (Autopilot §5.2, Figure 9). Kept in memory, bounded per
-series; without Kafka the dashboard still shows the current state from the gRPC APIs.
+shows what Autopilot would have done (Autopilot §5.2, Figure 9), and the horizontal
+recommenders' task counts with the CPU statistic r_S they were computed from (§3.3). Kept in
+memory, bounded per series; without Kafka the dashboard still shows the current state from the
+gRPC APIs.
 """
 
 from __future__ import annotations
@@ -28,9 +30,22 @@ RESOURCE_NAMES = {resources_pb2.RESOURCE_CPU: "cpu", resources_pb2.RESOURCE_MEMO
 
 @dataclass(frozen=True)
 class LimitStep:
+    """The job's spec from ``t_ms`` on: task limits and task count."""
+
     t_ms: int
     cpu_millicores: int
     memory_bytes: int
+    task_count: int = 0
+
+
+@dataclass(frozen=True)
+class TaskCountPoint:
+    """One horizontal recommendation at a window's end: r_S (the CPU-utilisation source, from
+    the recommender workers) or n_r (a target-size recommender's raw task count)."""
+
+    t_ms: int
+    raw_task_count: float
+    usage_statistic: float
 
 
 @dataclass(frozen=True)
@@ -46,6 +61,8 @@ class JobStreams:
     ooms: deque[OomKill]
     # (resource name, recommender name) -> (window_end_ms, value)
     recommendations: dict[tuple[str, str], deque[tuple[int, int]]] = field(default_factory=dict)
+    # recommender name -> its horizontal recommendations
+    horizontal: dict[str, deque[TaskCountPoint]] = field(default_factory=dict)
 
 
 class StreamHistory:
@@ -91,10 +108,13 @@ class StreamHistory:
         ):
             limits = event.job.spec.task.limits
             steps = self._jobs[event.job.job_id].limits
-            step = LimitStep(event.job.event_time_ms, limits.cpu_millicores, limits.memory_bytes)
-            if not steps or (steps[-1].cpu_millicores, steps[-1].memory_bytes) != (
+            step = LimitStep(
+                event.job.event_time_ms, limits.cpu_millicores, limits.memory_bytes, event.job.spec.task_count
+            )
+            if not steps or (steps[-1].cpu_millicores, steps[-1].memory_bytes, steps[-1].task_count) != (
                 step.cpu_millicores,
                 step.memory_bytes,
+                step.task_count,
             ):
                 steps.append(step)
         elif kind == "task" and event.task.kind == state_pb2.TASK_EVENT_KIND_OOM:
@@ -116,6 +136,17 @@ class StreamHistory:
             if series and series[-1][0] >= rec.window_end_ms:
                 continue  # a redelivery or an older window: the line only moves forward
             series.append((rec.window_end_ms, rec.value))
+        for horizontal in message.horizontal:
+            points = job.horizontal.setdefault(
+                recommender_name(horizontal.recommender), deque(maxlen=self.max_points)
+            )
+            if points and points[-1].t_ms >= horizontal.window_end_ms:
+                continue
+            points.append(
+                TaskCountPoint(
+                    horizontal.window_end_ms, horizontal.raw_task_count, horizontal.usage_statistic
+                )
+            )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Read both topics until ``stop``; reconnects while Kafka is unreachable."""

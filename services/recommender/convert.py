@@ -2,7 +2,8 @@
 
 * ``usage.histograms`` UsageHistogram (CPU in millicores) -> :class:`HistogramInput`
   (dense counts in the scheme, usage in the scheme's unit: cores or bytes);
-* ``borg.events`` BorgEvent with an OOM TaskEvent -> :class:`OomInput`;
+* ``borg.events`` BorgEvent with an OOM TaskEvent -> :class:`OomInput`; with a job's spec (a
+  SUBMITTED or UPDATED JobEvent) -> its :class:`HorizontalSettings` (§3.3 horizon, statistic);
 * a job's newest :class:`CandidateRow` per resource -> one RecommendationSet for
   ``recommendations`` (values in millicores / bytes, with the explanation fields).
 """
@@ -14,10 +15,11 @@ import math
 import numpy as np
 
 from cellpilot.api.v1 import job_pb2, recommendation_pb2, resources_pb2, state_pb2, usage_pb2
-from cellpilot.autopilot.candidates import KINDS, STATISTIC_NAMES, CandidateKind
+from cellpilot.autopilot.candidates import KINDS, STATISTIC_NAMES, CandidateKind, UsageStatistic
 from cellpilot.autopilot.job_recommendations import (
     CandidateRow,
     HistogramInput,
+    HorizontalSettings,
     JobState,
     OomInput,
     RecommenderConfig,
@@ -67,6 +69,8 @@ def histogram_in(record: Record, config: RecommenderConfig) -> HistogramInput:
         raise bad("counts", "must be >= 0")
     if not math.isfinite(message.mean_total_usage) or message.mean_total_usage < 0:
         raise bad("mean_total_usage", "must be a finite value >= 0")
+    if not math.isfinite(message.mean_total_unmet) or message.mean_total_unmet < 0:
+        raise bad("mean_total_unmet", "must be a finite value >= 0")
     dense = np.zeros(scheme.size)
     np.add.at(dense, indices, counts)
     return HistogramInput(
@@ -75,6 +79,7 @@ def histogram_in(record: Record, config: RecommenderConfig) -> HistogramInput:
         int(message.window_end_ms),
         dense,
         float(message.mean_total_usage) / wire_factor(resource),
+        float(message.mean_total_unmet) / wire_factor(resource),
     )
 
 
@@ -89,6 +94,28 @@ def oom_in(record: Record) -> OomInput | None:
     return OomInput(
         task.job_id, int(task.event_time_ms), float(task.limits.memory_bytes), float(task.usage.memory_bytes)
     )
+
+
+def horizontal_settings_in(
+    record: Record, config: RecommenderConfig
+) -> tuple[str, HorizontalSettings] | None:
+    """A job's own §3.3 horizon T and statistic S, from a SUBMITTED or UPDATED job event's spec
+    (zero horizon: the default); None for every other event."""
+    event = record.decode(state_pb2.BorgEvent)
+    if event.WhichOneof("event") != "job" or event.job.kind not in (
+        state_pb2.JOB_EVENT_KIND_SUBMITTED,
+        state_pb2.JOB_EVENT_KIND_UPDATED,
+    ):
+        return None
+    job = event.job
+    if not job.job_id or not job.HasField("spec"):
+        return None
+    horizontal = job.spec.autopilot.horizontal
+    if horizontal.horizon_seconds < 0:
+        raise PoisonRecordError(record, "JobEvent.spec.autopilot.horizontal.horizon_seconds: must be >= 0")
+    horizon_ms = horizontal.horizon_seconds * 1000 or config.horizon_ms
+    p95 = horizontal.statistic == job_pb2.HORIZONTAL_STATISTIC_P95
+    return job.job_id, HorizontalSettings(horizon_ms, UsageStatistic.P95 if p95 else UsageStatistic.MAX)
 
 
 def _recommendation(

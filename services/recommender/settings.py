@@ -48,6 +48,10 @@ class RecommenderSettings(BaseSettings):
     # Redis keys of the checkpoints: <prefix>:<group>:p<partition>:{epoch,offsets,jobs}
     state_prefix: str = "cellpilot:recommender"
 
+    # Raise the CPU recommendations of jobs whose demand went unserved (throttled CPU, measured
+    # by the Borglets): cellpilot.recommend.unmet_demand. Off: the paper's recommenders.
+    raise_cpu_for_unmet_demand: bool = False
+
     max_poll_records: int = Field(default=2_000, ge=1)
     poll_timeout_ms: int = Field(default=200, ge=1)
 

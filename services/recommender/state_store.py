@@ -9,7 +9,7 @@ Per partition ``p`` (keys ``<prefix>:<group>:p<p>:...``):
 
 A save writes the changed jobs and the offsets in one Lua script that first checks the
 epoch, so state and offsets move together (a successor resumes without a gap or a double
-apply) and a deposed worker can never write (DESIGN.md rule 7).
+apply) and a deposed worker can never write (docs/architecture.md rule 7).
 """
 
 from __future__ import annotations

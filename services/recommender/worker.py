@@ -16,7 +16,8 @@ between the two re-publishes the same sets, it never loses one.
 
 OOM feedback (§3.2, Figure 9a): every worker reads all of ``borg.events`` and applies an
 OOM to the job only if it owns the job's partition, fenced by the ``borg.events`` offsets
-stored in that partition's checkpoint.
+stored in that partition's checkpoint. The same stream's job events carry each job's spec:
+the worker keeps the job's own horizon T and statistic S of horizontal scaling's r_S (§3.3).
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ from opentelemetry import trace
 
 from cellpilot.autopilot.job_recommendations import (
     HistogramInput,
+    HorizontalSettings,
     JobState,
     OomInput,
     RecommenderConfig,
     apply_histograms,
+    apply_horizontal_settings,
     apply_ooms,
 )
 from cellpilot.platform.grpc_server import GrpcServer
@@ -52,6 +55,7 @@ from cellpilot.platform.kafka import (
 from cellpilot.platform.metrics import CellpilotMetrics
 from cellpilot.platform.redis_client import connect_redis
 from cellpilot.platform.telemetry import Telemetry
+from cellpilot.recommend.unmet_demand import RaiseForUnmetDemand
 from cellpilot_services.recommender import convert
 from cellpilot_services.recommender.settings import RecommenderSettings
 from cellpilot_services.recommender.state_store import StateStore
@@ -82,7 +86,9 @@ class RecommenderWorker:
     def __init__(self, settings: RecommenderSettings, telemetry: Telemetry | None = None) -> None:
         self.settings = settings
         self.replica_id = settings.resolved_replica_id
-        self.config = RecommenderConfig()
+        self.config = RecommenderConfig(
+            unmet_demand=RaiseForUnmetDemand() if settings.raise_cpu_for_unmet_demand else None
+        )
         self.metrics = CellpilotMetrics.on(telemetry.meter) if telemetry is not None else None
         self.redis = connect_redis(settings.platform.redis_url)
         self.store = StateStore(self.redis, settings.state_prefix, settings.consumer_group)
@@ -93,6 +99,7 @@ class RecommenderWorker:
             [settings.histograms_topic],
             group_id=settings.consumer_group,
             client_id=self.replica_id,
+            log_check_interval_s=settings.platform.log_check_interval_s,
         )
         self.events: AssignedConsumer | None = None
         self.server = GrpcServer(
@@ -146,15 +153,22 @@ class RecommenderWorker:
             if self._stop.is_set():
                 return
             try:
-                await self._sync_assignment()
+                claimed = await self._sync_assignment()
+                # Every owned partition's positions (its usage.histograms partition and every
+                # borg.events partition) checked against the broker's logs: at a claim, then
+                # periodically whether or not records arrive (a broker that lost its log).
+                fences = [owned.fence for owned in self.owned.values()]
+                records = await self.consumer.follow_log_resets(records, fences, force=claimed)
                 events = await self._poll_events()
-                self._follow_log_resets(records, events)
+                if self.events is not None:
+                    events = await self.events.follow_log_resets(events, fences, force=claimed)
                 await self._step(records, events)
             except Exception:
                 log.exception("recommender step failed; continuing")
                 await asyncio.sleep(0.5)
 
-    async def _sync_assignment(self) -> None:
+    async def _sync_assignment(self) -> bool:
+        """Follow the group's assignment; True if a partition was claimed."""
         topic = self.settings.histograms_topic
         assigned = {tp.partition for tp in self.consumer.assignment() if tp.topic == topic}
         changed = False
@@ -162,7 +176,8 @@ class RecommenderWorker:
             log.info("partition revoked", extra={"partition": partition, "replica": self.replica_id})
             del self.owned[partition]
             changed = True
-        for partition in sorted(assigned - set(self.owned)):
+        claimed = sorted(assigned - set(self.owned))
+        for partition in claimed:
             checkpoint = await self.store.claim(partition)
             self.owned[partition] = OwnedPartition(
                 partition, checkpoint.epoch, checkpoint.offsets, checkpoint.jobs
@@ -179,6 +194,7 @@ class RecommenderWorker:
             changed = True
         if changed:
             await self._restart_events()
+        return bool(claimed)
 
     async def _restart_events(self) -> None:
         """Read ``borg.events`` from the oldest position any owned partition still needs."""
@@ -197,17 +213,14 @@ class RecommenderWorker:
             # A partition with no position for this events partition needs it from the start.
             starts[key] = min(p.get(key, 0) for p in positions)
         self.events = AssignedConsumer(
-            self.settings.platform.kafka_bootstrap, [events_topic], client_id=f"{self.replica_id}-events"
+            self.settings.platform.kafka_bootstrap,
+            [events_topic],
+            client_id=f"{self.replica_id}-events",
+            log_check_interval_s=self.settings.platform.log_check_interval_s,
         )
+        # Starts where the oldest position needs; the positions themselves (with their
+        # fingerprints) are checked by follow_log_resets right after a claim.
         await self.events.start(AppliedOffsets(starts))
-
-    def _follow_log_resets(self, records: list[Record], events: list[Record]) -> None:
-        """A broker that lost its log restarts offsets at 0: fences beyond the log end reset."""
-        ends = self.consumer.log_ends(records)
-        if self.events is not None:
-            ends.update(self.events.log_ends(events))
-        for owned in self.owned.values():
-            owned.fence.follow_log_resets(ends)
 
     async def _poll_events(self) -> list[Record]:
         if self.events is None:
@@ -251,17 +264,20 @@ class RecommenderWorker:
             owned.changed |= result.changed
             owned.ready.extend(result.ready)
         ooms: dict[int, list[OomInput]] = defaultdict(list)
+        horizons: dict[int, dict[str, HorizontalSettings]] = defaultdict(dict)
         for record in events:
             try:
                 oom = convert.oom_in(record)
+                settings = convert.horizontal_settings_in(record, self.config) if oom is None else None
             except PoisonRecordError as error:  # the Borgmaster's stream: every worker reads it
                 self.skipped_events += 1
                 log.warning(
                     "skipped a malformed borg.events record",
                     extra={"reason": error.reason, "skipped_total": self.skipped_events},
                 )
-                oom = None
-            target = self.partition_of(oom.job_id) if oom is not None else -1
+                oom, settings = None, None
+            job_id = oom.job_id if oom is not None else settings[0] if settings is not None else None
+            target = self.partition_of(job_id) if job_id is not None else -1
             for owned in self.owned.values():
                 if not owned.fence.is_new(record):
                     continue
@@ -269,6 +285,11 @@ class RecommenderWorker:
                 owned.dirty = True
                 if oom is not None and owned.partition == target:
                     ooms[target].append(oom)
+                if settings is not None and owned.partition == target:
+                    horizons[target][settings[0]] = settings[1]
+        for partition, by_job in horizons.items():
+            owned = self.owned[partition]
+            owned.changed |= apply_horizontal_settings(self.config, owned.jobs, by_job)
         for partition, items in ooms.items():
             owned = self.owned[partition]
             bumped = apply_ooms(self.config, owned.jobs, items)

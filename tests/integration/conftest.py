@@ -14,8 +14,11 @@ own-machines rule with the stack's real ``borglet-r0`` identity.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import make_url
@@ -46,6 +49,25 @@ def embedded_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             yield stack
         finally:
             stack.down()
+
+
+@pytest.fixture(scope="session")
+def outage_stack() -> Iterator[Stack]:
+    """A second stack, only for the store-outage tests (tests/integration/store_outages.py): they
+    stop its PostgreSQL or Redis under running services, which the shared stack must never see.
+
+    It lives outside pytest's temporary root: PostgreSQL, restarted mid-test as its own system
+    user, must traverse to its data directory, and any pytest starting meanwhile makes that
+    root private again.
+    """
+    data_dir = Path(tempfile.mkdtemp(prefix="cellpilot-outage-stack-"))
+    stack = Stack(StackConfig(data_dir))
+    try:
+        stack.up()
+        yield stack
+    finally:
+        stack.down()
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """The actuator's admission check for one actuation: replay, stale leader, or apply.
 
 Autopilot §3.1 passes the elected master's decisions to the Borgmaster "via an actuator
-job"; DESIGN.md rule 7 makes every write of an elected leader fenced. The actuator
+job"; docs/architecture.md rule 7 makes every write of an elected leader fenced. The actuator
 therefore refuses:
 
 * a **replay**: an idempotency key it has already settled (Kafka redelivery after a crash,

@@ -92,10 +92,20 @@ class SampleChunk:
     cpu: FloatArray  # CPU scheme unit (cores)
     memory: FloatArray  # bytes
     throttled: BoolArray
+    unmet: FloatArray = None  # type: ignore[assignment]  # unmet CPU demand (cores); None = zeros
 
     def __post_init__(self) -> None:
         n = self.task.shape
-        if not (self.time_ms.shape == self.cpu.shape == self.memory.shape == self.throttled.shape == n):
+        if self.unmet is None:
+            object.__setattr__(self, "unmet", np.zeros(n))
+        if not (
+            self.time_ms.shape
+            == self.cpu.shape
+            == self.memory.shape
+            == self.throttled.shape
+            == self.unmet.shape
+            == n
+        ):
             raise ValueError("sample arrays must have the same length")
 
     def __len__(self) -> int:
@@ -103,7 +113,12 @@ class SampleChunk:
 
     def select(self, mask: BoolArray) -> SampleChunk:
         return SampleChunk(
-            self.task[mask], self.time_ms[mask], self.cpu[mask], self.memory[mask], self.throttled[mask]
+            self.task[mask],
+            self.time_ms[mask],
+            self.cpu[mask],
+            self.memory[mask],
+            self.throttled[mask],
+            self.unmet[mask],
         )
 
     @classmethod
@@ -116,6 +131,7 @@ class SampleChunk:
             np.concatenate([c.cpu for c in chunks]),
             np.concatenate([c.memory for c in chunks]),
             np.concatenate([c.throttled for c in chunks]),
+            np.concatenate([c.unmet for c in chunks]),
         )
 
 
@@ -129,9 +145,9 @@ def empty_chunk() -> SampleChunk:
     )
 
 
-_STAT_ADD = ("samples", "cpu_sum", "memory_sum", "throttled")
+_STAT_ADD = ("samples", "cpu_sum", "memory_sum", "throttled", "cpu_unmet_sum")
 _STAT_MAX = ("cpu_max", "memory_max")
-_STAT_FIELDS = ("keys", "start_ms", "samples", "cpu_sum", "cpu_max", "memory_sum", "memory_max", "throttled")
+_STAT_FIELDS = ("keys", "start_ms", *_STAT_ADD, *_STAT_MAX)
 
 
 @dataclass(frozen=True, eq=False)
@@ -146,6 +162,13 @@ class WindowStats:
     memory_sum: FloatArray
     memory_max: FloatArray
     throttled: Int64Array
+    # Sum of the samples' unmet CPU demand (cores); a 1-second sample's value is also its
+    # throttled CPU-seconds. None = zeros (windows from before it was measured).
+    cpu_unmet_sum: FloatArray = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.cpu_unmet_sum is None:
+            object.__setattr__(self, "cpu_unmet_sum", np.zeros(self.keys.shape))
 
     def __len__(self) -> int:
         return int(self.keys.shape[0])
@@ -153,7 +176,7 @@ class WindowStats:
     @classmethod
     def empty(cls) -> WindowStats:
         i, f = np.zeros(0, dtype=np.int64), np.zeros(0)
-        return cls(i, i.copy(), i.copy(), f, f.copy(), f.copy(), f.copy(), i.copy())
+        return cls(i, i.copy(), i.copy(), f, f.copy(), f.copy(), f.copy(), i.copy(), f.copy())
 
     @classmethod
     def reduce_rows(
@@ -176,6 +199,7 @@ class WindowStats:
             memory_sum=out["memory_sum"].astype(np.float64),
             memory_max=out["memory_max"].astype(np.float64),
             throttled=out["throttled"].astype(np.int64),
+            cpu_unmet_sum=out["cpu_unmet_sum"].astype(np.float64),
         )
 
     @classmethod
@@ -191,6 +215,7 @@ class WindowStats:
                 "memory_sum": chunk.memory,
                 "memory_max": chunk.memory,
                 "throttled": chunk.throttled.astype(np.int64),
+                "cpu_unmet_sum": chunk.unmet,
             },
         )
 
@@ -219,18 +244,16 @@ class WindowStats:
             self.memory_sum[mask],
             self.memory_max[mask],
             self.throttled[mask],
+            self.cpu_unmet_sum[mask],
         )
 
     def arrays(self, prefix: str) -> dict[str, npt.NDArray[Any]]:
-        return {
-            f"{prefix}{name}": getattr(self, name) for name in ("keys", "start_ms", *_STAT_ADD, *_STAT_MAX)
-        }
+        return {f"{prefix}{name}": getattr(self, name) for name in _STAT_FIELDS}
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, npt.NDArray[Any]], prefix: str) -> WindowStats:
-        return cls(
-            **{name: arrays[f"{prefix}{name}"] for name in ("keys", "start_ms", *_STAT_ADD, *_STAT_MAX)}
-        )
+        """Inverse of :meth:`arrays`; a checkpoint from before unmet demand was kept reads as zeros."""
+        return cls(**{name: arrays.get(f"{prefix}{name}") for name in _STAT_FIELDS})  # type: ignore[arg-type]
 
 
 def _empty_batch(scheme: BucketScheme, window_ms: int) -> WindowBatch:
@@ -288,7 +311,7 @@ class TaskWindows:
         if not parts:
             return cls.empty()
         stats = WindowStats(
-            *(np.concatenate([getattr(p.stats, name) for p in parts]) for name in _STAT_FIELDS)
+            **{name: np.concatenate([getattr(p.stats, name) for p in parts]) for name in _STAT_FIELDS}
         )
         return cls(concat_windows([p.cpu for p in parts]), stats)
 

@@ -40,6 +40,7 @@ from cellpilot.autopilot.candidates import (
     update_usage_signal,
 )
 from cellpilot.recommend.horizontal import CpuSourceState
+from cellpilot.recommend.unmet_demand import RaiseForUnmetDemand
 from cellpilot.usage.buckets import Resource
 
 FloatArray = npt.NDArray[np.float64]
@@ -58,6 +59,8 @@ class RecommenderConfig:
     # §3.3: "statistics S: max or P95"; the horizon T defaults to 72 hours.
     usage_statistic: UsageStatistic = UsageStatistic.MAX
     horizon_ms: int = 72 * 3_600_000
+    # Optional: raise CPU recommendations of jobs whose demand went unserved (off by default).
+    unmet_demand: RaiseForUnmetDemand | None = None
 
     def for_resource(self, resource: Resource) -> CandidateConfig:
         return self.cpu if resource is Resource.CPU else self.memory
@@ -121,6 +124,14 @@ class CandidateRow:
 
 
 @dataclass(frozen=True)
+class HorizontalSettings:
+    """A job's CPU-utilisation source settings (§3.3): horizon T and statistic S (max or P95)."""
+
+    horizon_ms: int
+    statistic: UsageStatistic
+
+
+@dataclass(frozen=True)
 class JobState:
     cpu: CandidateState
     memory: CandidateState
@@ -128,6 +139,8 @@ class JobState:
     usage_statistic: float  # r_S (cores) after the newest CPU window; NaN = none yet
     rows: Mapping[Resource, CandidateRow]  # newest output per resource
     published_end_ms: int = NO_TIME  # window end of the newest set published
+    # The job's own §3.3 horizon T and statistic S (from its spec); None = the config's defaults.
+    horizon: HorizontalSettings | None = None
 
     def candidates(self, resource: Resource) -> CandidateState:
         return self.cpu if resource is Resource.CPU else self.memory
@@ -160,6 +173,9 @@ class JobState:
             "usage_statistic": None if np.isnan(self.usage_statistic) else self.usage_statistic,
             "published_end_ms": self.published_end_ms,
             "rows": rows_meta,
+            "horizon": None
+            if self.horizon is None
+            else [self.horizon.horizon_ms, self.horizon.statistic.value],
         }
         return array_bundle.pack(arrays, meta)
 
@@ -173,6 +189,7 @@ class JobState:
             for name, row_meta in meta["rows"].items()
         }
         statistic = meta["usage_statistic"]
+        horizon = meta.get("horizon")
         return cls(
             cpu=CandidateState.from_bytes(arrays["cpu"].tobytes()),
             memory=CandidateState.from_bytes(arrays["memory"].tobytes()),
@@ -180,6 +197,9 @@ class JobState:
             usage_statistic=float("nan") if statistic is None else float(statistic),
             rows=rows,
             published_end_ms=int(meta["published_end_ms"]),
+            horizon=None
+            if horizon is None
+            else HorizontalSettings(int(horizon[0]), UsageStatistic(horizon[1])),
         )
 
 
@@ -202,6 +222,7 @@ class HistogramInput:
     end_ms: int
     counts: FloatArray  # (K,) dense counts in the resource's scheme
     mean_total_usage: float  # sum over tasks of their mean usage (cores or bytes)
+    mean_total_unmet: float = 0.0  # CPU: likewise of their unmet demand (cores)
 
 
 @dataclass(frozen=True)
@@ -260,6 +281,10 @@ def _apply_resource(
     counts = np.stack([h.counts for h in fresh])
     ends = np.asarray([h.end_ms for h in fresh], dtype=np.int64)
     new_stacked, batch = update_candidates(config.for_resource(resource), stacked, counts, ends)
+    if resource is Resource.CPU and config.unmet_demand is not None:
+        usage = [h.mean_total_usage for h in fresh]
+        raised, _ = config.unmet_demand.apply(batch.value, usage, [h.mean_total_unmet for h in fresh])
+        batch = replace(batch, value=raised)
     if resource is Resource.CPU:
         signals = CpuSourceState.concat([states[j].signal for j in jobs])
         new_signals, r_s = update_usage_signal(
@@ -267,8 +292,8 @@ def _apply_resource(
             signals,
             np.asarray([h.mean_total_usage for h in fresh]),
             ends,
-            np.full(len(jobs), config.horizon_ms),
-            np.full(len(jobs), config.usage_statistic.value),
+            [_horizon(config, states[j]).horizon_ms for j in jobs],
+            [_horizon(config, states[j]).statistic.value for j in jobs],
         )
     for row, job_id in enumerate(jobs):
         state = states[job_id]
@@ -287,6 +312,24 @@ def _apply_resource(
         states[job_id] = state
         result.changed.add(job_id)
     result.applied += len(fresh)
+
+
+def _horizon(config: RecommenderConfig, state: JobState) -> HorizontalSettings:
+    return state.horizon or HorizontalSettings(config.horizon_ms, config.usage_statistic)
+
+
+def apply_horizontal_settings(
+    config: RecommenderConfig, states: dict[str, JobState], settings: Mapping[str, HorizontalSettings]
+) -> set[str]:
+    """Record each job's own horizon and statistic (its spec, as the Borgmaster announced it);
+    r_S is taken over them from the next window on. Returns the jobs whose settings changed."""
+    changed = set()
+    for job_id, horizon in settings.items():
+        state = states.get(job_id) or initial_job_state(config)
+        if state.horizon != horizon:
+            states[job_id] = replace(state, horizon=horizon)
+            changed.add(job_id)
+    return changed
 
 
 def apply_histograms(
@@ -354,10 +397,12 @@ __all__ = [
     "ApplyResult",
     "CandidateRow",
     "HistogramInput",
+    "HorizontalSettings",
     "JobState",
     "OomInput",
     "RecommenderConfig",
     "apply_histograms",
+    "apply_horizontal_settings",
     "apply_ooms",
     "initial_job_state",
 ]

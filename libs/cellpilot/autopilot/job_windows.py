@@ -9,7 +9,8 @@ moved machine within a window, one task may have several rows: these are combine
 Alongside the histograms, the per-window summaries the wire format carries: raw sample
 and throttled-sample counts, tasks reporting, the peak raw sample, and the mean over the
 window of the summed usage of the job's tasks (sum over tasks of each task's mean), the
-input of horizontal autoscaling's r_S (§3.3).
+input of horizontal autoscaling's r_S (§3.3), and likewise of their unmet CPU demand (what
+their machines did not serve, Borg §6.2).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class JobWindows:
     cpu_mean_total: FloatArray
     memory_peak: FloatArray
     memory_mean_total: FloatArray
+    cpu_unmet_mean_total: FloatArray  # like cpu_mean_total, of the unmet CPU demand (cores)
 
     def __len__(self) -> int:
         return int(self.keys.shape[0])
@@ -61,6 +63,7 @@ def combine_task_rows(windows: TaskWindows) -> TaskWindows:
             "memory_sum": stats.memory_sum,
             "memory_max": stats.memory_max,
             "throttled": stats.throttled,
+            "cpu_unmet_sum": stats.cpu_unmet_sum,
         },
     )
     return TaskWindows(cpu, stats)
@@ -89,6 +92,7 @@ def sum_jobs(
     with np.errstate(invalid="ignore", divide="ignore"):
         cpu_mean = np.where(stats.samples > 0, stats.cpu_sum / stats.samples, 0.0)
         memory_mean = np.where(stats.samples > 0, stats.memory_sum / stats.samples, 0.0)
+        unmet_mean = np.where(stats.samples > 0, stats.cpu_unmet_sum / stats.samples, 0.0)
 
     def add(values: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
         return np.add.reduceat(values[order], heads) if heads.size else values[:0]
@@ -108,6 +112,7 @@ def sum_jobs(
         cpu_mean_total=np.asarray(add(cpu_mean), dtype=np.float64),
         memory_peak=peak(stats.memory_max),
         memory_mean_total=np.asarray(add(memory_mean), dtype=np.float64),
+        cpu_unmet_mean_total=np.asarray(add(unmet_mean), dtype=np.float64),
     )
     if not (
         np.array_equal(result.cpu.keys, result.keys)

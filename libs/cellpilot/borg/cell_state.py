@@ -38,7 +38,7 @@ from cellpilot.borg.lifecycle import (
     TaskState,
     transition,
 )
-from cellpilot.borg.model import JobSpec, MachineAvailability, PriorityBand, runs_same
+from cellpilot.borg.model import JobSpec, MachineAvailability, PriorityBand, needs_restart, runs_same
 from cellpilot.borg.mutations import (
     JobKilled,
     JobStateChanged,
@@ -62,6 +62,7 @@ from cellpilot.borg.records import (  # re-exported: the records are part of thi
     TaskKey,
     TaskRecord,
 )
+from cellpilot.borg.restart_backoff import clear_backoff, record_failure
 from cellpilot.schedule import Admitted, QuotaBook, Resources
 from cellpilot.schedule import JobSpec as ScheduleJob
 from cellpilot.schedule import TaskShape as ScheduleShape
@@ -106,14 +107,24 @@ class CellState:
         job = self.jobs.get(key[0])
         return None if job is None else job.tasks.get(key[1])
 
-    def schedulable_pending(self) -> list[tuple[JobRecord, TaskRecord]]:
-        """Pending tasks of admitted, released jobs, in a deterministic order."""
+    def schedulable_pending(self, now_ms: int | None = None) -> list[tuple[JobRecord, TaskRecord]]:
+        """Pending tasks of admitted, released jobs, in a deterministic order.
+
+        With ``now_ms`` (event time), tasks still backing off after a failure are left out.
+        """
         out = []
         for job_id, index in sorted(self.pending):
             job = self.jobs[job_id]
             if job.state in (JobState.PENDING, JobState.RUNNING):
-                out.append((job, job.tasks[index]))
+                task = job.tasks[index]
+                if now_ms is None or task.not_before_ms <= now_ms:
+                    out.append((job, task))
         return out
+
+    def next_restart_ms(self, now_ms: int) -> int:
+        """The earliest event time after ``now_ms`` at which a backing-off task may restart (0: none)."""
+        times = [self.jobs[job_id].tasks[index].not_before_ms for job_id, index in self.pending]
+        return min((t for t in times if t > now_ms), default=0)
 
     def tasks_on(self, machine_id: str) -> list[tuple[JobRecord, TaskRecord]]:
         machine = self.machines[machine_id]
@@ -165,7 +176,11 @@ class CellState:
             raise InvariantError(f"unknown mutation {m!r}")
         if record.request_id and record.request_id not in self.applied_requests:
             self.applied_requests[record.request_id] = AppliedRequest(
-                record.request_id, record.sequence, mutation_job_id(m)
+                record.request_id,
+                record.sequence,
+                mutation_job_id(m),
+                record.request_method,
+                record.request_digest,
             )
         self.last_sequence = record.sequence
         self.last_epoch = record.epoch
@@ -228,6 +243,9 @@ class CellState:
         if not isinstance(self.quota_book.update(schedule_job(m.spec)), Admitted):
             raise InvariantError(f"update of {m.job_id} is over quota when replayed")
         old_spec, old_version = job.spec, job.spec_version
+        if needs_restart(old_spec, m.spec):
+            for record in job.tasks.values():
+                clear_backoff(record)  # a new binary may fix the crash: restart without delay
         job.spec = m.spec
         job.spec_version = m.spec_version
         job.fencing_token = max(job.fencing_token, m.fencing_token)
@@ -409,6 +427,8 @@ class CellState:
         limits = task.limits
         self._set_task_state(job, task, m.reason, rec)
         task.reason_detail = m.detail
+        if m.backoff is not None:
+            record_failure(task, m.backoff, m.reason, m.detail)
         changes.append(self._task_change(rec, task, m.reason, machine, limits, m.usage))
         self._maybe_done_rolling(job)
         self._derive_job_state(rec, job, changes)

@@ -3,7 +3,7 @@
 :meth:`cellpilot.borg.cell_state.CellState.apply` returns these for every record, including
 the consequences it derives (a killed job's tasks, a lost machine's tasks, a job whose
 first task starts). The Borgmaster publishes them on Kafka ``borg.events`` after the record
-is appended, so their order is the log's order (issue 7, "Events"); the scheduling view
+is appended, so their order is the log's order; the scheduling view
 follows them to keep its cell in step.
 """
 

@@ -17,12 +17,14 @@ service appends them to the checkpoint log before applying or acknowledging them
 * Kill, machine registration and draining, quotas.
 
 Requests are idempotent (Borg §4): a request id already applied returns the first answer
-and produces no mutation.
+and produces no mutation — if it comes with the same method and payload (a retry). The same
+id with another method or payload is refused naming ``request_id``: answering it with the
+first request's reply would acknowledge a change that was never made.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -62,14 +64,27 @@ class InPlaceFit(Protocol):
 
 # ---------------------------------------------------------------------- commands
 @dataclass(frozen=True)
-class SubmitJob:
+class ClientCommand:
+    """What every client command carries: its request id, and a digest of the request's payload
+    (everything but the id, as the client sent it; the service computes it), which with
+    :attr:`method` tells a retry from another request reusing the id."""
+
     request_id: str
+    payload_digest: str = field(default="", kw_only=True)
+
+    @property
+    def method(self) -> str:
+        """The RPC this command is, e.g. ``SubmitJob``."""
+        return type(self).__name__
+
+
+@dataclass(frozen=True)
+class SubmitJob(ClientCommand):
     spec: JobSpec
 
 
 @dataclass(frozen=True)
-class UpdateJob:
-    request_id: str
+class UpdateJob(ClientCommand):
     job_id: str
     spec: JobSpec
     update_mask: tuple[str, ...] = ()
@@ -80,28 +95,24 @@ class UpdateJob:
 
 
 @dataclass(frozen=True)
-class KillJob:
-    request_id: str
+class KillJob(ClientCommand):
     job_id: str
 
 
 @dataclass(frozen=True)
-class RegisterMachine:
-    request_id: str
+class RegisterMachine(ClientCommand):
     spec: MachineSpec
 
 
 @dataclass(frozen=True)
-class SetMachineState:
-    request_id: str
+class SetMachineState(ClientCommand):
     machine_id: str
     state: MachineAvailability
     detail: str = ""
 
 
 @dataclass(frozen=True)
-class SetQuota:
-    request_id: str
+class SetQuota(ClientCommand):
     user: str
     band: PriorityBand
     limit: Resources
@@ -128,7 +139,7 @@ def handle(state: CellState, command: Command, now_ms: int, fit: InPlaceFit | No
     if command.request_id:
         applied = state.applied_requests.get(command.request_id)
         if applied is not None:
-            return Accepted((), applied.job_id, applied)
+            return _replay(applied, command)
     if isinstance(command, SubmitJob):
         return _submit(state, command)
     if isinstance(command, UpdateJob):
@@ -140,6 +151,27 @@ def handle(state: CellState, command: Command, now_ms: int, fit: InPlaceFit | No
     if isinstance(command, SetMachineState):
         return _set_machine_state(state, command)
     return _set_quota(state, command)
+
+
+def _replay(applied: AppliedRequest, command: Command) -> Result:
+    """The first answer again for a retry; a refusal naming ``request_id`` for a reuse."""
+    first = f"{applied.method or 'a request'}{f' of job {applied.job_id}' if applied.job_id else ''}"
+    where = f"(log position {applied.sequence})"
+    if applied.method and applied.method != command.method:
+        return Rejection(
+            Code.ALREADY_EXISTS,
+            "request_id",
+            f"{command.request_id!r} was first used for {first} {where}, not {command.method}; "
+            "use a new request id",
+        )
+    if applied.digest and command.payload_digest and applied.digest != command.payload_digest:
+        return Rejection(
+            Code.ALREADY_EXISTS,
+            "request_id",
+            f"{command.request_id!r} was first used for {first} {where} with a different payload; "
+            "use a new request id",
+        )
+    return Accepted((), applied.job_id, applied)
 
 
 def _over_quota(verdict: Rejected, field: str) -> Rejection:

@@ -16,8 +16,24 @@ The rules (Autopilot §2.3, Borg §5.5 and §6.2):
   Within one priority the task using the most memory goes first, so the shortage is gone
   after as few kills as possible; ties by position, so the result is deterministic.
   Killing stops as soon as the memory freed covers the shortage.
-* **CPU** is compressible: a task demanding more than its limit is throttled to the limit
-  (Borg §6.2, Autopilot §2.3), never killed.
+* **CPU** is compressible: throttled, never killed (Borg §6.2). With the machine's CPU
+  capacity known, the machine shares it the way Autopilot §2.3 and Borg §6.2 describe: with
+  little contention tasks use CPU beyond their limits (spare, "slack" CPU); once there is
+  contention limits are enforced, and latency-sensitive (LS) tasks are served before batch
+  ones. The capacity is handed out in four tiers, each in full while it fits, else to every
+  task of the tier in proportion to what it asks (one CFS-like share each):
+
+  1. LS tasks' demand up to their limits;
+  2. batch tasks' demand up to their limits (batch may run in reclaimed resources, Borg
+     §5.5, so their limits need not fit: they are throttled below them under contention);
+  3. LS tasks' demand above their limits (bursting into spare CPU);
+  4. batch tasks' demand above their limits.
+
+  Tasks whose CPU is *measured* (a real process: the kernel has already decided) count at
+  what they used, ahead of every tier. Without a capacity, every task is capped at its limit.
+  What a task demanded and did not get is its **unmet demand** (throttled CPU, a rate in
+  millicores: over one second, the throttled CPU-seconds x 1000), the signal the usage
+  samples carry.
 
 A machine is *short of memory* when the memory its tasks use (after the hard-limit kills)
 exceeds ``pressure_fraction`` of its capacity; the shortage is the excess. A limit of 0
@@ -48,13 +64,15 @@ class KillReason(enum.IntEnum):
 class TaskUsage:
     """The tasks to judge, struct-of-arrays (one entry per task, all arrays the same length)."""
 
-    machine: npt.NDArray[np.intp]  # index of the task's machine in MachineMemory arrays
+    machine: npt.NDArray[np.intp]  # index of the task's machine in MachineCapacity arrays
     priority: IntArray
     cpu_millicores: FloatArray  # CPU the task demands (rate)
     memory_bytes: FloatArray  # memory the task uses
     cpu_limit_millicores: FloatArray  # 0 = no limit
     memory_limit_bytes: FloatArray  # 0 = no limit
     hard_memory_limit: BoolArray  # True: hard RAM limit; False: soft
+    latency_sensitive: BoolArray | None = None  # Borg §6.2 appclass; None = every task LS
+    cpu_measured: BoolArray | None = None  # CPU already used (a process), not granted; None = none
 
     @classmethod
     def single_machine(
@@ -65,6 +83,7 @@ class TaskUsage:
         cpu_limit_millicores: npt.ArrayLike,
         memory_limit_bytes: npt.ArrayLike,
         hard_memory_limit: npt.ArrayLike,
+        latency_sensitive: npt.ArrayLike = True,
     ) -> TaskUsage:
         """Tasks all on machine 0 (scalars broadcast to the number of tasks)."""
         arrays = np.broadcast_arrays(
@@ -74,6 +93,7 @@ class TaskUsage:
             np.asarray(cpu_limit_millicores, dtype=np.float64),
             np.asarray(memory_limit_bytes, dtype=np.float64),
             np.asarray(hard_memory_limit, dtype=np.bool_),
+            np.asarray(latency_sensitive, dtype=np.bool_),
         )
         flat = [np.array(a).reshape(-1) for a in arrays]
         return cls(
@@ -84,6 +104,7 @@ class TaskUsage:
             cpu_limit_millicores=flat[3].astype(np.float64),
             memory_limit_bytes=flat[4].astype(np.float64),
             hard_memory_limit=flat[5].astype(np.bool_),
+            latency_sensitive=flat[6].astype(np.bool_),
         )
 
     def __len__(self) -> int:
@@ -91,11 +112,12 @@ class TaskUsage:
 
 
 @dataclass(frozen=True)
-class MachineMemory:
-    """Memory capacity of each machine and how full a machine may get before it is short."""
+class MachineCapacity:
+    """Each machine's memory (and how full it may get before it is short) and CPU."""
 
-    capacity_bytes: FloatArray
-    pressure_fraction: float = 1.0  # short when used > fraction * capacity
+    memory_bytes: FloatArray
+    pressure_fraction: float = 1.0  # short of memory when used > fraction * capacity
+    cpu_millicores: FloatArray | None = None  # None: no sharing modelled, CPU capped at limits
 
     def __post_init__(self) -> None:
         if not 0.0 < self.pressure_fraction <= 1.0:
@@ -118,8 +140,9 @@ class EnforcementDecision:
     now_ms: int
     kill_reason: npt.NDArray[np.int8]  # KillReason per task; NONE for tasks left running
     kills: tuple[Kill, ...]  # the killed tasks in the order they are killed
-    cpu_granted_millicores: FloatArray  # CPU the task gets: its demand, capped at its limit
-    cpu_throttled: BoolArray  # demand above the limit
+    cpu_granted_millicores: FloatArray  # CPU the task gets (a measured task: what it used)
+    cpu_unmet_millicores: FloatArray  # demand not granted (0 for a measured task)
+    cpu_throttled: BoolArray  # some demand went unmet
     memory_used_bytes: FloatArray  # per machine, every task counted
     memory_threshold_bytes: FloatArray  # per machine: pressure_fraction * capacity
     memory_pressure: BoolArray  # per machine: short of memory after the hard-limit kills
@@ -130,24 +153,55 @@ class EnforcementDecision:
         return np.asarray(self.kill_reason != KillReason.NONE)
 
 
-def enforce_limits(tasks: TaskUsage, machines: MachineMemory, now_ms: int) -> EnforcementDecision:
+# Unmet demand below this (millicores) is rounding, not throttling.
+_UNMET_EPSILON = 1e-6
+
+
+def share_cpu(tasks: TaskUsage, machines: MachineCapacity) -> tuple[FloatArray, FloatArray]:
+    """(granted, unmet) CPU of every task: the four tiers of the module docstring, per machine."""
+    demand = np.maximum(tasks.cpu_millicores, 0.0)
+    limit = tasks.cpu_limit_millicores
+    within = np.where(limit > 0, np.minimum(demand, limit), demand)
+    n = len(tasks)
+    measured = np.zeros(n, dtype=bool) if tasks.cpu_measured is None else tasks.cpu_measured
+    if machines.cpu_millicores is None:
+        granted = np.where(measured, demand, within)
+        return granted, np.where(measured, 0.0, demand - within)
+    ls = np.ones(n, dtype=bool) if tasks.latency_sensitive is None else tasks.latency_sensitive
+    m = int(machines.cpu_millicores.shape[0])
+    spare = machines.cpu_millicores.astype(np.float64) - np.bincount(
+        tasks.machine, weights=np.where(measured, demand, 0.0), minlength=m
+    )
+    spare = np.maximum(spare, 0.0)
+    granted = np.where(measured, demand, 0.0)
+    above = demand - within
+    for ask, members in ((within, ls), (within, ~ls), (above, ls), (above, ~ls)):
+        request = np.where(members & ~measured, ask, 0.0)
+        total = np.bincount(tasks.machine, weights=request, minlength=m)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fraction = np.where(total > spare, spare / total, 1.0)
+        granted += request * fraction[tasks.machine]
+        spare = np.maximum(spare - total, 0.0)
+    unmet = np.where(measured, 0.0, np.maximum(demand - granted, 0.0))
+    return granted, unmet
+
+
+def enforce_limits(tasks: TaskUsage, machines: MachineCapacity, now_ms: int) -> EnforcementDecision:
     """Decide which tasks die (and why) and how much CPU each gets, at event time ``now_ms``."""
     n = len(tasks)
-    m = int(machines.capacity_bytes.shape[0])
+    m = int(machines.memory_bytes.shape[0])
     memory = tasks.memory_bytes
     limit = tasks.memory_limit_bytes
     reason = np.zeros(n, dtype=np.int8)
 
-    cpu_limited = tasks.cpu_limit_millicores > 0
-    cpu_throttled = cpu_limited & (tasks.cpu_millicores > tasks.cpu_limit_millicores)
-    cpu_granted = np.where(cpu_throttled, tasks.cpu_limit_millicores, tasks.cpu_millicores)
+    cpu_granted, cpu_unmet = share_cpu(tasks, machines)
 
     over = (limit > 0) & (memory > limit)
     hard = over & tasks.hard_memory_limit
     reason[hard] = KillReason.HARD_LIMIT
 
     used = np.bincount(tasks.machine, weights=memory, minlength=m).astype(np.float64)
-    threshold = machines.pressure_fraction * machines.capacity_bytes.astype(np.float64)
+    threshold = machines.pressure_fraction * machines.memory_bytes.astype(np.float64)
     after_hard = used - np.bincount(tasks.machine, weights=np.where(hard, memory, 0.0), minlength=m)
     shortage = np.maximum(after_hard - threshold, 0.0)
     pressure = shortage > 0
@@ -182,7 +236,8 @@ def enforce_limits(tasks: TaskUsage, machines: MachineMemory, now_ms: int) -> En
         kill_reason=reason,
         kills=kills,
         cpu_granted_millicores=np.asarray(cpu_granted, dtype=np.float64),
-        cpu_throttled=np.asarray(cpu_throttled),
+        cpu_unmet_millicores=np.asarray(cpu_unmet, dtype=np.float64),
+        cpu_throttled=np.asarray(cpu_unmet > _UNMET_EPSILON),
         memory_used_bytes=used,
         memory_threshold_bytes=threshold,
         memory_pressure=np.asarray(pressure),

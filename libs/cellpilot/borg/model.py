@@ -2,7 +2,7 @@
 
 These mirror the v1 API messages (``job.proto``, ``machine.proto``) field for field so the
 service's ``convert`` module can translate losslessly, but the core never sees a protobuf
-type (DESIGN.md rule 2). Resource vectors are :class:`cellpilot.schedule.Resources`
+type (docs/architecture.md rule 2). Resource vectors are :class:`cellpilot.schedule.Resources`
 (CPU milli-cores, RAM bytes, disk bytes, ports: Borg §2.3 specifies every dimension
 independently). Enum members are named like the API's values without their prefix, and
 ``UNSPECIFIED`` is kept so that validation can name the field a client left unset.
@@ -132,10 +132,40 @@ class Constraint:
 
 
 @dataclass(frozen=True)
+class HealthCheck:
+    """A process task's health check (Borg §2.6); see :mod:`cellpilot.borg.health_checks`.
+    Zero times and threshold mean the defaults."""
+
+    http_url: str = ""
+    command: tuple[str, ...] = ()
+    interval_ms: int = 0
+    timeout_ms: int = 0
+    failure_threshold: int = 0
+    initial_delay_ms: int = 0
+
+
+@dataclass(frozen=True)
 class ProcessRuntime:
     command: str
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    health_check: HealthCheck | None = None
+
+
+@dataclass(frozen=True)
+class SharedDemand:
+    """A job's demand shared among its ready tasks (:mod:`cellpilot.workloads.job_demand`)."""
+
+    usage_model: str = ""
+    params: tuple[tuple[str, float], ...] = ()
+    trace_step_seconds: int = 0  # > 0 when a trace is replayed instead of a model
+    trace_cpu_millicores: tuple[float, ...] = ()
+    trace_memory_bytes: tuple[int, ...] = ()
+    imbalance: float = 0.0
+
+    @property
+    def has_trace(self) -> bool:
+        return bool(self.trace_step_seconds or self.trace_cpu_millicores or self.trace_memory_bytes)
 
 
 @dataclass(frozen=True)
@@ -146,6 +176,7 @@ class SimulatedRuntime:
     seed: int = 0
     duration_seconds: int = 0
     startup_seconds: int = 0
+    demand: SharedDemand | None = None
 
 
 Runtime = ProcessRuntime | SimulatedRuntime | None

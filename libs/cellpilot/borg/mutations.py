@@ -55,6 +55,18 @@ class TaskScheduled:
 
 
 @dataclass(frozen=True)
+class RestartBackoff:
+    """The restart decision for a failed task (:mod:`cellpilot.borg.restart_backoff`), logged
+    with the failure so that replaying the log gives the same backoff (Borg §4)."""
+
+    failures: int  # failures in a row, this one included
+    not_before_ms: int  # event time before which the task is not rescheduled
+    failed_at_ms: int
+    machine_id: str  # where it failed
+    avoid_until_ms: int = 0  # kept off machine_id until then; 0 = not avoided
+
+
+@dataclass(frozen=True)
 class TaskStateChanged:
     """A task transition of Borg Figure 2. ``reason`` FAILED_FOR_GOOD is FAILED -> DEAD on the wire."""
 
@@ -65,6 +77,7 @@ class TaskStateChanged:
     reason: TaskEvent
     detail: str = ""
     usage: Resources | None = None
+    backoff: RestartBackoff | None = None  # set for the task's own failures (OOM, FAILED)
 
 
 @dataclass(frozen=True)
@@ -135,6 +148,8 @@ class LogRecord:
     mutation: Mutation
     request_id: str = ""
     cause_id: str = ""
+    request_method: str = ""  # with request_id: the RPC it was used for
+    request_digest: str = ""  # with request_id: a digest of that request's payload
 
 
 def to_records(
@@ -144,9 +159,17 @@ def to_records(
     mutations: tuple[Mutation, ...] | list[Mutation],
     request_id: str = "",
     cause_id: str = "",
+    *,
+    request_method: str = "",
+    request_digest: str = "",
 ) -> list[LogRecord]:
-    """Log records for one decision: dense sequences; the request id goes on the first record only."""
+    """Log records for one decision: dense sequences; the request (its id, method and payload
+    digest) goes on the first record only."""
     return [
-        LogRecord(first_sequence + i, epoch, event_time_ms, m, request_id if i == 0 else "", cause_id)
+        LogRecord(
+            first_sequence, epoch, event_time_ms, m, request_id, cause_id, request_method, request_digest
+        )
+        if i == 0
+        else LogRecord(first_sequence + i, epoch, event_time_ms, m, "", cause_id)
         for i, m in enumerate(mutations)
     ]

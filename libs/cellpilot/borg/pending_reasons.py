@@ -4,19 +4,21 @@ The counting and the search for the smallest fitting change are the scheduling c
 (:func:`cellpilot.schedule.explain_pending`); this module restricts them to the machines
 that take new tasks (up, not draining), counts exclusions per API constraint and per
 resource, and turns the core's smallest "reduce" or "scale" option into the limits that
-would let the task schedule now.
+would let the task schedule now. A task backing off after failures says when it restarts,
+and machines it avoids after crashing there are counted as excluded (Borg §4).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from cellpilot.borg.cell_state import CellState
 from cellpilot.borg.lifecycle import JobState, TaskState
 from cellpilot.borg.model import Constraint, ConstraintKind
-from cellpilot.borg.scheduling_view import SchedulingView, schedule_constraint
+from cellpilot.borg.restart_backoff import avoided_machines
+from cellpilot.borg.scheduling_view import MACHINE_ID, SchedulingView, schedule_constraint
 from cellpilot.schedule import RESOURCE_NAMES, Request, Resources, TaskSpec, explain_pending
 from cellpilot.schedule.filters import non_preemptible_use
 from cellpilot.schedule.resources import EPSILON
@@ -42,15 +44,42 @@ class PendingReport:
     resource_exclusions: tuple[ResourceShortage, ...] = ()
     fitting_limits: Resources | None = None
     evaluated_at_ms: int = 0
+    next_restart_ms: int = 0  # backing off after failures until then (0: not)
+    avoided_machines: tuple[tuple[str, int], ...] = ()  # (machine, until), after crashes there
 
 
-def explain(view: SchedulingView, state: CellState, job_id: str, index: int) -> PendingReport:
-    """The task's pending explanation; a task that is not pending gets only its states."""
+def explain(
+    view: SchedulingView, state: CellState, job_id: str, index: int, now_ms: int | None = None
+) -> PendingReport:
+    """The task's pending explanation; a task that is not pending gets only its states.
+
+    ``now_ms`` is the cell's event time (default: the last record's), against which restart
+    backoffs and machine avoidances are judged.
+    """
     job = state.jobs[job_id]
     task = job.tasks[index]
     base = PendingReport(job_id, index, job.state, task.state, evaluated_at_ms=state.event_time_ms)
     if task.state is not TaskState.PENDING:
         return base
+    now = state.event_time_ms if now_ms is None else now_ms
+    avoided = avoided_machines(task, now)
+    if task.not_before_ms > now and job.state is not JobState.HELD_FOR_AUTOPILOT:
+        wait_s = (task.not_before_ms - now) / 1000.0
+        summary = (
+            f"{job_id}/{index} is backing off after {task.failures} failure(s) in a row "
+            f"(last: {task.last_failure or 'unknown'}); it may restart in {wait_s:.1f} s "
+            "(Borg §4: crash loops back off)"
+        )
+        if avoided:
+            summary += "; " + _avoidance(avoided, now)
+        machines_up = sum(1 for rec in state.machines.values() if rec.schedulable)
+        return replace(
+            base,
+            summary=summary,
+            machines_total=machines_up,
+            next_restart_ms=task.not_before_ms,
+            avoided_machines=avoided,
+        )
     if view.stale:
         view.rebuild(state)
     cell = view.cell
@@ -58,7 +87,7 @@ def explain(view: SchedulingView, state: CellState, job_id: str, index: int) -> 
         sorted(cell.machine_index[m] for m, rec in state.machines.items() if rec.schedulable), dtype=np.intp
     )
     total = int(machines.size)
-    shape = view.shape(job.spec)
+    shape = view.task_shape(job, task, now)
     if job.state is JobState.HELD_FOR_AUTOPILOT:
         summary = f"{job_id}/{index} is held until Autopilot makes its first recommendation (Autopilot §3.1)"
         return PendingReport(
@@ -83,6 +112,12 @@ def explain(view: SchedulingView, state: CellState, job_id: str, index: int) -> 
     for constraint in hard:
         ok = cell.attributes.satisfies(schedule_constraint(constraint), machines)
         exclusions.append((constraint, int(np.count_nonzero(~ok))))
+        passing &= ok
+    avoiding = [c for c in shape.hard_constraints if c.attribute == MACHINE_ID]
+    n_avoided = 0
+    for off in avoiding:
+        ok = cell.attributes.satisfies(off, machines)
+        n_avoided += int(np.count_nonzero(~ok))
         passing &= ok
     req = Request.compile(shape)
     req.job = cell.job_codes.get(job_id, -1)
@@ -117,6 +152,8 @@ def explain(view: SchedulingView, state: CellState, job_id: str, index: int) -> 
         )
     else:
         reasons = [f"{c.attribute} {c.operator.name.lower()} {c.value}: {n}" for c, n in exclusions if n]
+        if n_avoided:
+            reasons.append(f"avoided after crashing there: {n_avoided}")
         reasons += [
             f"not enough {s.resource}: {s.machines_excluded}" for s in shortages if s.machines_excluded
         ]
@@ -125,6 +162,8 @@ def explain(view: SchedulingView, state: CellState, job_id: str, index: int) -> 
         smallest = next((o for o in explanation.options if o.kind in ("reduce", "scale")), None)
         if smallest is not None:
             summary += f"; smallest fix: {smallest.description}"
+    if avoided:
+        summary += "; " + _avoidance(avoided, now)
     return PendingReport(
         job_id,
         index,
@@ -137,4 +176,11 @@ def explain(view: SchedulingView, state: CellState, job_id: str, index: int) -> 
         tuple(shortages),
         fitting if not n_feasible else None,
         state.event_time_ms,
+        0,
+        avoided,
     )
+
+
+def _avoidance(avoided: tuple[tuple[str, int], ...], now_ms: int) -> str:
+    machines = ", ".join(f"{m} for {(until - now_ms) / 1000.0:.0f} s" for m, until in avoided)
+    return f"it avoids machines it crashed on repeatedly (Borg §4): {machines}"

@@ -11,6 +11,11 @@ that are not assigned to that machine at all. :func:`machines_down` marks machin
 after ``threshold`` consecutive missed polls. :func:`desired_tasks` is the set of tasks
 the master wants on a machine, sent with each poll (its version is the log position of
 its last change, so it grows across failovers too).
+
+A task's own failure (OOM, error exit, failure to start) carries its restart decision
+(:func:`cellpilot.borg.restart_backoff.restart_backoff`): when it may run again and which
+machine it avoids. A task missing from a report, or on a machine that went down, is LOST:
+not its fault, so it is rescheduled at once.
 """
 
 from __future__ import annotations
@@ -22,9 +27,12 @@ from cellpilot.borg.cell_state import CellState, JobRecord, TaskRecord
 from cellpilot.borg.lifecycle import MachineState, TaskEvent, TaskState
 from cellpilot.borg.model import MachineAvailability
 from cellpilot.borg.mutations import MachineStateChanged, Mutation, TaskStateChanged
+from cellpilot.borg.restart_backoff import FAILURE_EVENTS, RestartPolicy, restart_backoff
 from cellpilot.schedule import Resources
 
-DEFAULT_MAX_FAILURES = 10  # a task failing more often than this is given up (FAILED -> DEAD)
+# A task that exits with an error more often than this in a row is given up (FAILED -> DEAD).
+DEFAULT_MAX_FAILURES = 10
+DEFAULT_RESTART_POLICY = RestartPolicy()
 # Exit reasons a Borglet reports for a task its master still wants running there.
 EXIT_TRANSITIONS: dict[TaskEvent, tuple[TaskState, TaskEvent]] = {
     TaskEvent.FINISHED: (TaskState.DEAD, TaskEvent.FINISHED),
@@ -46,6 +54,7 @@ class ReportedTask:
     exit_code: int = 0
     usage: Resources | None = None
     ready: bool = False
+    started_ms: int = 0  # event time the incarnation started on the Borglet (0: unknown)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -63,6 +72,7 @@ class ReportedEvent:
     kind: TaskEvent
     detail: str = ""
     usage: Resources | None = None
+    event_time_ms: int = 0  # when the Borglet saw it (0: unknown)
 
 
 @dataclass(frozen=True)
@@ -110,7 +120,10 @@ def _is_current(state: CellState, machine_id: str, reported: ReportedTask) -> Ta
 
 
 def diff_report(
-    state: CellState, report: MachineReport, max_failures: int = DEFAULT_MAX_FAILURES
+    state: CellState,
+    report: MachineReport,
+    max_failures: int = DEFAULT_MAX_FAILURES,
+    policy: RestartPolicy = DEFAULT_RESTART_POLICY,
 ) -> PollDiff:
     """The transitions a Borglet's full-state report implies, and the duplicates it runs."""
     machine = state.machines.get(report.machine_id)
@@ -155,14 +168,21 @@ def diff_report(
         event = events.get((task.job_id, task.index, task.incarnation))
         exit_reason = reported.exit_reason or (event.kind if event else TaskEvent.FAILED)
         new_state, reason = EXIT_TRANSITIONS.get(exit_reason, (TaskState.PENDING, TaskEvent.FAILED))
-        if reason is TaskEvent.FAILED and task.restarts >= max_failures:
-            new_state, reason = TaskState.DEAD, TaskEvent.FAILED_FOR_GOOD
+        backoff = None
+        if reason in FAILURE_EVENTS:
+            failed_at = (event.event_time_ms if event is not None else 0) or report.event_time_ms
+            ran = failed_at - reported.started_ms if reported.started_ms else None
+            backoff = restart_backoff(policy, task, report.machine_id, failed_at, ran)
+            if reason is TaskEvent.FAILED and backoff.failures > max_failures:
+                new_state, reason = TaskState.DEAD, TaskEvent.FAILED_FOR_GOOD
         detail = event.detail if event is not None and event.detail else f"exit code {reported.exit_code}"
         if reason is TaskEvent.EVICTED:
             detail = f"stopped on its machine ({exit_reason.value}): {detail}"
         last_usage = event.usage if event is not None and event.usage is not None else reported.usage
         mutations.append(
-            TaskStateChanged(task.job_id, task.index, task.incarnation, new_state, reason, detail, last_usage)
+            TaskStateChanged(
+                task.job_id, task.index, task.incarnation, new_state, reason, detail, last_usage, backoff
+            )
         )
     if not was_down and report.desired_version >= machine.desired_version:
         # The Borglet has applied our latest desired set, yet does not report these: they are gone.

@@ -34,6 +34,13 @@ class TaskRecord:
     ports: tuple[int, ...] = ()
     restarts: int = 0
     state_since_ms: int = 0
+    # Restart backoff (cellpilot.borg.restart_backoff, Borg §4), set from the log's records.
+    failures: int = 0  # failures in a row (OOM, error exit, failure to start)
+    not_before_ms: int = 0  # not rescheduled before this event time
+    last_failure: str = ""
+    last_failure_ms: int = 0
+    recent_failures: tuple[tuple[str, int], ...] = ()  # (machine, event time), the last few
+    avoid: dict[str, int] = field(default_factory=dict)  # machine -> avoided until (event time)
 
     @property
     def key(self) -> TaskKey:
@@ -103,11 +110,18 @@ class MachineRecord:
 
 @dataclass(frozen=True)
 class AppliedRequest:
-    """A client request already applied: a retry with its id gets the same answer (Borg §4)."""
+    """A client request already applied: a retry with its id gets the same answer (Borg §4).
+
+    ``method`` (the RPC, e.g. ``SubmitJob``) and ``digest`` (of the request's payload) tell a
+    retry from another request reusing the id; both are empty for requests logged before
+    they were recorded.
+    """
 
     request_id: str
     sequence: int
     job_id: str = ""
+    method: str = ""
+    digest: str = ""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,10 @@ This module adapts our API model to the scheduling core: machine attributes beco
 constraint columns (with ``has:<name>`` for EXISTS and ``num:<name>`` for numeric
 comparisons, which the core's operators express only through those), and machines that
 are down or draining carry ``cellpilot.schedulable = 0``, which every task's shape
-excludes with a hard constraint.
+excludes with a hard constraint. Every machine also carries its id as
+``cellpilot.machine_id``: a task that crashed repeatedly on a machine gets a hard
+``not-in`` constraint on it until its avoidance expires (Borg §4, :mod:`restart_backoff`),
+and a task still backing off after a failure is not offered to the scheduler at all.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from cellpilot.borg.lifecycle import TaskEvent, TaskState
 from cellpilot.borg.model import AppClass, ConstraintKind, ConstraintOperator, JobSpec, MachineSpec
 from cellpilot.borg.model import Constraint as BorgConstraint
 from cellpilot.borg.mutations import Mutation, TaskScheduled, TaskStateChanged
+from cellpilot.borg.restart_backoff import avoided_machines
 from cellpilot.schedule import AppClass as ScheduleAppClass
 from cellpilot.schedule import (
     Cell,
@@ -48,6 +52,7 @@ from cellpilot.schedule.resources import EPSILON, PORTS
 
 SCHEDULABLE = "cellpilot.schedulable"
 ONLY_SCHEDULABLE = Constraint(SCHEDULABLE, "!=", "0", hard=True)
+MACHINE_ID = "cellpilot.machine_id"
 
 
 def schedule_constraint(c: BorgConstraint) -> Constraint:
@@ -70,7 +75,10 @@ def schedule_constraint(c: BorgConstraint) -> Constraint:
 
 
 def machine_attributes(spec: MachineSpec, schedulable: bool) -> dict[str, str | float]:
-    attributes: dict[str, str | float] = {SCHEDULABLE: "1" if schedulable else "0"}
+    attributes: dict[str, str | float] = {
+        SCHEDULABLE: "1" if schedulable else "0",
+        MACHINE_ID: spec.machine_id,
+    }
     for name, value in spec.attributes:
         attributes[name] = value
         attributes[f"has:{name}"] = "1"
@@ -192,8 +200,17 @@ class SchedulingView:
             shape = self._shapes[spec] = task_shape(spec)
         return shape
 
-    def _task_spec(self, job: JobRecord, index: int) -> TaskSpec:
-        return TaskSpec(job.job_id, index, job.spec.user, self.shape(job.spec))
+    def task_shape(self, job: JobRecord, task: TaskRecord, now_ms: int) -> TaskShape:
+        """The task's shape: its job's, plus a hard constraint off the machines it avoids at ``now_ms``."""
+        shape = self.shape(job.spec)
+        avoided = avoided_machines(task, now_ms)
+        if not avoided:
+            return shape
+        off = Constraint(MACHINE_ID, "not-in", tuple(m for m, _ in avoided), hard=True)
+        return replace(shape, constraints=(*shape.constraints, off))
+
+    def _task_spec(self, job: JobRecord, task: TaskRecord, now_ms: int) -> TaskSpec:
+        return TaskSpec(job.job_id, task.index, job.spec.user, self.task_shape(job, task, now_ms))
 
     def _bind(self, job: JobRecord, task: TaskRecord, now: float) -> None:
         machine = self.cell.machine_index.get(task.machine_id)
@@ -260,11 +277,20 @@ class SchedulingView:
             self.cell.unbind(handle)
 
     # ------------------------------------------------------------------ scheduling
-    def plan(self, state: CellState, now_ms: int, max_tasks: int = 10_000) -> Plan:
-        """One pass over the pending queue, high to low priority, round-robin across users (§3.2)."""
+    def plan(
+        self, state: CellState, now_ms: int, max_tasks: int = 10_000, event_now_ms: int | None = None
+    ) -> Plan:
+        """One pass over the pending queue, high to low priority, round-robin across users (§3.2).
+
+        ``event_now_ms`` is the cell's event time (default ``now_ms``): tasks backing off after a
+        failure until later are left pending, and avoidances that have expired are dropped.
+        """
         if self.stale:
             self.rebuild(state)
-        candidates = [self._task_spec(job, task.index) for job, task in state.schedulable_pending()]
+        event_now = now_ms if event_now_ms is None else event_now_ms
+        candidates = [
+            self._task_spec(job, task, event_now) for job, task in state.schedulable_pending(event_now)
+        ]
         pending = pending_order(candidates)[:max_tasks]
         if not pending:
             return Plan((), 0, 0, 0, frozenset())

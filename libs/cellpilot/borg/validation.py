@@ -3,6 +3,16 @@
 Every check returns a :class:`Rejection` (or ``None``); nothing here raises on bad input,
 so a malformed request can never reach the log or corrupt the state. Field paths are
 relative to the request message, e.g. ``spec.task.limits.memory_bytes``.
+
+Admission checks everything a Borglet will interpret (Borg §2.3: a job's tasks run what its
+spec names), so that one typo fails at the door instead of on every machine the task lands
+on: the simulated runtime's usage model and each of its parameters against the model
+registry (:mod:`cellpilot.workloads.usage_models`), and a process runtime's command, arguments
+and environment as the Borglet's process runtime will hand them to ``exec``, a process's
+health check (:mod:`cellpilot.borg.health_checks`), and a job's shared demand (its model and
+parameters, or its trace: :mod:`cellpilot.workloads.job_demand`). What can still
+go wrong on a machine (a command missing there) fails that task, not the machine's poll.
+The CLI runs the same :func:`validate_job_spec` before it sends a spec.
 """
 
 from __future__ import annotations
@@ -12,6 +22,9 @@ import re
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
+from cellpilot.borg.health_checks import validate_health_check
 from cellpilot.borg.model import (
     AppClass,
     ConstraintKind,
@@ -24,16 +37,37 @@ from cellpilot.borg.model import (
     ProcessRuntime,
     RecommenderKind,
     ScalingMode,
+    SharedDemand,
     SimulatedRuntime,
     VerticalScaling,
 )
 from cellpilot.borg.rejection import Rejection, invalid
 from cellpilot.schedule import NUM_PRIORITIES
+from cellpilot.workloads.job_demand import DemandError, DemandSeries, JobDemand
+from cellpilot.workloads.usage_models import model_names, model_parameters, resolve_params
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 MACHINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 MAX_TASKS = 100_000
 MAX_PORT = 65_535
+
+# What a process runtime may hand to exec (the Borglet's process runtime runs the command with
+# these arguments and this environment). Linux caps one argument or environment string at
+# 128 KiB (MAX_ARG_STRLEN) and all of them together at ARG_MAX (2 MiB by default); the
+# Borglet adds a few variables of its own (PATH, HOME, CELLPILOT_TASK_*); a task gets half.
+MAX_COMMAND_BYTES = 4_096  # PATH_MAX
+MAX_STRING_BYTES = 128 * 1024
+MAX_ARGS = 4_096
+MAX_ENV = 1_024
+MAX_EXEC_BYTES = 1 << 20
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
+# The Borglet sets CELLPILOT_TASK_* and CELLPILOT_MACHINE_ID for every task: a job cannot.
+RESERVED_ENV_PREFIX = "CELLPILOT_"
+# A simulated task's durations and parameters (seconds; the models' units): beyond these no
+# model means anything, and numbers this large overflow the Borglet's integer usage.
+MAX_SIMULATED_SECONDS = 10**9
+MAX_PARAM_MAGNITUDE = 1e18
+MAX_PACKAGE_ID_BYTES = 256
 
 # UpdateJob's update_mask paths (borgmaster.proto) and the JobSpec fields they replace.
 UPDATABLE_PATHS: dict[str, tuple[str, ...]] = {
@@ -128,6 +162,129 @@ def validate_autopilot(spec: JobSpec, field: str) -> Rejection | None:
     return None
 
 
+def validate_runtime(runtime: ProcessRuntime | SimulatedRuntime, field: str) -> Rejection | None:
+    """What a Borglet will run: ``field`` is the path of the ``RuntimeSpec``."""
+    if isinstance(runtime, ProcessRuntime):
+        return validate_process(runtime, f"{field}.process")
+    return validate_simulated(runtime, f"{field}.simulated")
+
+
+def _bad_string(text: str, limit: int) -> str:
+    """Why ``text`` cannot be one exec string ("" if it can)."""
+    if "\0" in text:
+        return "must not contain a NUL byte"
+    if len(text.encode()) > limit:
+        return f"must be at most {limit} bytes"
+    return ""
+
+
+def validate_process(runtime: ProcessRuntime, field: str) -> Rejection | None:
+    """A command line and environment the Borglet's process runtime can exec."""
+    command = runtime.command
+    if not command:
+        return invalid(f"{field}.command", "required: an executable path, or a name on the task's PATH")
+    problem = _bad_string(command, MAX_COMMAND_BYTES)
+    if problem:
+        return invalid(f"{field}.command", problem)
+    if command != command.strip():
+        return invalid(f"{field}.command", "has leading or trailing whitespace; put arguments in args")
+    if len(runtime.args) > MAX_ARGS:
+        return invalid(f"{field}.args", f"at most {MAX_ARGS} arguments, got {len(runtime.args)}")
+    total = len(command.encode()) + 1
+    for i, arg in enumerate(runtime.args):
+        problem = _bad_string(arg, MAX_STRING_BYTES)
+        if problem:
+            return invalid(f"{field}.args[{i}]", problem)
+        total += len(arg.encode()) + 1
+    if len(runtime.env) > MAX_ENV:
+        return invalid(f"{field}.env", f"at most {MAX_ENV} variables, got {len(runtime.env)}")
+    for name, value in runtime.env:
+        if not ENV_NAME.match(name):
+            return invalid(f"{field}.env", f"{name!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        if name.startswith(RESERVED_ENV_PREFIX):
+            return invalid(
+                f"{field}.env.{name}", f"names starting with {RESERVED_ENV_PREFIX} are set by the Borglet"
+            )
+        problem = _bad_string(value, MAX_STRING_BYTES)
+        if problem:
+            return invalid(f"{field}.env.{name}", problem)
+        total += len(name.encode()) + len(value.encode()) + 2
+    if total > MAX_EXEC_BYTES:
+        return invalid(
+            field, f"the command line and environment take {total} bytes; at most {MAX_EXEC_BYTES}"
+        )
+    if runtime.health_check is not None:
+        problem_at = validate_health_check(runtime.health_check, f"{field}.health_check")
+        if problem_at:
+            return invalid(*problem_at)
+    return None
+
+
+def demand_in(demand: SharedDemand, seed: int) -> JobDemand:
+    """The core model of a job's shared demand; a ``DemandError`` names the bad field."""
+    trace = None
+    if demand.has_trace:
+        try:
+            trace = DemandSeries(
+                demand.trace_step_seconds, np.asarray(demand.trace_cpu_millicores),
+                np.asarray(demand.trace_memory_bytes),
+            )  # fmt: skip
+        except DemandError as error:
+            raise DemandError(f"trace.{error.field}", error.message) from error
+    return JobDemand.build(demand.usage_model, dict(demand.params), trace, demand.imbalance, seed)
+
+
+def validate_demand(demand: SharedDemand, seed: int, field: str) -> Rejection | None:
+    """A job demand a Borglet can evaluate: a known model with its parameters, or a valid trace."""
+    for name, value in demand.params:
+        if not math.isfinite(value) or abs(value) > MAX_PARAM_MAGNITUDE:
+            return invalid(
+                f"{field}.params.{name}",
+                f"must be a finite number of magnitude at most {MAX_PARAM_MAGNITUDE:g}",
+            )
+    try:
+        demand_in(demand, seed)
+    except DemandError as error:
+        return invalid(f"{field}.{error.field}" if error.field else field, error.message)
+    return None
+
+
+def validate_simulated(runtime: SimulatedRuntime, field: str) -> Rejection | None:
+    """A usage model of the registry, with parameters it has, in their ranges."""
+    known = model_names()
+    if runtime.trace_uri:
+        return invalid(
+            f"{field}.trace_uri", "trace replay is not supported by the Borglet; name a usage_model instead"
+        )
+    model = runtime.usage_model
+    if not model:
+        return invalid(f"{field}.usage_model", f"required: one of {', '.join(known)}")
+    if model not in known:
+        return invalid(
+            f"{field}.usage_model", f"unknown usage model {model!r}; known models: {', '.join(known)}"
+        )
+    allowed = model_parameters(model)
+    for name, value in runtime.params:
+        pf = f"{field}.params.{name}"
+        if name not in allowed:
+            return invalid(
+                pf, f"usage model {model!r} has no parameter {name!r}; its parameters: {', '.join(allowed)}"
+            )
+        if not math.isfinite(value) or abs(value) > MAX_PARAM_MAGNITUDE:
+            return invalid(pf, f"must be a finite number of magnitude at most {MAX_PARAM_MAGNITUDE:g}")
+        try:
+            resolve_params(model, {name: value})
+        except ValueError as error:
+            return invalid(pf, str(error))
+    for name in ("duration_seconds", "startup_seconds"):
+        value = getattr(runtime, name)
+        if not 0 <= value <= MAX_SIMULATED_SECONDS:
+            return invalid(f"{field}.{name}", f"must be in 0..{MAX_SIMULATED_SECONDS}, got {value}")
+    if runtime.demand is not None:
+        return validate_demand(runtime.demand, runtime.seed, f"{field}.demand")
+    return None
+
+
 def validate_job_spec(spec: JobSpec, field: str = "spec") -> Rejection | None:
     """The checks that need no state (Borg §2.3 job properties, §2.5 priorities)."""
     if not spec.name:
@@ -166,21 +323,17 @@ def validate_job_spec(spec: JobSpec, field: str = "spec") -> Rejection | None:
             return invalid(f"{field}.alloc_set_job_id", "an alloc set cannot run inside another alloc set")
     elif runtime is None:
         return invalid(rf, "required: process or simulated")
-    elif isinstance(runtime, ProcessRuntime) and not runtime.command:
-        return invalid(f"{rf}.process.command", "required")
-    elif isinstance(runtime, SimulatedRuntime):
-        if not runtime.usage_model and not runtime.trace_uri:
-            return invalid(f"{rf}.simulated.usage_model", "a usage model or a trace_uri is required")
-        if runtime.duration_seconds < 0:
-            return invalid(f"{rf}.simulated.duration_seconds", "must be >= 0")
-        if runtime.startup_seconds < 0:
-            return invalid(f"{rf}.simulated.startup_seconds", "must be >= 0")
-        for name, value in runtime.params:
-            if not math.isfinite(value):
-                return invalid(f"{rf}.simulated.params", f"{name!r} must be a finite number")
+    else:
+        problem = validate_runtime(runtime, rf)
+        if problem:
+            return problem
     for i, package in enumerate(spec.task.package_ids):
         if not package:
             return invalid(f"{field}.task.package_ids[{i}]", "must not be empty")
+        if "\0" in package or len(package.encode()) > MAX_PACKAGE_ID_BYTES:
+            return invalid(
+                f"{field}.task.package_ids[{i}]", f"must be at most {MAX_PACKAGE_ID_BYTES} bytes, without NUL"
+            )
     for i, c in enumerate(spec.constraints):
         cf = f"{field}.constraints[{i}]"
         if not c.attribute:

@@ -25,13 +25,16 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cellpilot.borg.cell_state import CellState
 from cellpilot.borg.lifecycle import TaskState
 from cellpilot.borg.pending_reasons import explain
 from cellpilot.borg.scheduling_view import SchedulingView
+from cellpilot.cli.text_file import TextFileError, read_text_file
 from cellpilot.platform.settings import PlatformSettings
+from cellpilot.platform.store_outage import POSTGRES, describe, store_of
 from cellpilot.schedule import GIB, default_profile
 
 app = typer.Typer(
@@ -41,6 +44,7 @@ console = Console()
 errors = Console(stderr=True)
 
 QUERIES = ("jobs", "job", "machines")
+MAX_ENV_FILE_BYTES = 1 << 20
 
 
 @app.callback()
@@ -240,8 +244,25 @@ def replay(
     words = list(query or [])
     if words and words[0] not in QUERIES:
         raise typer.BadParameter(f"unknown query {words[0]!r}; one of {', '.join(QUERIES)}")
+    if stack_env is not None:
+        try:
+            read_text_file(stack_env, "env", MAX_ENV_FILE_BYTES)
+        except TextFileError as error:
+            raise typer.BadParameter(str(error), param_hint="--stack-env") from None
     url = database_url or PlatformSettings.load(stack_env).postgres_url
-    state, snapshot_seq, head = asyncio.run(load_state(url, to))
+    try:
+        state, snapshot_seq, head = asyncio.run(load_state(url, to))
+    except Exception as error:
+        store = store_of(error, default=POSTGRES)
+        if store is None:
+            raise
+        detail = escape(describe(error))
+        errors.print(
+            f"[red]error:[/red] cannot read the checkpoint: {store} is unreachable ({detail})",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1) from None
     if words and words[0] == "job" and (len(words) != 2 or words[1] not in state.jobs):
         missing = words[1] if len(words) > 1 else "(missing id)"
         errors.print(f"[red]no job {missing} at position {state.last_sequence}[/red]")

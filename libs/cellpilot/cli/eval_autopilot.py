@@ -22,6 +22,8 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
+from cellpilot.cli.text_file import TextFileError, read_text_file
 from cellpilot.evaluate import autopilot_tuning
 from cellpilot.evaluate.autopilot_metrics import TABLE2_ROWS, JobDays, cdf, table2_label
 from cellpilot.evaluate.autopilot_policies import parse_recommenders
@@ -29,8 +31,8 @@ from cellpilot.evaluate.autopilot_replay import ReplayConfig, StudyResult, run_s
 from cellpilot.evaluate.autopilot_tuning import TuningSetup, config_from_hyperparameters, run_sweep
 from cellpilot.evaluate.report import markdown_table, write_markdown, write_summary
 from cellpilot.recommend.ml_ensemble import EnsembleConfig
+from cellpilot.traces.google import TRACES, open_google_trace
 from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig
-from cellpilot.workloads.google_traces import read_google2011, read_google2019
 from cellpilot.workloads.task_signals import WINDOWS_PER_DAY, JobSignals
 
 console = Console()
@@ -74,6 +76,7 @@ FORMATS = {
 }
 
 
+MAX_ML_CONFIG_BYTES = 1 << 20
 # The §3.2.3 sweep's outcome, committed with its report (docs/results/ml-tuning.md).
 TUNED_ML_CONFIG = Path(autopilot_tuning.__file__).resolve().parent / "data" / "ml_tuned.json"
 
@@ -81,9 +84,13 @@ TUNED_ML_CONFIG = Path(autopilot_tuning.__file__).resolve().parent / "data" / "m
 def load_ml_config(path: Path) -> EnsembleConfig:
     """An ML configuration file: ``{"hyperparameters": {cost_decay, w_overrun, ...}}`` or the bare mapping."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise typer.BadParameter(f"--ml-config {path}: {error}") from error
+        data = json.loads(read_text_file(path, "JSON", MAX_ML_CONFIG_BYTES))
+    except TextFileError as error:
+        raise typer.BadParameter(str(error), param_hint="--ml-config") from None
+    except json.JSONDecodeError as error:
+        raise typer.BadParameter(f"{path}: {error}", param_hint="--ml-config") from None
+    if not isinstance(data, dict):
+        raise typer.BadParameter(f"{path}: not a JSON object of hyperparameters", param_hint="--ml-config")
     return config_from_hyperparameters(data.get("hyperparameters", data))
 
 
@@ -97,25 +104,29 @@ def choose_ml_config(path: Path | None, tuned: bool) -> tuple[EnsembleConfig, st
 
 
 def _trace_jobs(spec: str, min_coverage: float) -> tuple[list[JobSignals], str]:
+    """The trace's long-running jobs, chosen in the trace engine (only they reach Python)."""
     kind, _, location = spec.partition(":")
-    if kind not in ("google2011", "google2019") or not location:
+    if kind not in TRACES or not location:
         raise typer.BadParameter("--trace must be google2011:PATH or google2019:PATH")
-    reader = read_google2011 if kind == "google2011" else read_google2019
     try:
-        trace = reader(Path(location))
+        with (
+            console.status(f"reading {kind} trace {location}"),
+            open_google_trace(kind, Path(location)) as trace,
+        ):
+            days = trace.windows // WINDOWS_PER_DAY
+            if days < 1:
+                raise typer.BadParameter(f"{location}: less than one day of usage")
+            jobs = [j.window_slice(0, days * WINDOWS_PER_DAY) for j in trace.jobs(min_coverage=min_coverage)]
     except (OSError, ValueError) as error:
         raise typer.BadParameter(f"{kind} trace {location}: {error}", param_hint="--trace") from error
-    days = trace.windows // WINDOWS_PER_DAY
-    if days < 1:
-        raise typer.BadParameter(f"{location}: less than one day of usage")
-    jobs = [j.window_slice(0, days * WINDOWS_PER_DAY) for j in trace.jobs(min_coverage=min_coverage)]
     if not jobs:
         raise typer.BadParameter(f"{location}: no long-running jobs (min coverage {min_coverage})")
     return jobs, f"{kind} trace {location}: {len(jobs)} long-running jobs, {days} days"
 
 
 def _cpu_seconds() -> float:
-    """CPU seconds of this process and its finished children (the replay's worker processes)."""
+    """CPU seconds of this process and its finished children (a local cluster's worker processes,
+    once it has shut down; a remote cluster's are not counted)."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
@@ -261,7 +272,8 @@ def autopilot(
         str, typer.Option(help="comma-separated; name:hard / name:soft overrides enforcement")
     ] = DEFAULT_RECOMMENDERS,
     warmup_days: Annotated[int, typer.Option(help="days replayed before measuring")] = 2,
-    workers: Annotated[int, typer.Option(help="processes")] = 2,
+    workers: WorkersOption = 2,
+    dask: DaskOption = None,
     cpu: Annotated[bool, typer.Option(help="also replay CPU limits (throttling)")] = False,
     ml_config: Annotated[
         Path | None, typer.Option(help="ML hyperparameters JSON (default: the committed tuned configuration)")
@@ -304,20 +316,23 @@ def autopilot(
         description = f"synthetic workload: {jobs} jobs, seed {seed}"
     description += f"; ML hyperparameters: {ml_source}"
     cpu_started = _cpu_seconds()
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
+    with (
+        study_runner(dask, workers) as runner,
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress,
+    ):
         bar = progress.add_task("replaying job-days", total=None)
         result = run_study(
             source,
             specs,
             config,
-            workers=workers,
+            runner=runner,
             population=population,
             progress=lambda done, total: progress.update(bar, completed=done, total=total),
         )
@@ -406,21 +421,25 @@ def autopilot_tune(
     report: Annotated[Path, typer.Option(help="the markdown report")] = Path("docs/results/ml-tuning.md"),
     jobs: Annotated[int, typer.Option(help="jobs per population")] = TuningSetup.jobs,
     days: Annotated[int, typer.Option(help="measured days per population")] = TuningSetup.days,
-    workers: Annotated[int, typer.Option(help="processes")] = 2,
+    workers: WorkersOption = 2,
+    dask: DaskOption = None,
 ) -> None:
     """The §3.2.3 off-line sweep over the ML recommender's hyperparameters."""
     setup = TuningSetup(jobs=jobs, days=days)
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
+    with (
+        study_runner(dask, workers) as runner,
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress,
+    ):
         bar = progress.add_task("sweep replays", total=None)
         sweep = run_sweep(
-            setup, workers=workers, progress=lambda d, t: progress.update(bar, completed=d, total=t)
+            setup, runner=runner, progress=lambda d, t: progress.update(bar, completed=d, total=t)
         )
     config = {
         "description": "ML recommender hyperparameters from the §3.2.3 sweep (cellpilot eval autopilot-tune)",

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
 from cellpilot.evaluate.compaction import CompactionConfig, run_compaction
 from cellpilot.evaluate.report import markdown_table, plot_bars, write_markdown, write_summary
 from cellpilot.workloads.cell_workload import MACHINE_MIXES
@@ -36,6 +37,8 @@ def compaction(
     relaxed_randomization: Annotated[
         bool, typer.Option(help="examine a random sample of machines instead of all (§3.4)")
     ] = False,
+    workers: WorkersOption = 1,
+    dask: DaskOption = None,
 ) -> None:
     """Removes machines until the workload no longer fits, per policy; reports the 90th percentile."""
     try:
@@ -52,9 +55,11 @@ def compaction(
         )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from err
-    with Progress(console=console, transient=True) as progress:
+    with study_runner(dask, workers) as runner, Progress(console=console, transient=True) as progress:
         bars = {p: progress.add_task(f"{p}: seeds", total=seeds) for p in config.policies}
-        summary = run_compaction(config, progress=lambda p, done: progress.update(bars[p], completed=done))
+        summary = run_compaction(
+            config, progress=lambda p, done: progress.update(bars[p], completed=done), runner=runner
+        )
     rows = [row for row in summary["rows"] if row.get("machines") is not None]
     if rows:
         plot_bars(

@@ -10,20 +10,28 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
+from cellpilot.cli.text_file import TextFileError, read_text_file
 from cellpilot.evaluate.gpa_study import GpaStudyConfig, run_study
 from cellpilot.evaluate.report import markdown_table, plot_bars, plot_scatter, write_markdown, write_summary
+from cellpilot.evaluate.sharding import ShardRunner
 from cellpilot.workloads.gpa_tasks import read_gpa_trace
 
 console = Console()
 
+MAX_TRACE_BYTES = 256 << 20  # a trace is read into memory whole
 COLUMNS = ("method", "m", "m_std", "m_abs", "q", "q_std", "q_relative_error")
 FORMATS = {"m": ".3f", "m_std": ".3f", "m_abs": ".1f", "q": ".3g", "q_std": ".2g", "q_relative_error": "+.1%"}
 
 
-def _run(config: GpaStudyConfig, label: str, pool: np.ndarray | None = None) -> dict[str, Any]:
+def _run(
+    config: GpaStudyConfig, label: str, runner: ShardRunner, pool: np.ndarray | None = None
+) -> dict[str, Any]:
     with Progress(console=console, transient=True) as progress:
         bar = progress.add_task(f"{label}: instances", total=config.instances)
-        return run_study(config, pool, progress=lambda done: progress.update(bar, completed=done))
+        return run_study(
+            config, pool, progress=lambda done: progress.update(bar, completed=done), runner=runner
+        )
 
 
 def _report(summary: dict[str, Any], out: Path, prefix: str = "") -> list[str]:
@@ -64,6 +72,8 @@ def gpa(
     trace: Annotated[
         list[Path] | None, typer.Option(help="GPA trace file(s) to study as well (repeatable)")
     ] = None,
+    workers: WorkersOption = 1,
+    dask: DaskOption = None,
 ) -> None:
     """Runs GPA §5's Monte Carlo experiment on synthetic tasks (and on trace files if given)."""
     try:
@@ -83,26 +93,28 @@ def gpa(
         lines: list[str] = []
         for path in trace:
             try:
-                lines.extend(path.read_text().splitlines())
-            except OSError as err:
-                raise typer.BadParameter(f"cannot read {path}: {err}", param_hint="--trace") from err
+                lines.extend(read_text_file(path, "trace", MAX_TRACE_BYTES).splitlines())
+            except TextFileError as err:
+                raise typer.BadParameter(str(err), param_hint="--trace") from None
         try:
             parsed = read_gpa_trace(lines)
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="--trace") from err
-    summary = _run(config, "synthetic")
+    with study_runner(dask, workers) as runner:
+        summary = _run(config, "synthetic", runner)
+        if trace and parsed is not None:
+            trace_config = GpaStudyConfig(
+                instances=instances,
+                tasks=min(tasks, parsed.inst.shape[0]),
+                realizations=parsed.inst.shape[1],
+                observe=observe,
+                seed=seed,
+                algorithm=algorithm,
+                rebalance=rebalance,
+            )
+            summary["trace"] = _run(trace_config, "trace", runner, parsed.inst)
     sections = ["## Synthetic tasks (GPA §3.5 shapes)\n", *_report(summary, out)]
     if trace and parsed is not None:
-        trace_config = GpaStudyConfig(
-            instances=instances,
-            tasks=min(tasks, parsed.inst.shape[0]),
-            realizations=parsed.inst.shape[1],
-            observe=observe,
-            seed=seed,
-            algorithm=algorithm,
-            rebalance=rebalance,
-        )
-        summary["trace"] = _run(trace_config, "trace", parsed.inst)
         summary["trace"]["settings"]["files"] = [str(p) for p in trace]
         sections += ["## Trace tasks\n", *_report(summary["trace"], out, prefix="trace_")]
     write_summary(out, summary)

@@ -8,6 +8,7 @@ and ``DIR/empty_hosts_series.json`` (the plotted samples).
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,11 +19,14 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
+from cellpilot.cli.text_file import TextFileError, check_readable_file, check_text_file
 from cellpilot.evaluate.lava_simulator import POLICIES, DrainConfig
 from cellpilot.evaluate.lava_study import PREDICTORS, StudyConfig, run_study
 from cellpilot.evaluate.report import markdown_table, write_markdown, write_summary
 from cellpilot.lifetimes.model import LabelTransform, TrainingParams
-from cellpilot.workloads.vm_trace import HOUR
+from cellpilot.traces.azure import read_azure_vm_table
+from cellpilot.workloads.vm_trace import HOUR, VmTrace
 
 console = Console()
 
@@ -80,6 +84,45 @@ def plot_lines(path: Path, series: Mapping[str, tuple[Sequence[float], Sequence[
     return path
 
 
+DIAGNOSTIC_COLUMNS = (
+    "name",
+    "lost_empty_pp_total",
+    "underpredicted_share",
+    "overstay_hours_median",
+    "overstay_hours_p90",
+    "class_up_per_host_day",
+    "class_down_per_host_day",
+    "occupied_by_underpredicted_pp",
+)
+
+
+def diagnostics_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One line per run with a predictor: the misprediction figures of the replay diagnostics."""
+    out = []
+    for row in rows:
+        d = row.get("diagnostics") or {}
+        if not row.get("predictor") or not d:
+            continue
+        placed = sum(sum(r) for r in d["class_confusion_at_placement"])
+        changes = d.get("host_class_changes_per_host_day", {})
+        out.append(
+            {
+                "name": row["name"],
+                "lost_empty_pp_total": d["lost_empty_pp_total"],
+                "underpredicted_share": d["underpredicted_vms"] / placed if placed else 0.0,
+                "overstay_hours_median": d["overstay_hours_median"],
+                "overstay_hours_p90": d["overstay_hours_p90"],
+                "class_up_per_host_day": changes.get("up", float("nan")),
+                "class_down_per_host_day": changes.get("down", float("nan")),
+                "occupied_by_underpredicted_pp": sum(
+                    v["class_under"] for v in d["occupied_pp_by_reason"].values()
+                ),
+            }
+        )
+    formats = dict.fromkeys(DIAGNOSTIC_COLUMNS[1:], ".3f")
+    return markdown_table(out, DIAGNOSTIC_COLUMNS, formats)
+
+
 def write_report(summary: dict[str, Any], out: Path) -> list[str]:
     """Writes every file of the report; returns the markdown sections."""
     series = summary.pop("series")
@@ -105,7 +148,7 @@ def write_report(summary: dict[str, Any], out: Path) -> list[str]:
     model_rows = [
         {"metric": key, "value": value}
         for key, value in model.items()
-        if key != "f1_by_uptime_quantile" and not isinstance(value, list)
+        if key != "f1_by_uptime_quantile" and not isinstance(value, list | dict)
     ]
     sections = [
         "## Policies (empty hosts, stranding, migrations)\n",
@@ -132,6 +175,14 @@ def write_report(summary: dict[str, Any], out: Path) -> list[str]:
             "### LAVA lifetime classes (§4.3): true (rows) vs predicted at creation (columns), VMs\n",
             markdown_table(confusion_rows, ("true class", *names)),
         ]
+    if model.get("calibration"):
+        cal = model["calibration"]
+        keys = [k for k in cal[0] if k not in ("uptime_hours", "vms")]
+        sections += [
+            "### Calibration by uptime: LAVA class probabilities and quantile coverage (§3)\n",
+            markdown_table(cal, ("uptime_hours", "vms", *keys), dict.fromkeys(keys, ".3f")),
+        ]
+    sections += ["## Why: diagnostics per run (see lava_diagnostics)\n", diagnostics_table(summary["rows"])]
     if summary["lars"]:
         lars_rows = [{"key": k, "value": v} for k, v in summary["lars"].items()]
         sections += ["## LARS migration order (§6.3, Table 2)\n", markdown_table(lars_rows, ("key", "value"))]
@@ -151,7 +202,10 @@ def lava(
         Path, typer.Option("--out", help="directory for summary.json, results.md and plots")
     ] = Path("lava-report"),
     trace: Annotated[
-        str, typer.Option(help="'synthetic' or 'azure:PATH' (an Azure vmtable.csv[.gz])")
+        str,
+        typer.Option(
+            help="'synthetic', 'synthetic-shifted' (a held-out population) or 'azure:PATH' (vmtable.csv[.gz])"
+        ),
     ] = "synthetic",
     hosts: Annotated[int, typer.Option(help="hosts in the pool")] = 100,
     days: Annotated[float, typer.Option(help="days replayed")] = 14.0,
@@ -166,7 +220,13 @@ def lava(
         float, typer.Option(help="average share of cores allocated (demand target)")
     ] = 0.7,
     history_days: Annotated[float, typer.Option(help="days of history the model trains on")] = 21.0,
-    label: Annotated[str, typer.Option(help="model label: mean (E[T_r|T_u], §3) or log")] = "mean",
+    model: Annotated[
+        str, typer.Option(help="lifetime model: distribution (§3, bins + uptime conditioning) or point")
+    ] = "distribution",
+    class_risk: Annotated[
+        float, typer.Option(help="LAVA class from a distribution: the shortest class outlived w.p. <= this")
+    ] = 0.05,
+    label: Annotated[str, typer.Option(help="point model label: mean (E[T_r|T_u], §3) or log")] = "mean",
     defrag_below: Annotated[float, typer.Option(help="defragment when empty hosts fall below this %")] = 5.0,
     maintenance_every: Annotated[
         float, typer.Option(help="hours between maintenance rounds of the LARS run (§6.3; 0: no LARS run)")
@@ -175,6 +235,8 @@ def lava(
     maintenance_in_runs: Annotated[
         bool, typer.Option(help="also drain hosts for maintenance in the policy runs (not in §6.1)")
     ] = False,
+    workers: WorkersOption = 1,
+    dask: DaskOption = None,
 ) -> None:
     """Replays a VM trace against a host pool under best fit, LA-Binary, LAS and LAVA."""
     try:
@@ -187,6 +249,8 @@ def lava(
             predictors=_split(predictor, PREDICTORS, "predictors"),
             utilisation=utilisation,
             history_days=history_days,
+            model=model,
+            class_risk=class_risk,
             training=TrainingParams(label=LabelTransform(label)),
             drain=DrainConfig(
                 defrag_below_pct=defrag_below,
@@ -199,13 +263,23 @@ def lava(
         )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from err
-    with Progress(
-        TextColumn("{task.description:<22}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
+    _check_trace_file(trace)
+    table: VmTrace | None = None
+    if trace.startswith("azure:"):
+        try:
+            table = read_azure_vm_table(trace.removeprefix("azure:"))
+        except (OSError, ValueError) as err:
+            raise typer.BadParameter(str(err), param_hint="--trace") from err
+    with (
+        study_runner(dask, workers) as runner,
+        Progress(
+            TextColumn("{task.description:<22}"),
+            BarColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress,
+    ):
         tasks: dict[str, Any] = {}
 
         def tell(what: str, fraction: float) -> None:
@@ -213,11 +287,28 @@ def lava(
                 tasks[what] = progress.add_task(what, total=1.0)
             progress.update(tasks[what], completed=fraction)
 
-        summary = run_study(config, tell)
+        try:
+            summary = run_study(config, tell, runner=runner, table=table)
+        except (UnicodeDecodeError, EOFError, gzip.BadGzipFile) as err:  # a trace that is not what it says
+            raise typer.BadParameter(f"{trace}: {err}", param_hint="--trace") from None
     sections = write_report(summary, out)
     console.print(sections[1])
     console.print(sections[-3])
     console.print(f"wrote {out / 'summary.json'}, {out / 'results.md'}, {out / 'empty_hosts.png'}")
+
+
+def _check_trace_file(trace: str) -> None:
+    """An ``azure:PATH`` trace must be a readable CSV (or gzipped CSV) file, checked before the study."""
+    if not trace.startswith("azure:"):
+        return
+    path = Path(trace.removeprefix("azure:"))
+    try:
+        if path.suffix == ".gz":
+            check_readable_file(path, "gzipped CSV")
+        else:
+            check_text_file(path, "CSV")
+    except TextFileError as err:
+        raise typer.BadParameter(str(err), param_hint="--trace") from None
 
 
 def register(eval_app: typer.Typer) -> None:

@@ -10,11 +10,13 @@ cellpilot job kill alice/web
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 import yaml
+from rich.markup import escape
 from rich.table import Table
 
 from cellpilot.api.v1 import borgmaster_pb2, job_pb2, resources_pb2, state_pb2
@@ -32,9 +34,11 @@ from cellpilot.cli.output import (
     gib,
     print_json,
 )
+from cellpilot.cli.text_file import TextFileError, read_text_file
 
 app = typer.Typer(help="Submit, inspect, change and kill jobs (Borg §2).", no_args_is_help=True)
 
+MAX_SPEC_BYTES = 1 << 20  # a job spec is a page of YAML; a file near this size is a mistake
 JobArgument = Annotated[str, typer.Argument(help="The job, <user>/<name>.", show_default=False)]
 STATES = {enum_label(state_pb2.JobState, v, "JOB_STATE_"): v for v in state_pb2.JobState.values() if v}
 
@@ -64,14 +68,14 @@ def submit(
 ) -> None:
     """Validate a YAML job spec and submit it; errors name the line and the field."""
     try:
-        text = file.read_text()
-    except OSError as error:
-        errors.print(f"[red]error:[/red] cannot read {file}: {error.strerror}")
-        raise typer.Exit(2) from error
+        text = read_text_file(file, "YAML", MAX_SPEC_BYTES)
+    except TextFileError as error:
+        errors.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     try:
         spec = job_spec_file.parse_job_spec(text)
     except job_spec_file.JobSpecError as error:
-        errors.print(f"[red]error:[/red] {file}: {error}", highlight=False)
+        errors.print(f"[red]error:[/red] {escape(f'{file}: {error}')}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     with connect(borgmaster, timeout_s=timeout) as client:
         answer: borgmaster_pb2.SubmitJobResponse = client.borgmaster.submit_job(spec)
@@ -159,7 +163,18 @@ def show(
         highlight=False,
     )
     table = Table()
-    for column in ("task", "state", "reason", "machine", "cpu used", "mem used", "restarts", "detail"):
+    columns = (
+        "task",
+        "state",
+        "reason",
+        "machine",
+        "cpu used",
+        "mem used",
+        "restarts",
+        "next restart",
+        "detail",
+    )
+    for column in columns:
         table.add_column(column)
     for task in status.tasks:
         table.add_row(
@@ -170,9 +185,34 @@ def show(
             cores(task.usage.cpu_millicores),
             gib(task.usage.memory_bytes),
             str(task.restarts),
+            restart_backoff(task),
             task.reason_detail,
         )
     console.print(table)
+    for task in status.tasks:
+        if task.last_failure:
+            console.print(
+                f"task {task.task_index}: {task.failures} failure(s) in a row, the last at "
+                f"{at_time(task.last_failure_ms)}: {task.last_failure}",
+                highlight=False,
+            )
+
+
+def at_time(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000)) if ms else "-"
+
+
+def restart_backoff(task: state_pb2.TaskStatus) -> str:
+    """When a failed task may run again (Borg §4: crash loops back off), and machines it avoids."""
+    if not task.failures:
+        return "-"
+    text = f"{task.failures} failure(s) in a row"
+    if task.state == state_pb2.TASK_STATE_PENDING and task.next_restart_ms:
+        text = f"{at_time(task.next_restart_ms)} ({task.failures} failure(s) in a row)"
+    avoided = [a.machine_id for a in task.avoided_machines if a.until_ms > task.last_failure_ms]
+    if avoided:
+        text += f"; avoids {', '.join(avoided)}"
+    return text
 
 
 @app.command()

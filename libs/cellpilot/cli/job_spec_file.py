@@ -16,8 +16,12 @@ Example (every key except ``name``, ``user`` and ``limits`` is optional)::
     constraints:
       - {attribute: arch, op: "==", value: x86_64}            # hard unless soft: true
     runtime:
-      simulated: {model: diurnal, params: {base_cpu_millicores: 300}, seed: 7}
-      # or: process: {command: python3, args: [-c, "..."]}
+      simulated: {model: diurnal, params: {cpu_mean_millicores: 300}, seed: 7}
+      # a job-level load shared by the ready tasks (the model above is then each task's base):
+      #   simulated: {model: steady, params: {cpu_millicores: 50}, startup_seconds: 60,
+      #               demand: {model: diurnal, params: {cpu_mean_millicores: 2000}}}
+      # or: process: {command: python3, args: [-c, "..."], env: {LOG_LEVEL: info},
+      #               health_check: {http_url: "http://127.0.0.1:{port}/healthz", interval_ms: 10000}}
     autopilot:
       cpu: {mode: on, min: 100m, max: 4, recommender: auto}
       memory: {mode: dry-run}
@@ -25,6 +29,11 @@ Example (every key except ``name``, ``user`` and ``limits`` is optional)::
 
 CPU quantities are cores (``0.5``, ``2``) or millicores (``500m``); memory and disk are bytes
 or ``Ki/Mi/Gi/Ti`` (binary) and ``K/M/G/T`` (decimal) suffixed numbers.
+
+After parsing, the spec goes through the Borgmaster's own admission checks
+(:func:`cellpilot.borg.validation.validate_job_spec`, after the Borgmaster's own conversion), so
+a file the server would refuse — an unknown usage model or parameter, a command exec cannot
+run — is reported here, at its line, before anything is sent.
 """
 
 from __future__ import annotations
@@ -38,6 +47,12 @@ from typing import Any
 import yaml
 
 from cellpilot.api.v1 import job_pb2, resources_pb2
+from cellpilot.borg.validation import validate_job_spec
+from cellpilot_services.borgmaster.convert import InvalidField, job_spec_in
+
+# Where each API field of the spec came from: its path relative to JobSpec (as the Borgmaster's
+# validation names it, without the leading "spec.") -> the YAML node that set it.
+Locations = dict[str, "_Node"]
 
 
 @dataclass(frozen=True)
@@ -189,11 +204,20 @@ OPERATORS = {"==": job_pb2.CONSTRAINT_OPERATOR_EQUAL, "!=": job_pb2.CONSTRAINT_O
              "not-exists": job_pb2.CONSTRAINT_OPERATOR_NOT_EXISTS}  # fmt: skip
 
 
-def _limits(node: _Node) -> resources_pb2.Resources:
+def _limits(node: _Node, where: Locations) -> resources_pb2.Resources:
     fields = node.mapping({"cpu", "memory", "disk", "ports"})
     for required in ("cpu", "memory"):
         if required not in fields:
             raise node.error(f"limits need {required!r}")
+    where["task.limits"] = node
+    for key, api in (
+        ("cpu", "cpu_millicores"),
+        ("memory", "memory_bytes"),
+        ("disk", "disk_bytes"),
+        ("ports", "ports"),
+    ):
+        if key in fields:
+            where[f"task.limits.{api}"] = fields[key]
     return resources_pb2.Resources(
         cpu_millicores=_millicores(fields["cpu"]),
         memory_bytes=_bytes(fields["memory"]),
@@ -202,8 +226,12 @@ def _limits(node: _Node) -> resources_pb2.Resources:
     )
 
 
-def _constraint(node: _Node) -> job_pb2.Constraint:
+def _constraint(node: _Node, index: int, where: Locations) -> job_pb2.Constraint:
     fields = node.mapping({"attribute", "op", "value", "soft"})
+    where[f"constraints[{index}]"] = node
+    for key, api in (("attribute", "attribute"), ("op", "operator"), ("value", "value"), ("soft", "kind")):
+        if key in fields:
+            where[f"constraints[{index}].{api}"] = fields[key]
     if "attribute" not in fields or "op" not in fields:
         raise node.error("a constraint needs 'attribute' and 'op'")
     op = fields["op"].choice(OPERATORS)
@@ -219,38 +247,120 @@ def _constraint(node: _Node) -> job_pb2.Constraint:
     )
 
 
-def _runtime(node: _Node) -> job_pb2.RuntimeSpec:
+# YAML keys whose API field has another name.
+_SIMULATED_API = {"model": "usage_model", "trace": "trace_uri"}
+_VERTICAL_API = {"min": "min_limit", "max": "max_limit", "custom_recommender": "recommender.custom_name"}
+
+
+def _runtime(node: _Node, where: Locations) -> job_pb2.RuntimeSpec:
     fields = node.mapping({"simulated", "process"})
     if len(fields) != 1:
         raise node.error("runtime needs exactly one of 'simulated' or 'process'")
+    where["task.runtime"] = node
     if "process" in fields:
-        p = fields["process"].mapping({"command", "args", "env"})
+        p = fields["process"].mapping({"command", "args", "env", "health_check"})
         if "command" not in p:
             raise fields["process"].error("a process runtime needs a 'command'")
-        env = {k: v.scalar() for k, v in p["env"].mapping(set(_keys(p["env"]))).items()} if "env" in p else {}
-        return job_pb2.RuntimeSpec(
-            process=job_pb2.ProcessRuntime(
-                command=p["command"].scalar(),
-                args=[a.scalar() for a in p["args"].sequence()] if "args" in p else [],
-                env=env,
+        where["task.runtime.process"] = fields["process"]
+        where["task.runtime.process.command"] = p["command"]
+        env = {}
+        if "env" in p:
+            where["task.runtime.process.env"] = p["env"]
+            for name, value in p["env"].mapping(set(_keys(p["env"]))).items():
+                env[name] = value.scalar()
+                where[f"task.runtime.process.env.{name}"] = value
+        args = []
+        if "args" in p:
+            where["task.runtime.process.args"] = p["args"]
+            for i, arg in enumerate(p["args"].sequence()):
+                args.append(arg.scalar())
+                where[f"task.runtime.process.args[{i}]"] = arg
+        process = job_pb2.ProcessRuntime(command=p["command"].scalar(), args=args, env=env)
+        if "health_check" in p:
+            process.health_check.CopyFrom(_health_check(p["health_check"], where))
+        return job_pb2.RuntimeSpec(process=process)
+    s = fields["simulated"].mapping(
+        {"model", "params", "seed", "duration_seconds", "startup_seconds", "trace", "demand"}
+    )
+    where["task.runtime.simulated"] = fields["simulated"]
+    for key, node_of_key in s.items():
+        where[f"task.runtime.simulated.{_SIMULATED_API.get(key, key)}"] = node_of_key
+    simulated = job_pb2.SimulatedRuntime(
+        usage_model=s["model"].scalar() if "model" in s else "steady",
+        params=_params(s["params"], "task.runtime.simulated.params", where) if "params" in s else {},
+        trace_uri=s["trace"].scalar() if "trace" in s else "",
+        seed=s["seed"].integer(0, 2**63 - 1) if "seed" in s else 0,
+        duration_seconds=s["duration_seconds"].integer(0, 10**9) if "duration_seconds" in s else 0,
+        startup_seconds=s["startup_seconds"].integer(0, 10**6) if "startup_seconds" in s else 0,
+    )
+    if "demand" in s:
+        simulated.demand.CopyFrom(_demand(s["demand"], where))
+    return job_pb2.RuntimeSpec(simulated=simulated)
+
+
+def _params(node: _Node, prefix: str, where: Locations) -> dict[str, float]:
+    params = {}
+    for name, value in node.mapping(set(_keys(node))).items():
+        params[name] = value.number(-1e18, 1e18)
+    for key_node, _ in node.node.value:  # a misnamed parameter: point at its name
+        name = str(key_node.value)
+        where[f"{prefix}.{name}"] = _Node(key_node, f"{node.path}.{name}")
+    return params
+
+
+def _numbers(node: _Node) -> list[float]:
+    return [item.number(-1e18, 1e18) for item in node.sequence()]
+
+
+def _demand(node: _Node, where: Locations) -> job_pb2.SharedDemand:
+    """``demand: {model: diurnal, params: {...}, imbalance: 0.1}`` or ``{trace: {step_seconds: 300,
+    cpu_millicores: [...], memory_bytes: [...]}}``: the job's load, shared by its ready tasks."""
+    prefix = "task.runtime.simulated.demand"
+    d = node.mapping({"model", "params", "trace", "imbalance"})
+    where[prefix] = node
+    for key, child in d.items():
+        where[f"{prefix}.{_SIMULATED_API.get(key, key) if key == 'model' else key}"] = child
+    demand = job_pb2.SharedDemand(
+        usage_model=d["model"].scalar() if "model" in d else "",
+        params=_params(d["params"], f"{prefix}.params", where) if "params" in d else {},
+        imbalance=d["imbalance"].number(0.0, 1e6) if "imbalance" in d else 0.0,
+    )
+    if "trace" in d:
+        t = d["trace"].mapping({"step_seconds", "cpu_millicores", "memory_bytes"})
+        for key, child in t.items():
+            where[f"{prefix}.trace.{key}"] = child
+        if "step_seconds" not in t or "cpu_millicores" not in t:
+            raise d["trace"].error("a demand trace needs step_seconds and cpu_millicores")
+        demand.trace.CopyFrom(
+            job_pb2.DemandTrace(
+                step_seconds=t["step_seconds"].integer(1, 10**7),
+                cpu_millicores=_numbers(t["cpu_millicores"]),
+                memory_bytes=[round(v) for v in _numbers(t["memory_bytes"])] if "memory_bytes" in t else [],
             )
         )
-    s = fields["simulated"].mapping(
-        {"model", "params", "seed", "duration_seconds", "startup_seconds", "trace"}
+    return demand
+
+
+_HEALTH_NUMBERS = ("interval_ms", "timeout_ms", "initial_delay_ms")
+
+
+def _health_check(node: _Node, where: Locations) -> job_pb2.HealthCheck:
+    """``health_check: {http_url: "http://127.0.0.1:{port}/healthz", interval_ms: 10000, ...}`` or
+    ``{command: [test, -f, ready], ...}`` (Borg §2.6)."""
+    prefix = "task.runtime.process.health_check"
+    h = node.mapping({"http_url", "command", "failure_threshold", *_HEALTH_NUMBERS})
+    where[prefix] = node
+    for key, child in h.items():
+        where[f"{prefix}.{key}"] = child
+    check = job_pb2.HealthCheck(
+        http_url=h["http_url"].scalar() if "http_url" in h else "",
+        command=[item.scalar() for item in h["command"].sequence()] if "command" in h else [],
+        failure_threshold=h["failure_threshold"].integer(0, 10**6) if "failure_threshold" in h else 0,
     )
-    params = {}
-    if "params" in s:
-        params = {k: v.number(-1e18, 1e18) for k, v in s["params"].mapping(set(_keys(s["params"]))).items()}
-    return job_pb2.RuntimeSpec(
-        simulated=job_pb2.SimulatedRuntime(
-            usage_model=s["model"].scalar() if "model" in s else "steady",
-            params=params,
-            trace_uri=s["trace"].scalar() if "trace" in s else "",
-            seed=s["seed"].integer(0, 2**63 - 1) if "seed" in s else 0,
-            duration_seconds=s["duration_seconds"].integer(0, 10**9) if "duration_seconds" in s else 0,
-            startup_seconds=s["startup_seconds"].integer(0, 10**6) if "startup_seconds" in s else 0,
-        )
-    )
+    for name in _HEALTH_NUMBERS:
+        if name in h:
+            setattr(check, name, h[name].integer(0, 10**12))
+    return check
 
 
 def _keys(node: _Node) -> list[str]:
@@ -259,8 +369,13 @@ def _keys(node: _Node) -> list[str]:
     return [str(k.value) for k, _ in node.node.value]
 
 
-def _vertical(node: _Node, quantity: Callable[[_Node], int]) -> job_pb2.VerticalScalingConfig:
+def _vertical(
+    node: _Node, quantity: Callable[[_Node], int], prefix: str, where: Locations
+) -> job_pb2.VerticalScalingConfig:
     fields = node.mapping({"mode", "min", "max", "recommender", "custom_recommender"})
+    where[prefix] = node
+    for key, node_of_key in fields.items():
+        where[f"{prefix}.{_VERTICAL_API.get(key, key)}"] = node_of_key
     config = job_pb2.VerticalScalingConfig(
         mode=fields["mode"].choice(SCALING_MODES) if "mode" in fields else job_pb2.SCALING_MODE_ON,
         min_limit=quantity(fields["min"]) if "min" in fields else 0,
@@ -283,8 +398,11 @@ _HORIZONTAL_KEYS = {"mode", "min_tasks", "max_tasks", "source", "target_utilizat
                     "small_change_fraction", "max_initializing_fraction"}  # fmt: skip
 
 
-def _horizontal(node: _Node) -> job_pb2.HorizontalScalingConfig:
+def _horizontal(node: _Node, where: Locations) -> job_pb2.HorizontalScalingConfig:
     f = node.mapping(_HORIZONTAL_KEYS)
+    where["autopilot.horizontal"] = node
+    for key, value in f.items():
+        where[f"autopilot.horizontal.{key}"] = value
     h = job_pb2.HorizontalScalingConfig(
         mode=f["mode"].choice(SCALING_MODES) if "mode" in f else job_pb2.SCALING_MODE_ON
     )
@@ -327,7 +445,43 @@ _TOP_KEYS = {"name", "user", "priority", "app_class", "latency_sensitivity", "oo
 
 
 def parse_job_spec(text: str) -> job_pb2.JobSpec:
-    """Parse one job spec document; raises :class:`JobSpecError` naming line and field."""
+    """Parse and validate one job spec document; raises :class:`JobSpecError` naming line and field."""
+    spec, where = _parse(text)
+    check_job_spec(spec, where)
+    return spec
+
+
+def check_job_spec(spec: job_pb2.JobSpec, where: Locations | None = None) -> None:
+    """The Borgmaster's admission checks (one implementation), reported at the YAML node."""
+    where = where or {}
+    try:
+        problem = validate_job_spec(job_spec_in(spec, "spec"))
+    except InvalidField as error:
+        field, message = error.field, error.message
+    else:
+        if problem is None:
+            return
+        field, message = problem.field, problem.message
+    relative = field.removeprefix("spec.").removeprefix("spec")
+    node = _closest(where, relative)
+    if node is None:
+        raise JobSpecError("", 0, 0, f"{field}: {message}")
+    # The field's own node: name the API field after the message; an ancestor's: before it.
+    exact = where.get(relative) is node
+    raise node.error(f"{message} ({field})" if exact else f"{field}: {message}")
+
+
+def _closest(where: Locations, path: str) -> _Node | None:
+    """The node of ``path``, or of its nearest recorded ancestor (``a.b[2].c`` -> ``a.b[2]`` -> ``a.b``)."""
+    while path:
+        if path in where:
+            return where[path]
+        cut = max(path.rfind("."), path.rfind("["))
+        path = path[:cut] if cut > 0 else ""
+    return where.get("")
+
+
+def _parse(text: str) -> tuple[job_pb2.JobSpec, Locations]:
     try:
         document = yaml.compose(text)
     except yaml.YAMLError as error:
@@ -341,6 +495,11 @@ def parse_job_spec(text: str) -> job_pb2.JobSpec:
     for required in ("name", "user", "limits"):
         if required not in f:
             raise root.error(f"missing required key {required!r}")
+    where: Locations = {"": root}
+    api_names = {"memory_limit": "task.memory_limit_kind", "packages": "task.package_ids",
+                 "alloc_set": "alloc_set_job_id"}  # fmt: skip
+    for key, node in f.items():
+        where[api_names.get(key, key)] = node
     spec = job_pb2.JobSpec(
         name=f["name"].name(),
         user=f["user"].name(),
@@ -352,26 +511,28 @@ def parse_job_spec(text: str) -> job_pb2.JobSpec:
         spec.latency_sensitivity = f["latency_sensitivity"].choice(SENSITIVITIES)
     if "oom_tolerance" in f:
         spec.oom_tolerance = f["oom_tolerance"].choice(OOM_TOLERANCES)
-    spec.task.limits.CopyFrom(_limits(f["limits"]))
+    spec.task.limits.CopyFrom(_limits(f["limits"], where))
     if "memory_limit" in f:
         spec.task.memory_limit_kind = f["memory_limit"].choice(MEMORY_LIMIT_KINDS)
     if "packages" in f:
-        spec.task.package_ids.extend(p.scalar() for p in f["packages"].sequence())
+        for i, package in enumerate(f["packages"].sequence()):
+            spec.task.package_ids.append(package.scalar())
+            where[f"task.package_ids[{i}]"] = package
     if "runtime" in f:
-        spec.task.runtime.CopyFrom(_runtime(f["runtime"]))
+        spec.task.runtime.CopyFrom(_runtime(f["runtime"], where))
     if "labels" in f:
         for key, value in f["labels"].mapping(set(_keys(f["labels"]))).items():
             spec.labels[key] = value.scalar()
     if "constraints" in f:
-        spec.constraints.extend(_constraint(c) for c in f["constraints"].sequence())
+        spec.constraints.extend(_constraint(c, i, where) for i, c in enumerate(f["constraints"].sequence()))
     if "alloc_set" in f:
         spec.alloc_set_job_id = f["alloc_set"].scalar()
     if "autopilot" in f:
         a = f["autopilot"].mapping({"cpu", "memory", "horizontal"})
         if "cpu" in a:
-            spec.autopilot.cpu.CopyFrom(_vertical(a["cpu"], _millicores))
+            spec.autopilot.cpu.CopyFrom(_vertical(a["cpu"], _millicores, "autopilot.cpu", where))
         if "memory" in a:
-            spec.autopilot.memory.CopyFrom(_vertical(a["memory"], _bytes))
+            spec.autopilot.memory.CopyFrom(_vertical(a["memory"], _bytes, "autopilot.memory", where))
         if "horizontal" in a:
-            spec.autopilot.horizontal.CopyFrom(_horizontal(a["horizontal"]))
-    return spec
+            spec.autopilot.horizontal.CopyFrom(_horizontal(a["horizontal"], where))
+    return spec, where

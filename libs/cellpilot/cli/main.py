@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from cellpilot.cli import (
@@ -9,6 +11,7 @@ from cellpilot.cli import (
     borgmaster,
     cell,
     certs,
+    dashboard_cmd,
     eval_autopilot,
     eval_compaction,
     eval_gpa,
@@ -18,6 +21,7 @@ from cellpilot.cli import (
     run,
     stack,
 )
+from cellpilot.cli.study_runner import bare_dask_means_local
 
 app = typer.Typer(
     name="cellpilot",
@@ -35,11 +39,17 @@ app.add_typer(job.app, name="job")
 app.add_typer(autopilot_cmd.app, name="autopilot")
 app.add_typer(cell.app, name="cell")
 app.add_typer(certs.app, name="certs")
+app.add_typer(dashboard_cmd.app, name="dashboard")
 for study in (eval_autopilot, eval_gpa, eval_compaction, eval_lava):
     study.register(eval_app)
 app.command("run")(run.run)
 app.command("stop")(run.stop)
 
 
+def main() -> None:
+    """The ``cellpilot`` console entry point."""
+    app(args=bare_dask_means_local(sys.argv[1:]), prog_name="cellpilot")
+
+
 if __name__ == "__main__":
-    app()
+    main()

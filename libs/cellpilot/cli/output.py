@@ -30,6 +30,7 @@ from cellpilot.client.errors import (
     NotFoundError,
     PermissionDeniedError,
     QuotaExceededError,
+    RequestTooLargeError,
     UnauthenticatedError,
     UnavailableError,
 )
@@ -81,6 +82,11 @@ def use_token(token: TokenOption = None) -> None:
     _token["value"] = token
 
 
+def current_token() -> str | None:
+    """The user's bearer token: ``--token``, else ``CELLPILOT_TOKEN`` (or the stack's env file)."""
+    return _token["value"] or SecuritySettings.load().token
+
+
 def client_security() -> dict[str, Any]:
     """Credentials and token for the client (``CellpilotClient(**client_security())``)."""
     try:
@@ -127,11 +133,15 @@ def describe_error(error: CellpilotError) -> str:
     """One line a person can act on, from a client exception."""
     method = f" ({error.method})" if error.method else ""
     match error:
+        case UnavailableError() if error.reason:  # it answered, but cannot take the call now
+            return f"the service is unavailable for now{method}: {error.details}. Try again shortly."
         case UnavailableError():
             return (
                 f"cannot reach the service{method}: {error.details}. Is it running? "
                 "Start everything with `cellpilot run`, or pass the address with --borgmaster/--autopilot."
             )
+        case RequestTooLargeError():
+            return f"request too large{method}: {error.details}"
         case InvalidArgumentError():
             return f"the request was refused as invalid{method}: {error.details}"
         case NotFoundError():

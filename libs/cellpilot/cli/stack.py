@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from cellpilot.stack import Stack, StackConfig, StackEndpoints
+from cellpilot.stack.supervision import stack_status, stop_data_dir
+from cellpilot.stack.supervision_state import SupervisorState
 from cellpilot.stack.supervisor import StackError
 
 app = typer.Typer(help="Start, inspect and stop the embedded stack (no Docker needed).", no_args_is_help=True)
@@ -62,10 +64,16 @@ def up(
 
 @app.command()
 def down(data_dir: DataDir = Path(".cellpilot/stack")) -> None:
-    """Stop every process of the stack and wait until their ports are released."""
-    stack = _stack(data_dir)
+    """Stop every process of the stack and wait until their ports are released.
+
+    If `cellpilot run` supervises this data directory, it is asked to stop everything (its
+    services too), as `cellpilot stop` does; otherwise it would restart what stops here."""
+    state = SupervisorState.load(data_dir)
     try:
-        stack.down(progress=console.log)
+        if state is not None and state.supervisor_alive():
+            stop_data_dir(data_dir, console.log)
+        else:
+            _stack(data_dir).down(progress=console.log)
     except StackError as error:
         console.print(f"[red]stack down failed:[/red] {error}")
         raise typer.Exit(1) from error
@@ -76,15 +84,37 @@ def status(
     data_dir: DataDir = Path(".cellpilot/stack"),
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Show each component's pid, port and whether it is running. Exit code 1 if any is down."""
-    stack = _stack(data_dir)
-    rows = stack.status()
+    """Show every embedded component and service replica: pid, state (running, restarting,
+    gave-up, stopped), restarts and ports. Exit code 1 if anything is not running."""
+    current = stack_status(data_dir)
+    supervisor = current.supervisor
     if as_json:
-        typer.echo(json.dumps([row.__dict__ for row in rows], indent=2))
+        document = {
+            "supervisor": None if supervisor is None else {"pid": supervisor.pid, "phase": supervisor.phase},
+            "units": [
+                {**unit.as_dict(), "listening": unit.name not in current.not_listening}
+                for unit in current.units
+            ],
+            "healthy": current.healthy,
+        }
+        typer.echo(json.dumps(document, indent=2))
     else:
-        table = Table("component", "pid", "port", "running", "listening")
-        for row in rows:
-            table.add_row(row.name, str(row.pid or "-"), str(row.port), str(row.running), str(row.listening))
-        Console().print(table)
-    if not all(row.running and row.listening for row in rows):
+        if supervisor is None:
+            title = "no supervisor: `cellpilot run` is not running for this data directory"
+        else:
+            title = f"supervised by cellpilot run (pid {supervisor.pid}, {supervisor.phase})"
+        table = Table("name", "replica", "pid", "state", "restarts", "port", "last exit", title=title)
+        for unit in current.units:
+            state = unit.state if unit.name not in current.not_listening else f"{unit.state} (not listening)"
+            table.add_row(
+                unit.name,
+                str(unit.replica),
+                str(unit.pid or "-"),
+                state if unit.state != "restarting" else f"restarting in {unit.restart_in_s or 0:.1f} s",
+                str(unit.restarts),
+                ",".join(str(port) for port in unit.ports) or "-",
+                unit.last_exit or "-",
+            )
+        Console(width=max(Console().width, 120)).print(table)
+    if not current.healthy:
         raise typer.Exit(1)

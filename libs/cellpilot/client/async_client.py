@@ -4,8 +4,10 @@
         job = await client.borgmaster.submit_job(spec)
 
 Every method takes and returns the v1 protobuf messages (typed through the generated stubs).
-Mutations get a request id once per logical call, so retries after a failover never apply
-twice. Errors are :mod:`cellpilot.client.errors` exceptions.
+Mutations get a request id once per logical call, so retries after a failover or an outage
+never apply twice. A request larger than ``max_request_bytes`` (the servers' limit, 4 MiB by
+default) is refused before it is sent. Errors are :mod:`cellpilot.client.errors` exceptions
+(the table in :mod:`cellpilot.client` says which status is which, and what is retried).
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from cellpilot.api.v1 import (
     state_pb2,
     usage_pb2,
 )
+from cellpilot.client.errors import RequestTooLargeError
 from cellpilot.client.failover import ReplicaChannels, RetryPolicy
+from cellpilot.security.tls import DEFAULT_MAX_REQUEST_BYTES
 
 R = TypeVar("R", bound=Message)
 
@@ -43,18 +47,33 @@ def new_request_id() -> str:
 
 class _ServiceClient:
     def __init__(
-        self, replicas: ReplicaChannels, policy: RetryPolicy, metadata: Sequence[tuple[str, str]]
+        self,
+        replicas: ReplicaChannels,
+        policy: RetryPolicy,
+        metadata: Sequence[tuple[str, str]],
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     ) -> None:
         self._replicas = replicas
         self._policy = policy
         self._metadata = tuple(metadata)
+        self._max_request_bytes = max_request_bytes
 
     def with_metadata(self, metadata: Sequence[tuple[str, str]]) -> Self:
         """The same replicas and policy, calling with ``metadata`` instead (e.g. a service
         forwarding its caller's ``authorization`` header so a write is made as that user)."""
-        return type(self)(self._replicas, self._policy, metadata)
+        return type(self)(self._replicas, self._policy, metadata, self._max_request_bytes)
 
     async def _call(self, stub_type: type, method: str, request: Message, response: type[R]) -> R:
+        size = request.ByteSize()
+        if size > self._max_request_bytes:
+            raise RequestTooLargeError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "refused by the client before sending",
+                method,
+                size_bytes=size,
+                limit_bytes=self._max_request_bytes,
+            )
+
         async def attempt(channel: grpc.aio.Channel, deadline_s: float) -> R:
             rpc = getattr(stub_type(channel), method)
             call = rpc(request, timeout=deadline_s, metadata=self._metadata)
@@ -64,7 +83,7 @@ class _ServiceClient:
             self._replicas.note_leader(await call.trailing_metadata())
             return result
 
-        return await self._replicas.call(method, attempt, self._policy)
+        return await self._replicas.call(method, attempt, self._policy, request_bytes=size)
 
 
 class BorgmasterClient(_ServiceClient):
@@ -302,12 +321,15 @@ class CellpilotClient:
         token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         policy: RetryPolicy = RetryPolicy(),
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     ) -> None:
+        """``max_request_bytes``: the servers' request size limit (``CELLPILOT_MAX_REQUEST_BYTES``
+        on their side); larger requests fail with RequestTooLargeError without being sent."""
         metadata = [("authorization", f"Bearer {token}")] if token else []
         self._replicas = [ReplicaChannels(a, credentials) for a in (borgmaster, autopilot, monitoring)]
-        self.borgmaster = BorgmasterClient(self._replicas[0], policy, metadata)
-        self.autopilot = AutopilotClient(self._replicas[1], policy, metadata)
-        self.monitoring = MonitoringClient(self._replicas[2], policy, metadata)
+        self.borgmaster = BorgmasterClient(self._replicas[0], policy, metadata, max_request_bytes)
+        self.autopilot = AutopilotClient(self._replicas[1], policy, metadata, max_request_bytes)
+        self.monitoring = MonitoringClient(self._replicas[2], policy, metadata, max_request_bytes)
 
     async def close(self) -> None:
         for replicas in self._replicas:

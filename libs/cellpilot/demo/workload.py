@@ -8,9 +8,13 @@ and the diurnal job's 2-hour "day" passes in 2 wall minutes:
   Autopilot on: its limits come down (Autopilot §3.2, "reduce slack").
 - ``web-leak``: memory grows 256 KiB per event-second from 256 MiB under a 1 GiB hard limit; it
   OOMs, and Autopilot raises the memory limit ahead of the growth (§3.2.2, OOM handling).
-- ``frontend``: diurnal CPU (0.3-1.3 cores per task) with horizontal Autopilot on CPU
-  utilisation (r* = 0.6 of a 1-core limit): tasks are added at the peak and removed after
-  the trough (§3.3).
+- ``frontend``: a service whose load is the job's, not its tasks': a diurnal demand of 0.6-4.2
+  cores in all (a 2-hour "day", 2 wall minutes) that its load balancer spreads over the tasks
+  that are ready (each also idles at 50 millicores; a new task takes traffic once past its
+  2-minute start-up and seen ready by the Borgmaster). Horizontal Autopilot on CPU utilisation
+  (r* = 0.6 of a 1-core limit, over the last 10 minutes): tasks are added towards the peak,
+  which lowers every task's load, and removed after it, once the 15-minute deferred downscaling
+  has passed (§3.3).
 - ``shadow``: like ``web-fat`` but dry-run: recommendations are shown, limits never change (§5).
 - ``crunch``: best-effort batch (Borg §2.5), Autopilot off.
 """
@@ -67,11 +71,19 @@ task_count: 2
 limits: {cpu: 1, memory: 1Gi}
 memory_limit: hard
 runtime:
-  simulated: {model: diurnal, params: {cpu_mean_millicores: 800, cpu_amplitude: 0.6,
-              period_seconds: 7200, peak_seconds: 3600}, seed: 3, startup_seconds: 0}
+  simulated:
+    model: steady
+    params: {cpu_millicores: 50, memory_bytes: 209715200, cpu_noise: 0.1}
+    seed: 3
+    startup_seconds: 120
+    demand:
+      model: diurnal
+      params: {cpu_mean_millicores: 2400, cpu_amplitude: 0.75, memory_mean_bytes: 268435456,
+               memory_amplitude: 0.5, period_seconds: 7200, peak_seconds: 3600}
 autopilot:
-  horizontal: {mode: on, min_tasks: 2, max_tasks: 10, target_utilization: 0.6,
-               deferred_downscaling_seconds: 900, max_initializing_fraction: 1.0}
+  horizontal: {mode: on, min_tasks: 2, max_tasks: 10, target_utilization: 0.6, horizon_seconds: 600,
+               deferred_downscaling_seconds: 900, slow_decay_half_period_seconds: 900,
+               max_initializing_fraction: 0.5}
 """
 
 _SHADOW = """

@@ -27,10 +27,8 @@ visible. Per-job-day metrics are in :mod:`cellpilot.evaluate.autopilot_metrics`;
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -58,6 +56,7 @@ from cellpilot.evaluate.autopilot_policies import (
     ml_setter,
     moving_window_setter,
 )
+from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner
 from cellpilot.evaluate.vpa import VpaConfig
 from cellpilot.recommend.ml_ensemble import EnsembleConfig
 from cellpilot.recommend.policy import JobClass
@@ -369,7 +368,7 @@ def replay_chunk(
     return {run.spec.name: JobDays.concat(run.rows) for run in runs}
 
 
-# -- a whole study: chunks of jobs, in parallel ---------------------------------------------------
+# -- a whole study: chunks of jobs, one shard each ------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -384,14 +383,15 @@ class TraceChunk:
 
 
 def _run_chunk(
-    item: SyntheticChunk | TraceChunk, specs: tuple[RecommenderSpec, ...], config: ReplayConfig
-) -> tuple[dict[str, JobDays], int]:
+    context: tuple[tuple[RecommenderSpec, ...], ReplayConfig], item: SyntheticChunk | TraceChunk
+) -> dict[str, JobDays]:
+    """One shard: a chunk's jobs replayed through every setter (pure; the draws depend on job ids)."""
+    specs, config = context
     if isinstance(item, SyntheticChunk):
         jobs: Sequence[JobSignals] = [generate_job(item.workload, j) for j in item.jobs]
     else:
         jobs = item.jobs
-    rows = replay_chunk(jobs, specs, config)
-    return rows, len(jobs) * jobs[0].windows // WINDOWS_PER_DAY
+    return replay_chunk(jobs, specs, config)
 
 
 def plan_chunks(sizes: Sequence[int], max_tasks: int = 2000, max_jobs: int = 64) -> list[list[int]]:
@@ -432,7 +432,7 @@ def run_study(
     specs: Sequence[RecommenderSpec],
     config: ReplayConfig,
     *,
-    workers: int = 1,
+    runner: ShardRunner = IN_PROCESS,
     progress: Callable[[int, int], None] | None = None,
     max_chunk_tasks: int = 2000,
     max_chunk_jobs: int = 64,
@@ -440,6 +440,8 @@ def run_study(
 ) -> StudyResult:
     """Replay every setter over a synthetic population or a trace's jobs; summarise per setter.
 
+    Chunks of jobs are the shards (``runner``: in this process, or on a cluster); results
+    are combined in chunk order, so the outcome does not depend on the runner.
     ``progress(done, total)`` is called with replayed job-days (all setters) after each chunk.
     """
     started = time.perf_counter()
@@ -466,27 +468,19 @@ def run_study(
             f"{grid_days} whole days of data leave nothing to measure after {config.warmup_days} warm-up days"
         )
     spec_tuple = tuple(specs)
-    results: list[dict[str, JobDays] | None] = [None] * len(items)
     done = 0
     if progress:
         progress(0, total_days)
-    if workers <= 1 or len(items) == 1:
-        for i, item in enumerate(items):
-            results[i], days = _run_chunk(item, spec_tuple, config)
-            done += days
-            if progress:
-                progress(done, total_days)
-    else:
-        with ProcessPoolExecutor(max_workers=min(workers, len(items), os.cpu_count() or 1)) as pool:
-            # Longest first, so no worker is left with a big chunk at the end.
-            order = sorted(range(len(items)), key=lambda i: -chunk_cost[i])
-            futures = {pool.submit(_run_chunk, items[i], spec_tuple, config): i for i in order}
-            for future in as_completed(futures):
-                results[futures[future]], days = future.result()
-                done += days
-                if progress:
-                    progress(done, total_days)
-    rows = {s.name: JobDays.concat([r[s.name] for r in results if r is not None]) for s in spec_tuple}
+    chunk_days = [len(c) * grid_days for c in plan]
+
+    def finished(index: int) -> None:
+        nonlocal done
+        done += chunk_days[index]
+        if progress:
+            progress(done, total_days)
+
+    results = runner.map(_run_chunk, (spec_tuple, config), items, costs=chunk_cost, on_done=finished)
+    rows = {s.name: JobDays.concat([r[s.name] for r in results]) for s in spec_tuple}
     summaries = {
         name: summarise_study(r, config.machine_memory_bytes, measured_days, population)
         for name, r in rows.items()

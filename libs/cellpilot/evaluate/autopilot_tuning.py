@@ -31,6 +31,7 @@ from typing import Any
 
 from cellpilot.evaluate.autopilot_policies import ML_HYPERPARAMETERS, STANDARD_RECOMMENDERS, RecommenderSpec
 from cellpilot.evaluate.autopilot_replay import ReplayConfig, run_study
+from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner
 from cellpilot.recommend.ml_ensemble import EnsembleConfig
 from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig
 
@@ -107,15 +108,16 @@ def _study(
     setup: TuningSetup,
     seed: int,
     specs: Sequence[RecommenderSpec],
-    workers: int,
+    runner: ShardRunner,
     progress: Callable[[int, int], None] | None,
 ) -> dict[str, dict[str, Any]]:
     """Every spec replayed over one population in one pass (the jobs are generated once)."""
     replay = replace(setup.replay, warmup_days=setup.warmup_days)
     # In parallel, small chunks: with dozens of configurations per chunk, balance the workers.
+    workers = runner.workers
     chunk_jobs = 64 if workers <= 1 else max(1, -(-setup.jobs // (4 * workers)))
     result = run_study(
-        setup.workload(seed), specs, replay, workers=workers, progress=progress, max_chunk_jobs=chunk_jobs
+        setup.workload(seed), specs, replay, runner=runner, progress=progress, max_chunk_jobs=chunk_jobs
     )
     return {
         name: {k: summary.get(k) for k in (*METRICS, "job_days")}
@@ -149,14 +151,14 @@ def _violation(candidate: dict[str, float], baseline: dict[str, float], required
 def run_sweep(
     setup: TuningSetup,
     *,
-    workers: int = 1,
+    runner: ShardRunner = IN_PROCESS,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Sweep the grid on the tuning seeds, choose, and compare on the report seeds (plain data out).
 
     Per population, the moving window and every configuration are replayed side by side
-    over the same generated jobs (and the same machine-pressure draws), in parallel over
-    chunks of jobs; ``progress(done, total)`` counts job-days over all populations.
+    over the same generated jobs (and the same machine-pressure draws), chunks of jobs being
+    the shards ``runner`` runs; ``progress(done, total)`` counts job-days over all populations.
     """
     configs = setup.grid.configs(setup.replay.ml)
     ml = STANDARD_RECOMMENDERS["ml"]
@@ -175,7 +177,7 @@ def run_sweep(
             if progress:
                 progress(offset + done, total)
 
-        out = _study(setup, seed, specs, workers, tick)
+        out = _study(setup, seed, specs, runner, tick)
         finished += population_days
         return out
 

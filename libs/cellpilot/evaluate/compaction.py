@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner
 from cellpilot.schedule.cell import Cell
 from cellpilot.schedule.model import MachineSpec, TaskSpec
 from cellpilot.schedule.profile import packing_profile
@@ -141,25 +142,38 @@ def compact(workload: Workload, policy: str, config: CompactionConfig, seed: int
     return {"machines": high, "packs": packs, "fits_original": True}
 
 
+def compact_shard(context: tuple[Workload, CompactionConfig], shard: tuple[str, int]) -> int | None:
+    """One shard: one policy and seed compacted; the machines it needs (``None``: does not fit)."""
+    workload, config = context
+    policy, seed = shard
+    machines = compact(workload, policy, config, seed)["machines"]
+    return None if machines is None else int(machines)
+
+
 def run_compaction(
     config: CompactionConfig,
     workload: Workload | None = None,
     progress: Callable[[str, int], None] | None = None,
+    *,
+    runner: ShardRunner = IN_PROCESS,
 ) -> dict[str, Any]:
-    """Compacts the workload with every policy and seed; returns the summary."""
+    """Compacts the workload with every policy and seed (one shard each); returns the summary."""
     workload = workload or synthetic_workload(config)
+    shards = [(policy, seed) for policy in config.policies for seed in range(config.seeds)]
+    done = dict.fromkeys(config.policies, 0)
+
+    def finished(index: int) -> None:
+        policy = shards[index][0]
+        done[policy] += 1
+        if progress is not None:
+            progress(policy, done[policy])
+
+    outcomes = runner.map(compact_shard, (workload, config), shards, on_done=finished)
     rows: list[dict[str, Any]] = []
-    for policy in config.policies:
-        sizes: list[int] = []
-        failed = 0
-        for seed in range(config.seeds):
-            outcome = compact(workload, policy, config, seed)
-            if outcome["machines"] is None:
-                failed += 1
-            else:
-                sizes.append(int(outcome["machines"]))
-            if progress is not None:
-                progress(policy, seed + 1)
+    for k, policy in enumerate(config.policies):
+        machines = outcomes[k * config.seeds : (k + 1) * config.seeds]
+        sizes = [m for m in machines if m is not None]
+        failed = len(machines) - len(sizes)
         row: dict[str, Any] = {"policy": policy, "seeds": config.seeds, "did_not_fit": failed}
         if sizes:
             p = float(np.percentile(sizes, config.percentile, method="higher"))

@@ -18,13 +18,14 @@ rho in {0.1, 0.05, 0.01}, and GPA needing fewer machines than perc-90 and Cantel
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner
 from cellpilot.schedule.gpa import ALGORITHMS, pack, size_av, size_cantelli
 from cellpilot.workloads.gpa_tasks import synthetic_usage
 
@@ -140,18 +141,45 @@ def instance_samples(config: GpaStudyConfig, rng: np.random.Generator, trace_poo
     return trace_pool[rows]
 
 
+def run_instance_shard(
+    context: tuple[GpaStudyConfig, F32 | None], state: Mapping[str, Any]
+) -> InstanceResult:
+    """One shard: the instance the study's random stream draws from ``state``, packed and measured."""
+    config, trace_pool = context
+    rng = np.random.Generator(np.random.PCG64())
+    rng.bit_generator.state = state
+    return run_instance(instance_samples(config, rng, trace_pool), config)
+
+
+def instance_states(config: GpaStudyConfig, trace_pool: F32 | None = None) -> list[Mapping[str, Any]]:
+    """The random stream's state at the start of each instance (one stream, seeded once, as a
+    sequential run draws it): every instance is the same wherever it runs."""
+    rng = np.random.default_rng(config.seed)
+    states: list[Mapping[str, Any]] = []
+    for _ in range(config.instances):
+        states.append(rng.bit_generator.state)
+        instance_samples(config, rng, trace_pool)  # advances the stream past this instance
+    return states
+
+
 def run_study(
     config: GpaStudyConfig,
     trace_pool: F32 | None = None,
     progress: Callable[[int], None] | None = None,
+    *,
+    runner: ShardRunner = IN_PROCESS,
 ) -> dict[str, Any]:
-    """Runs every instance and returns the summary (rows per method, goals, settings)."""
-    rng = np.random.default_rng(config.seed)
-    results: list[InstanceResult] = []
-    for i in range(config.instances):
-        results.append(run_instance(instance_samples(config, rng, trace_pool), config))
+    """Runs every instance (one shard each) and returns the summary (rows per method, goals, settings)."""
+    states = instance_states(config, trace_pool)
+    done = 0
+
+    def finished(_: int) -> None:
+        nonlocal done
+        done += 1
         if progress is not None:
-            progress(i + 1)
+            progress(done)
+
+    results = runner.map(run_instance_shard, (config, trace_pool), states, on_done=finished)
     return summarise(config, results, source="trace" if trace_pool is not None else "synthetic")
 
 

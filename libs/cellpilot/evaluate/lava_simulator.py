@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.evaluate.lava_diagnostics import ANY, ReplayDiagnostics, per_host_day, placement_reason
 from cellpilot.evaluate.lava_inflation import ShapeMix, shape_mix, stranding_pct
 from cellpilot.lifetimes.predictors import LifetimePredictor
 from cellpilot.schedule.lifetime_aware.host_pool import CORES, MEMORY, HostPool, HostShape
@@ -36,7 +37,7 @@ from cellpilot.schedule.lifetime_aware.lars import (
     MigrationOrder,
     migration_key,
 )
-from cellpilot.schedule.lifetime_aware.lava import Lava
+from cellpilot.schedule.lifetime_aware.lava import RANK_OPEN_SAME, Lava
 from cellpilot.schedule.lifetime_aware.lifetime_ledger import LifetimeLedger
 from cellpilot.schedule.lifetime_aware.policies import BestFit, LaBinary, Las, PlacementPolicy, VmRequest
 from cellpilot.workloads.vm_trace import DAY, HOUR, VmTrace
@@ -183,6 +184,7 @@ class _Run:
         self.maintenance_next = 0
         self.requests: list[tuple[int, float, int]] = []
         self.defrag_rows: set[int] = set()
+        self.diagnostics = ReplayDiagnostics(trace, config.hosts, config.warmup)
 
     # ------------------------------------------------------------------ timers
     def push(self, when: float, kind: int, a: int = 0, b: int = 0) -> None:
@@ -194,6 +196,13 @@ class _Run:
         config = self.config
         if kind == _SAMPLE:
             self.samples.append((when, 100.0 * float(np.mean(self.pool.vm_count == 0))))
+            lava = self.policy if isinstance(self.policy, Lava) else None
+            self.diagnostics.sample(
+                when,
+                self.pool,
+                None if lava is None else lava.state,
+                None if lava is None else lava.host_class,
+            )
             self.push(when + config.sample_every, _SAMPLE)
         elif kind == _STRANDING:
             free = np.where(self.pool.available[:, None], self.pool.capacity - self.pool.used, 0.0)
@@ -212,8 +221,10 @@ class _Run:
 
     # ------------------------------------------------------------- VM events
     def request(self, row: int, now: float) -> VmRequest:
-        remaining = self.ledger.predict(row, now) if self.ledger is not None else float("nan")
-        return VmRequest(row, self.demand[row], remaining)
+        if self.ledger is None:
+            return VmRequest(row, self.demand[row])
+        remaining = self.ledger.predict(row, now)
+        return VmRequest(row, self.demand[row], remaining, self.ledger.lifetime_class(row, now))
 
     def create(self, row: int, now: float) -> None:
         vm = self.request(row, now)
@@ -222,8 +233,23 @@ class _Run:
             self.failed += 1
             return
         host = self.policy.choose(vm, candidates, now)
+        self.note_placement(host, vm, now)
         self.bind(host, vm, now)
         self.placements += 1
+
+    def note_placement(self, host: int, vm: VmRequest, now: float) -> None:
+        reason = ANY
+        if isinstance(self.policy, Lava):
+            rank = int(self.policy.ranks(vm.vm_class, np.array([host], dtype=np.int64))[0])
+            reason = placement_reason(rank, RANK_OPEN_SAME)
+        self.diagnostics.placed(
+            vm.row,
+            now,
+            vm.remaining,
+            reason,
+            self.pool.vms[host],
+            -1 if np.isnan(vm.remaining) else vm.vm_class,
+        )
 
     def bind(self, host: int, vm: VmRequest, now: float) -> None:
         self.pool.place(host, vm.row, vm.demand)
@@ -335,6 +361,7 @@ class _Run:
                 self.stuck += 1
                 continue
             target = self.policy.choose(vm, candidates, now)
+            self.note_placement(target, vm, now)
             self.migrating_from[row] = source
             self.bind(target, vm, now)  # reserved on the target, still held on the source
             self.migrations += 1
@@ -396,12 +423,18 @@ class _Run:
         samples = np.array(self.samples).reshape(-1, 2)
         stranding = np.array(self.stranding).reshape(-1, 3)
         requests = np.array(self.requests, dtype=np.float64).reshape(-1, 3)
-        extra: dict[str, Any] = {}
+        measured = max(self.end - self.config.warmup, 0.0)
+        extra: dict[str, Any] = {"diagnostics": self.diagnostics.summary(measured / DAY)}
         if isinstance(self.policy, Lava):
-            extra = {
-                "lava_reclassified_down": self.policy.reclassified_down,
-                "lava_reclassified_up": self.policy.reclassified_up,
+            lava, hosts = self.policy, self.config.hosts
+            extra["diagnostics"]["host_class_changes_per_host_day"] = {
+                "down": per_host_day(lava.reclassified_down, hosts, self.end),
+                "up": per_host_day(lava.reclassified_up, hosts, self.end),
+                "up_while_open": per_host_day(lava.reclassified_up_open, hosts, self.end),
+                "to_recycling": per_host_day(lava.turned_recycling, hosts, self.end),
             }
+            extra["lava_reclassified_down"] = lava.reclassified_down
+            extra["lava_reclassified_up"] = lava.reclassified_up
         predictor = self.ledger.predictor.name if self.ledger is not None else None
         return SimulationResult(
             policy=self.policy.name,

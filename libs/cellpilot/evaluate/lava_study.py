@@ -14,14 +14,15 @@ Reproduces the comparisons of the LAVA paper on a trace:
 The model is trained on a *history*: for the synthetic trace, another trace drawn
 from the same generator with a different seed; for a real trace, the part before the
 replayed window. Everything here is pure: :func:`run_study` returns plain data and
-the CLI writes it out (via :mod:`cellpilot.evaluate.report`).
+the CLI writes it out (via :mod:`cellpilot.evaluate.report`); an Azure table is read by the
+caller (``cellpilot.traces.azure``) and passed in. Each policy x predictor run, and the LARS
+maintenance run, is one shard of a :class:`~cellpilot.evaluate.sharding.ShardRunner`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,19 +35,30 @@ from cellpilot.evaluate.lava_simulator import (
     SimulationResult,
     simulate,
 )
+from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner
 from cellpilot.lifetimes.accuracy import (
     SEVEN_DAYS,
     f1_by_uptime_quantile,
     long_lived_scores,
     precision_at_recall,
 )
+from cellpilot.lifetimes.calibration import calibration_report
+from cellpilot.lifetimes.distribution_model import DistributionModel, DistributionParams
 from cellpilot.lifetimes.features import vm_features
 from cellpilot.lifetimes.model import LifetimeModel, TrainingParams
-from cellpilot.lifetimes.predictors import LifetimePredictor, ModelPredictor, OraclePredictor
+from cellpilot.lifetimes.predictors import (
+    DistributionPredictor,
+    LifetimePredictor,
+    ModelPredictor,
+    OraclePredictor,
+)
 from cellpilot.schedule.lifetime_aware.host_pool import HostShape
 from cellpilot.schedule.lifetime_aware.lars import MigrationOrder, MigrationRequests, replay_migrations
-from cellpilot.schedule.lifetime_aware.lifetime_scores import NUM_LIFETIME_CLASSES, lifetime_class
-from cellpilot.workloads.azure_reader import read_azure_vm_table
+from cellpilot.schedule.lifetime_aware.lifetime_scores import (
+    LIFETIME_CLASS_UPPER,
+    NUM_LIFETIME_CLASSES,
+    lifetime_class,
+)
 from cellpilot.workloads.vm_trace import (
     DAY,
     HOUR,
@@ -59,12 +71,23 @@ from cellpilot.workloads.vm_trace import (
 )
 
 PREDICTORS = ("model", "oracle")
+MODELS = ("distribution", "point")  # §3's lifetime distributions, or one E[T_r | T_u] value
+SYNTHETIC_TRACES = ("synthetic", "synthetic-shifted")
+# The held-out synthetic population: other lifetime modes, categories and tiers, other owners.
+SHIFTED = {
+    "population": "shifted",
+    "owners": 150,
+    "world_seed": 7,
+    "owner_effect": 1.5,
+    "daily_amplitude": 0.6,
+}
+Model = LifetimeModel | DistributionModel
 StudyProgress = Callable[[str, float], None]
 
 
 @dataclass(frozen=True)
 class StudyConfig:
-    trace: str = "synthetic"  # "synthetic" or "azure:PATH"
+    trace: str = "synthetic"  # "synthetic", "synthetic-shifted" or "azure:PATH"
     hosts: int = 100
     days: float = 14.0
     seed: int = 0
@@ -74,7 +97,12 @@ class StudyConfig:
     utilisation: float = 0.7  # synthetic demand (and Azure thinning) target, share of cores
     history_days: float = 21.0  # length of the training history
     warmup_days: float = 1.0
-    training: TrainingParams = field(default_factory=TrainingParams)
+    model: str = "distribution"  # one of MODELS
+    training: TrainingParams = field(default_factory=TrainingParams)  # the point model's
+    distribution: DistributionParams = field(default_factory=DistributionParams)
+    # LAVA's class from a distribution: the shortest class the VM outlives with at most this
+    # probability (see DistributionPredictor).
+    class_risk: float = 0.05
     # Drains in the policy runs (Figure 6). §6.1 replays creations and exits only; the
     # defragmenter (§4.4) drains hosts when empty hosts run short, which is itself a result
     # of the policy. Rolling maintenance drains, off here by default, reshuffle every pool
@@ -94,8 +122,12 @@ class StudyConfig:
         bad = [p for p in self.predictors if p not in PREDICTORS]
         if bad or not self.predictors:
             raise ValueError(f"unknown predictors {bad}; known: {', '.join(PREDICTORS)}")
-        if not (self.trace == "synthetic" or self.trace.startswith("azure:")):
-            raise ValueError("trace must be 'synthetic' or 'azure:PATH'")
+        if not (self.trace in SYNTHETIC_TRACES or self.trace.startswith("azure:")):
+            raise ValueError(f"trace must be one of {', '.join(SYNTHETIC_TRACES)} or 'azure:PATH'")
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}; known: {', '.join(MODELS)}")
+        if not 0 < self.class_risk < 1:
+            raise ValueError("class_risk must be in (0, 1)")
         if self.hosts < 1 or self.days <= 0 or self.history_days <= 0 or not 0 < self.utilisation < 1:
             raise ValueError("hosts >= 1, days > 0, history_days > 0, utilisation in (0, 1)")
 
@@ -116,12 +148,15 @@ class StudyInputs:
     history: VmTrace  # VMs with known lifetimes the model trains on
 
 
-def load_inputs(config: StudyConfig) -> StudyInputs:
-    """The replayed trace and the training history (see module doc); the only file read."""
+def load_inputs(config: StudyConfig, table: VmTrace | None = None) -> StudyInputs:
+    """The replayed trace and the training history (see module doc); ``table``: the Azure VM
+    table of an ``azure:PATH`` study, already read."""
     capacity = config.hosts * config.host_shape.cores
-    if config.trace == "synthetic":
+    if config.trace in SYNTHETIC_TRACES:
         shape = config.host_shape
+        population: dict[str, Any] = SHIFTED if config.trace == "synthetic-shifted" else {}
         base = VmTraceConfig(
+            **population,
             days=config.days,
             hosts=config.hosts,
             host_cores=shape.cores,
@@ -134,7 +169,9 @@ def load_inputs(config: StudyConfig) -> StudyInputs:
             np.random.default_rng([config.seed, 2]), replace(base, days=config.history_days)
         )
         return StudyInputs(trace, history.subset(history.created >= 0.0))
-    full = read_azure_vm_table(Path(config.trace.removeprefix("azure:")))
+    if table is None:
+        raise ValueError(f"{config.trace}: the Azure VM table must be read first (cellpilot.traces.azure)")
+    full = table
     split = min(config.history_days * DAY, 0.5 * full.horizon)
     end = min(split + config.days * DAY, full.horizon)
     history = full.subset((full.created >= 0.0) & (full.created < split))
@@ -143,11 +180,24 @@ def load_inputs(config: StudyConfig) -> StudyInputs:
     return StudyInputs(trace, history)
 
 
-def model_accuracy(model: LifetimeModel, trace: VmTrace, quantiles: int = 20) -> dict[str, Any]:
-    """§3/§6.4/§6.5 accuracy on the VMs created inside ``trace`` (uncensored ones)."""
+def train_model(config: StudyConfig, history: VmTrace) -> Model:
+    """The study's lifetime model, trained on ``history`` (VMs in creation order)."""
+    if config.model == "point":
+        return LifetimeModel.train(vm_features(history), history.lifetime, config.training)
+    return DistributionModel.train(vm_features(history), history.lifetime, config.distribution)
+
+
+def model_accuracy(model: Model, trace: VmTrace, quantiles: int = 20) -> dict[str, Any]:
+    """§3/§6.4/§6.5 accuracy and calibration on the VMs created inside ``trace`` (uncensored ones)."""
     test = trace.subset((trace.created >= 0.0) & ~trace.censored)
     features = vm_features(test)
     at_creation = model.predict_remaining(features, np.zeros(len(test)))
+    distribution = model.predict_distribution(features) if isinstance(model, DistributionModel) else None
+
+    def point(rows: np.ndarray, uptime: float) -> np.ndarray:
+        return model.predict_remaining(features[rows], uptime)
+
+    calibration = calibration_report(distribution, point, test.lifetime, LIFETIME_CLASS_UPPER, lifetime_class)
     scores = long_lived_scores(at_creation, test.lifetime, SEVEN_DAYS)
     precision70, recall70 = precision_at_recall(at_creation, test.lifetime, 0.7, SEVEN_DAYS)
     return {
@@ -160,6 +210,7 @@ def model_accuracy(model: LifetimeModel, trace: VmTrace, quantiles: int = 20) ->
         "recall_at_that_point": recall70,
         "f1_by_uptime_quantile": f1_by_uptime_quantile(model, features, test.lifetime, quantiles).tolist(),
         "class_confusion": class_confusion(at_creation, test.lifetime).tolist(),
+        "calibration": calibration,
     }
 
 
@@ -171,7 +222,7 @@ def class_confusion(predicted_remaining: np.ndarray, true_lifetime: np.ndarray) 
 
 
 def lars_replay(
-    result: SimulationResult, trace: VmTrace, model: LifetimeModel | None, config: DrainConfig
+    result: SimulationResult, trace: VmTrace, model: Model | None, config: DrainConfig
 ) -> dict[str, Any]:
     """§6.3: the run's migration requests in trace order vs LARS order (oracle, model)."""
     rows, times = result.request_rows, result.request_times
@@ -226,26 +277,70 @@ def _goals(rows: dict[str, dict[str, Any]], lars: dict[str, Any]) -> dict[str, d
     return goals
 
 
-def _reporter(tell: StudyProgress, label: str) -> Callable[[float], None]:
-    return lambda fraction: tell(label, fraction)
+LARS_RUN = "LARS drain run"
 
 
-def run_study(config: StudyConfig, progress: StudyProgress | None = None) -> dict[str, Any]:
-    """Runs every policy x predictor of ``config``; returns the summary as plain data."""
+@dataclass(frozen=True)
+class RunContext:
+    """What every simulation shard needs."""
+
+    trace: VmTrace
+    model: Model
+    sim: SimulationConfig
+    lars_drain: DrainConfig
+    class_risk: float = 0.05
+
+
+def simulate_run(context: RunContext, run: tuple[str, str | None] | None) -> SimulationResult:
+    """One shard: one policy x predictor run, or (``None``) §5.1's best-fit run with maintenance drains."""
+    if run is None:
+        return simulate(context.trace, "best-fit", None, replace(context.sim, drain=context.lars_drain))
+    policy, predictor_name = run
+    predictor: LifetimePredictor | None = None
+    if predictor_name == "oracle":
+        predictor = OraclePredictor(context.trace)
+    elif predictor_name == "model" and isinstance(context.model, DistributionModel):
+        predictor = DistributionPredictor(context.model, context.trace, context.class_risk)
+    elif predictor_name == "model" and isinstance(context.model, LifetimeModel):
+        predictor = ModelPredictor(context.model, context.trace)
+    return simulate(context.trace, policy, predictor, context.sim)
+
+
+def run_label(run: tuple[str, str | None] | None) -> str:
+    if run is None:
+        return LARS_RUN
+    policy, predictor = run
+    return policy if predictor is None else f"{policy}-{predictor}"
+
+
+def run_study(
+    config: StudyConfig,
+    progress: StudyProgress | None = None,
+    *,
+    runner: ShardRunner = IN_PROCESS,
+    table: VmTrace | None = None,
+) -> dict[str, Any]:
+    """Runs every policy x predictor of ``config``; returns the summary as plain data.
+
+    ``progress(label, fraction)`` tells when each run starts (0) and ends (1).
+    """
 
     def tell(label: str, fraction: float) -> None:
         if progress is not None:
             progress(label, fraction)
 
     tell("loading trace", 0.0)
-    inputs = load_inputs(config)
+    inputs = load_inputs(config, table)
     trace = inputs.trace
+    tell("loading trace", 1.0)
     tell("training the lifetime model", 0.0)
     history = inputs.history
-    model = LifetimeModel.train(vm_features(history), history.lifetime, config.training)
+    model = train_model(config, history)
+    tell("training the lifetime model", 1.0)
     accuracy = {
         "training_vms": len(history),
-        "label": config.training.label.value,
+        "kind": config.model,
+        "label": config.training.label.value if config.model == "point" else "lifetime bins",
         **model_accuracy(model, trace),
     }
     sim = SimulationConfig(
@@ -257,16 +352,13 @@ def run_study(config: StudyConfig, progress: StudyProgress | None = None) -> dic
         drain=config.drain,
         inflation_seed=config.seed,
     )
-    results: dict[str, SimulationResult] = {}
-    for policy, predictor_name in config.runs():
-        predictor: LifetimePredictor | None = None
-        if predictor_name == "oracle":
-            predictor = OraclePredictor(trace)
-        elif predictor_name == "model":
-            predictor = ModelPredictor(model, trace)
-        label = policy if predictor_name is None else f"{policy}-{predictor_name}"
-        results[label] = simulate(trace, policy, predictor, sim, _reporter(tell, label))
-
+    lars_run = config.lars_drain.maintenance_every > 0 or config.lars_drain.defrag_below_pct > 0
+    runs: list[tuple[str, str | None] | None] = [*config.runs(), *([None] if lars_run else [])]
+    for run in runs:
+        tell(run_label(run), 0.0)
+    context = RunContext(trace, model, sim, config.lars_drain, config.class_risk)
+    outcomes = runner.map(simulate_run, context, runs, on_done=lambda i: tell(run_label(runs[i]), 1.0))
+    results = {run_label(run): result for run, result in zip(runs, outcomes, strict=True) if run is not None}
     baseline = results.get("best-fit")
     rows: dict[str, dict[str, Any]] = {}
     for name, result in results.items():
@@ -276,11 +368,8 @@ def run_study(config: StudyConfig, progress: StudyProgress | None = None) -> dic
         )
         rows[name] = row
     lars: dict[str, Any] = {}
-    if config.lars_drain.maintenance_every > 0 or config.lars_drain.defrag_below_pct > 0:
-        tell("LARS drain run", 0.0)
-        source = simulate(
-            trace, "best-fit", None, replace(sim, drain=config.lars_drain), _reporter(tell, "LARS drain run")
-        )
+    if lars_run:
+        source = outcomes[-1]
         if source.migration_requests:
             lars = lars_replay(source, trace, model, config.lars_drain)
             lars["source_run"] = (
@@ -300,8 +389,10 @@ def run_study(config: StudyConfig, progress: StudyProgress | None = None) -> dic
                 "memory_gib": config.host_shape.memory_gib,
                 "ssd_gib": config.host_shape.ssd_gib,
             },
-            "label": config.training.label.value,
-            "label_cap_hours": config.training.label_cap_hours,
+            "model": config.model,
+            "class_risk": config.class_risk if config.model == "distribution" else None,
+            "label": config.training.label.value if config.model == "point" else None,
+            "label_cap_hours": config.training.label_cap_hours if config.model == "point" else None,
             "warmup_days": sim.warmup / DAY,
             "defrag_below_pct": config.drain.defrag_below_pct,
             "maintenance_every_hours": config.drain.maintenance_every / HOUR,

@@ -95,10 +95,10 @@ class TrainingParams:
         }
 
 
-class _FastSingleRow:
+class FastSingleRow:
     """LightGBM's single-row prediction entry point with a configuration built once."""
 
-    def __init__(self, booster: lgb.Booster, ncol: int) -> None:
+    def __init__(self, booster: lgb.Booster, ncol: int, n_out: int = 1) -> None:
         from lightgbm import basic  # the loaded C library; private but stable across 3.x/4.x
 
         lib = basic._LIB
@@ -118,7 +118,7 @@ class _FastSingleRow:
         if status != 0:
             raise RuntimeError("LightGBM fast single-row init failed")
         self.row = np.zeros(ncol, dtype=np.float64)
-        self._out = np.zeros(1, dtype=np.float64)
+        self._out = np.zeros(n_out, dtype=np.float64)
         self._out_len = ctypes.c_int64()
         self._row_ptr = self.row.ctypes.data_as(ctypes.POINTER(ctypes.c_double))
         self._out_ptr = self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_double))
@@ -126,9 +126,13 @@ class _FastSingleRow:
         self._out_len_ref = ctypes.byref(self._out_len)
 
     def predict(self) -> float:
+        return float(self.predict_all()[0])
+
+    def predict_all(self) -> npt.NDArray[np.float64]:
+        """Every output of the model for ``row`` (a view, overwritten by the next call)."""
         if self._call(self._config, self._row_ptr, self._out_len_ref, self._out_ptr) != 0:
             raise RuntimeError("LightGBM fast single-row prediction failed")
-        return float(self._out[0])
+        return self._out
 
     def __del__(self) -> None:
         config = getattr(self, "_config", None)
@@ -143,11 +147,19 @@ class LifetimeModel:
     def __init__(self, booster: lgb.Booster, label: LabelTransform) -> None:
         self.booster = booster
         self.label = label
-        self._fast: _FastSingleRow | None = None
+        self._fast: FastSingleRow | None = None
         try:
-            self._fast = _FastSingleRow(booster, NUM_FEATURES + 1)
+            self._fast = FastSingleRow(booster, NUM_FEATURES + 1)
         except (AttributeError, OSError, RuntimeError):
             self._fast = None  # fall back to Booster.predict
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickles as the booster and the label (the single-row entry point is rebuilt), so a
+        study can ship the model to the processes that run its shards."""
+        return {"booster": self.booster, "label": self.label}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["booster"], state["label"])  # type: ignore[misc]
 
     @property
     def has_fast_single_row(self) -> bool:

@@ -4,18 +4,24 @@ Delivery is **at-least-once**: a consumer commits offsets only after the records
 processed, so a crash between processing and commit redelivers them. Processing becomes
 effectively-once through :class:`AppliedOffsets`: a service stores it *atomically with
 its own state* (same Redis transaction or database row) and skips any record whose
-offset it has already applied. Trace context travels in the message headers
-(W3C ``traceparent``), so one trace follows a sample from the Borglet to an actuation.
+offset it has already applied. Every consumer checks those positions against the broker's
+logs, at assignment and periodically (:class:`LogPositions`), so a log the broker lost and
+began again is applied from its start, never skipped. Trace context travels in the message
+headers (W3C ``traceparent``), so one trace follows a sample from the Borglet to an actuation.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping
+import time
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import EllipsisType
 from typing import TypeVar
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 from google.protobuf.message import DecodeError, Message
@@ -41,7 +47,8 @@ async def ensure_topics(bootstrap: str, topics: Iterable[Topic] = TOPICS) -> lis
         created = []
         for topic in missing:
             try:
-                await admin.create_topics([NewTopic(topic.name, topic.partitions, replication_factor=1)])
+                new = NewTopic(topic.name, topic.partitions, 1, topic_configs=topic.configs())
+                await admin.create_topics([new])
                 created.append(topic.name)
             except TopicAlreadyExistsError:
                 pass
@@ -89,8 +96,10 @@ class MessageProducer:
     """Publishes protobuf messages keyed for ordering, with trace context in the headers."""
 
     def __init__(self, bootstrap: str, client_id: str = "cellpilot") -> None:
+        # gzip: a usage sample batch shrinks ~3.5x, a recommendation set ~10x (the embedded
+        # broker keeps every record in memory, compressed as sent).
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap, client_id=client_id, acks="all", linger_ms=5
+            bootstrap_servers=bootstrap, client_id=client_id, acks="all", linger_ms=5, compression_type="gzip"
         )
         self._tracer = trace.get_tracer(__name__)
 
@@ -167,63 +176,362 @@ async def dead_letter(producer: MessageProducer, poison: PoisonRecordError) -> N
     )
 
 
+Key = tuple[str, int]  # (topic, partition)
+
+
+@dataclass(frozen=True)
+class RecordFingerprint:
+    """What tells one record of a partition's log from another: its timestamp and a digest of
+    its key and value. Stored with a position, it proves later that the log holding the
+    position is still the log that was applied (a log that was lost and began again at offset
+    0 holds other records at the same offsets, even once it has grown past the position)."""
+
+    timestamp_ms: int
+    digest: str
+
+    @classmethod
+    def of(cls, record: Record) -> RecordFingerprint:
+        digest = hashlib.blake2b(digest_size=8)
+        digest.update(record.key.encode())
+        digest.update(b"\0")
+        digest.update(record.value)
+        return cls(int(record.timestamp_ms), digest.hexdigest())
+
+    def encode(self) -> str:
+        return f"{self.timestamp_ms}/{self.digest}"
+
+    @classmethod
+    def decode(cls, text: str | None) -> RecordFingerprint | None:
+        if not text:
+            return None
+        timestamp, digest = text.split("/", 1)
+        return cls(int(timestamp), digest)
+
+
+@dataclass(frozen=True)
+class LogPosition:
+    """Where a consumer is in one partition: the next offset to apply and the fingerprint of
+    the record before it (the last applied; None when unknown or nothing was applied)."""
+
+    next_offset: int
+    last_applied: RecordFingerprint | None = None
+
+    def encode(self) -> str:
+        """``"<next offset>"`` or ``"<next offset>@<timestamp>/<digest>"``."""
+        if self.last_applied is None:
+            return str(self.next_offset)
+        return f"{self.next_offset}@{self.last_applied.encode()}"
+
+    @classmethod
+    def decode(cls, value: str | int) -> LogPosition:
+        offset, _, fingerprint = str(value).partition("@")
+        return cls(int(offset), RecordFingerprint.decode(fingerprint))
+
+
+def offset_to_read(position: LogPosition, log_start: int) -> int | None:
+    """The offset whose record tells whether ``position`` is still in its log: the last applied.
+
+    None when nothing was applied yet or that record is no longer kept (below the log start:
+    retention removed it; the position is then before the log start and stays).
+    """
+    last = position.next_offset - 1
+    return last if last >= max(log_start, 0) else None
+
+
+def stale_position_reason(
+    position: LogPosition, log_start: int, log_end: int, read: RecordFingerprint | EllipsisType | None = ...
+) -> str | None:
+    """Why ``position`` no longer belongs to the partition's log, or None if it does (or cannot
+    be told).
+
+    ``log_end`` is the offset after the log's last record; ``read`` the fingerprint of the
+    record at :func:`offset_to_read` (None: the log holds no record there; ``...``: not read).
+    A position beyond the log end, or whose last applied record is missing or another record,
+    was in a log that is gone (a broker that lost its log, a topic deleted and created again):
+    the consumer must apply the new log from its beginning. A position stored without a
+    fingerprint can only be checked against the log end.
+    """
+    if position.next_offset > log_end:
+        return f"the log ends at {log_end}, before the stored position"
+    if offset_to_read(position, log_start) is None or position.last_applied is None or read is ...:
+        return None
+    if read is None:
+        return f"the last applied record (offset {position.next_offset - 1}) is not in the log"
+    if read != position.last_applied:
+        return f"the record at offset {position.next_offset - 1} is not the last applied one"
+    return None
+
+
+@dataclass(frozen=True)
+class LogReset:
+    """A stored position found to belong to a log that is gone; the consumer resumed at ``log_start``."""
+
+    topic: str
+    partition: int
+    stored_offset: int
+    log_start: int
+    log_end: int
+    reason: str
+
+
 @dataclass
 class AppliedOffsets:
-    """The next offset to apply per (topic, partition): the idempotence fence.
+    """The position (next offset to apply, last applied record) per (topic, partition): the
+    idempotence fence.
 
     Store it atomically with the state the records change. After a crash, records
-    redelivered from the last committed offset are recognised and skipped.
+    redelivered from the last committed offset are recognised and skipped. The consumer
+    checks it against the broker's log (:meth:`MessageConsumer.follow_log_resets`) so a log
+    that was lost and replaced is applied again from its beginning, not skipped.
     """
 
-    next_offset: dict[tuple[str, int], int] = field(default_factory=dict)
+    next_offset: dict[Key, int] = field(default_factory=dict)
+    last_applied: dict[Key, RecordFingerprint] = field(default_factory=dict)
 
     def is_new(self, record: Record) -> bool:
         return record.offset >= self.next_offset.get((record.topic, record.partition), 0)
 
     def mark(self, record: Record) -> None:
         key = (record.topic, record.partition)
-        self.next_offset[key] = max(self.next_offset.get(key, 0), record.offset + 1)
+        if record.offset + 1 >= self.next_offset.get(key, 0):
+            self.next_offset[key] = record.offset + 1
+            self.last_applied[key] = RecordFingerprint.of(record)
 
-    def follow_log_resets(self, log_ends: Mapping[tuple[str, int], int]) -> list[tuple[str, int]]:
-        """Forget the fence of partitions whose log now ends below it; returns them.
+    def position(self, key: Key) -> LogPosition:
+        return LogPosition(self.next_offset.get(key, 0), self.last_applied.get(key))
 
-        A fence beyond the log end means the broker lost its log (e.g. a memory-only broker
-        restarted: offsets begin again at 0); the consumer has already been reset to the
-        beginning of the new log (auto_offset_reset), and without this its records, whose
-        offsets are below the old fence, would be skipped as already applied.
-        Limitation: a reset is noticed only while the new log is still shorter than the fence.
-        """
-        reset = []
-        for key, end in log_ends.items():
-            if self.next_offset.get(key, 0) > end:
-                log.warning(
-                    "log of %s/%d ends at %d, below the applied offset %d: the broker lost its log;"
-                    " applying the new log from its beginning",
-                    key[0], key[1], end, self.next_offset[key],
-                )  # fmt: skip
-                self.next_offset[key] = 0
-                reset.append(key)
-        return reset
+    def reset(self, key: Key, next_offset: int) -> None:
+        """Resume ``key`` at ``next_offset`` of a new log (nothing of it is applied yet)."""
+        self.next_offset[key] = next_offset
+        self.last_applied.pop(key, None)
 
-    def to_mapping(self) -> dict[str, int]:
-        return {f"{topic}/{partition}": offset for (topic, partition), offset in self.next_offset.items()}
+    def encoded(self, key: Key) -> str:
+        return self.position(key).encode()
+
+    def to_mapping(self) -> dict[str, str]:
+        return {
+            f"{topic}/{partition}": self.encoded((topic, partition)) for topic, partition in self.next_offset
+        }
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, int]) -> AppliedOffsets:
-        parsed = {}
-        for key, offset in mapping.items():
-            topic, partition = key.rsplit("/", 1)
-            parsed[(topic, int(partition))] = int(offset)
-        return cls(parsed)
+    def from_mapping(cls, mapping: Mapping[str, str | int | bytes]) -> AppliedOffsets:
+        """The inverse of :meth:`to_mapping` (a bare offset, as stored before fingerprints, too)."""
+        offsets = cls()
+        for name, value in mapping.items():
+            topic, partition = name.rsplit("/", 1)
+            text = value.decode() if isinstance(value, bytes) else value
+            offsets.restore((topic, int(partition)), LogPosition.decode(text))
+        return offsets
+
+    def restore(self, key: Key, position: LogPosition) -> None:
+        self.next_offset[key] = position.next_offset
+        if position.last_applied is not None:
+            self.last_applied[key] = position.last_applied
+        else:
+            self.last_applied.pop(key, None)
 
 
-class MessageConsumer:
+DEFAULT_LOG_CHECK_INTERVAL_S = 5.0
+LOG_CHECK_TIMEOUT_S = 5.0
+
+
+def _record(message: ConsumerRecord[bytes, bytes]) -> Record:
+    return Record(
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        key=(message.key or b"").decode(errors="replace"),
+        value=message.value or b"",
+        headers=tuple(message.headers or ()),
+        timestamp_ms=message.timestamp,
+    )
+
+
+class LogPositions:
+    """Checks stored positions against the broker's partition logs, whether or not records arrive.
+
+    The one implementation every consumer uses (through ``follow_log_resets``), and the
+    Borgmaster's event publisher for what it published. A separate group-less reader asks
+    the broker for each partition's log start and end and reads the record just before a
+    position, so a check never moves the service's own consumer. A position whose log is
+    gone (:func:`stale_position_reason`) is reset to the new log's start, logged at WARNING
+    with the numbers, and returned. A check that cannot reach the broker changes nothing
+    and is tried again at the next period.
+    """
+
+    def __init__(
+        self, bootstrap: str, client_id: str = "cellpilot", interval_s: float = DEFAULT_LOG_CHECK_INTERVAL_S
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.client_id = client_id
+        self.interval_s = interval_s
+        self._reader: AIOKafkaConsumer | None = None
+        self._next_check = 0.0
+
+    def due(self) -> bool:
+        return time.monotonic() >= self._next_check
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            await self._reader.stop()
+            self._reader = None
+
+    async def check(self, fences: Sequence[AppliedOffsets], partitions: Collection[Key]) -> list[LogReset]:
+        """Check every position the fences hold for ``partitions``; reset the stale ones."""
+        self._next_check = time.monotonic() + self.interval_s
+        keys = sorted({key for fence in fences for key in fence.next_offset if key in partitions})
+        if not keys:
+            return []
+        try:
+            return await asyncio.wait_for(self._check(fences, keys), LOG_CHECK_TIMEOUT_S)
+        except Exception as error:  # the broker is away: nothing is known, nothing changes
+            log.info("log position check failed; retrying later", extra={"error": repr(error)})
+            await self.stop()  # a reader left mid-request is not reused
+            return []
+
+    async def _check(self, fences: Sequence[AppliedOffsets], keys: list[Key]) -> list[LogReset]:
+        reader = await self._started_reader()
+        starts = {(tp.topic, tp.partition): int(o) for tp, o in (await reader.beginning_offsets(
+            [TopicPartition(*key) for key in keys])).items()}  # fmt: skip
+        wanted = {
+            (key, offset)
+            for fence in fences
+            for key in keys
+            if key in fence.next_offset
+            and (offset := offset_to_read(fence.position(key), starts[key])) is not None
+        }
+        read, ends = await self._read(reader, wanted)
+        resets = []
+        for fence in fences:
+            for key in keys:
+                position = fence.position(key)
+                if key not in fence.next_offset or key not in ends:
+                    continue  # the log end is not known yet (no reply): checked next time
+                start, end = starts[key], ends[key]
+                reason = stale_position_reason(
+                    position, start, end, read.get((key, position.next_offset - 1), ...)
+                )
+                if reason is None:
+                    continue
+                log.warning(
+                    "the log of %s/%d is not the one applied (%s): stored position %d, log start %d,"
+                    " log end %d; applying the new log from offset %d",
+                    key[0], key[1], reason, position.next_offset, start, end, start,
+                    extra={"topic": key[0], "partition": key[1], "stored_offset": position.next_offset,
+                           "log_start": start, "log_end": end},
+                )  # fmt: skip
+                fence.reset(key, start)
+                resets.append(LogReset(key[0], key[1], position.next_offset, start, end, reason))
+        return resets
+
+    async def _started_reader(self) -> AIOKafkaConsumer:
+        if self._reader is None:
+            reader = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap,
+                group_id=None,
+                client_id=f"{self.client_id}-log-check",
+                enable_auto_commit=False,
+                auto_offset_reset="none",
+                max_partition_fetch_bytes=1024,  # one record is wanted; the broker sends one batch
+                fetch_max_wait_ms=100,
+                request_timeout_ms=int(LOG_CHECK_TIMEOUT_S * 1000),
+            )
+            await reader.start()
+            self._reader = reader
+        return self._reader
+
+    @staticmethod
+    async def _read(
+        reader: AIOKafkaConsumer, wanted: set[tuple[Key, int]]
+    ) -> tuple[dict[tuple[Key, int], RecordFingerprint | None], dict[Key, int]]:
+        """The fingerprint of the record at each (partition, offset) (None: the log has none there),
+        and each partition's log end.
+
+        The end is the high watermark of a fetch reply, not a ListOffsets answer (the embedded
+        broker answers that with the start of the last batch plus one).
+        """
+        rounds: list[dict[TopicPartition, int]] = []  # one offset per partition in each
+        for key, offset in sorted(wanted):
+            tp = TopicPartition(*key)
+            slot = next((r for r in rounds if tp not in r), None)
+            if slot is None:
+                rounds.append(slot := {})
+            slot[tp] = offset
+        read: dict[tuple[Key, int], RecordFingerprint | None] = {}
+        ends: dict[Key, int] = {}
+        for offsets in rounds:
+            reader.assign(list(offsets))
+            for tp, offset in offsets.items():
+                reader.seek(tp, offset)
+            waiting = set(offsets)
+            try:
+                while waiting:
+                    fetched = await reader.getmany(*waiting, timeout_ms=100)
+                    for tp in list(waiting):
+                        end, messages = reader.highwater(tp), fetched.get(tp, [])
+                        if end is None or (not messages and offsets[tp] < end):
+                            continue  # no reply yet
+                        waiting.discard(tp)
+                        key = (tp.topic, tp.partition)
+                        ends[key] = int(end)
+                        same = bool(messages) and messages[0].offset == offsets[tp]
+                        read[(key, offsets[tp])] = (
+                            RecordFingerprint.of(_record(messages[0])) if same else None
+                        )
+            finally:
+                reader.assign([])
+        return read, ends
+
+
+class _CheckedConsumer:
+    """What both consumers share: batches of records, and positions checked against the log."""
+
+    def __init__(self, consumer: AIOKafkaConsumer, bootstrap: str, client_id: str, interval_s: float) -> None:
+        self._consumer = consumer
+        self.positions = LogPositions(bootstrap, client_id, interval_s)
+
+    async def stop(self) -> None:
+        await self.positions.stop()
+        await self._consumer.stop()
+
+    async def batches(self, timeout_ms: int = 500, max_records: int = 500) -> AsyncIterator[list[Record]]:
+        """Yields batches of records (possibly empty, so the caller can notice time passing)."""
+        while True:
+            fetched = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+            yield [_record(m) for messages in fetched.values() for m in messages]
+
+    async def follow_log_resets(
+        self, records: list[Record], fences: Sequence[AppliedOffsets], force: bool = False
+    ) -> list[Record]:
+        """Check the fences' positions of our partitions when due (or ``force``: at assignment);
+        one whose log is gone resumes at the new log's start, where the consumer seeks, and the
+        batch's records of that partition are dropped (they come again). Returns the rest."""
+        if not (force or self.positions.due()):
+            return records
+        assigned = set(self._consumer.assignment())
+        resets = await self.positions.check(fences, {(tp.topic, tp.partition) for tp in assigned})
+        rewound: dict[TopicPartition, int] = {}
+        for reset in resets:
+            tp = TopicPartition(reset.topic, reset.partition)
+            rewound[tp] = min(rewound.get(tp, reset.log_start), reset.log_start)
+        for tp, offset in rewound.items():
+            if tp in assigned:
+                self._consumer.seek(tp, offset)
+        return [r for r in records if TopicPartition(r.topic, r.partition) not in rewound]
+
+
+class MessageConsumer(_CheckedConsumer):
     """A consumer-group member with manual commits (at-least-once)."""
 
     def __init__(
-        self, bootstrap: str, topics: list[str], group_id: str, client_id: str = "cellpilot"
+        self,
+        bootstrap: str,
+        topics: list[str],
+        group_id: str,
+        client_id: str = "cellpilot",
+        log_check_interval_s: float = DEFAULT_LOG_CHECK_INTERVAL_S,
     ) -> None:
-        self._consumer = AIOKafkaConsumer(
+        consumer = AIOKafkaConsumer(
             *topics,
             bootstrap_servers=bootstrap,
             group_id=group_id,
@@ -233,31 +541,10 @@ class MessageConsumer:
             session_timeout_ms=10000,
             heartbeat_interval_ms=1000,
         )
+        super().__init__(consumer, bootstrap, client_id, log_check_interval_s)
 
     async def start(self) -> None:
         await self._consumer.start()
-
-    async def stop(self) -> None:
-        await self._consumer.stop()
-
-    async def batches(self, timeout_ms: int = 500, max_records: int = 500) -> AsyncIterator[list[Record]]:
-        """Yields batches of records (possibly empty, so the caller can notice time passing)."""
-        while True:
-            fetched = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
-            batch = [
-                Record(
-                    topic=m.topic,
-                    partition=m.partition,
-                    offset=m.offset,
-                    key=(m.key or b"").decode(errors="replace"),
-                    value=m.value or b"",
-                    headers=tuple(m.headers or ()),
-                    timestamp_ms=m.timestamp,
-                )
-                for messages in fetched.values()
-                for m in messages
-            ]
-            yield batch
 
     async def commit(self, records: Iterable[Record]) -> None:
         """Commit past the given (processed) records: the next offset per partition."""
@@ -271,12 +558,8 @@ class MessageConsumer:
     def assignment(self) -> set[TopicPartition]:
         return set(self._consumer.assignment())
 
-    def log_ends(self, records: Iterable[Record]) -> dict[tuple[str, int], int]:
-        """The log end (high watermark) of each partition the records came from, when known."""
-        return _log_ends(self._consumer, records)
 
-
-class AssignedConsumer:
+class AssignedConsumer(_CheckedConsumer):
     """Reads every partition of some topics without a consumer group, from given offsets.
 
     For a consumer whose position is part of its own state (an :class:`AppliedOffsets`
@@ -285,18 +568,28 @@ class AssignedConsumer:
     for when the previous reader died.
     """
 
-    def __init__(self, bootstrap: str, topics: list[str], client_id: str = "cellpilot") -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: list[str],
+        client_id: str = "cellpilot",
+        log_check_interval_s: float = DEFAULT_LOG_CHECK_INTERVAL_S,
+    ) -> None:
         self.topics = topics
-        self._consumer = AIOKafkaConsumer(
+        consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
             group_id=None,
             client_id=client_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
         )
+        super().__init__(consumer, bootstrap, client_id, log_check_interval_s)
 
     async def start(self, offsets: AppliedOffsets | None = None) -> None:
-        """Assign all partitions; each starts at ``offsets``' next offset (else the earliest)."""
+        """Assign all partitions; each starts at ``offsets``' next offset (else the earliest).
+
+        The positions are checked first: one whose log is gone starts at the new log's start.
+        """
         await self._consumer.start()
         partitions: list[TopicPartition] = []
         for topic in self.topics:
@@ -306,6 +599,8 @@ class AssignedConsumer:
                 ids = self._consumer.partitions_for_topic(topic) or set()
             partitions.extend(TopicPartition(topic, p) for p in sorted(ids))
         self._consumer.assign(partitions)
+        if offsets is not None:
+            await self.positions.check([offsets], {(tp.topic, tp.partition) for tp in partitions})
         known = offsets.next_offset if offsets is not None else {}
         for tp in partitions:
             start = known.get((tp.topic, tp.partition))
@@ -313,40 +608,3 @@ class AssignedConsumer:
                 await self._consumer.seek_to_beginning(tp)
             else:
                 self._consumer.seek(tp, start)
-
-    async def stop(self) -> None:
-        await self._consumer.stop()
-
-    def log_ends(self, records: Iterable[Record] | None = None) -> dict[tuple[str, int], int]:
-        """The log end (high watermark) of the records' partitions (all assigned ones if None)."""
-        if records is None:
-            return _log_ends(self._consumer, (Record(tp.topic, tp.partition, 0, "", b"", (), 0)
-                                              for tp in self._consumer.assignment()))  # fmt: skip
-        return _log_ends(self._consumer, records)
-
-    async def batches(self, timeout_ms: int = 500, max_records: int = 500) -> AsyncIterator[list[Record]]:
-        """Yields batches of records (possibly empty, so the caller can notice time passing)."""
-        while True:
-            fetched = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
-            yield [
-                Record(
-                    topic=m.topic,
-                    partition=m.partition,
-                    offset=m.offset,
-                    key=(m.key or b"").decode(errors="replace"),
-                    value=m.value or b"",
-                    headers=tuple(m.headers or ()),
-                    timestamp_ms=m.timestamp,
-                )
-                for messages in fetched.values()
-                for m in messages
-            ]
-
-
-def _log_ends(consumer: AIOKafkaConsumer, records: Iterable[Record]) -> dict[tuple[str, int], int]:
-    ends: dict[tuple[str, int], int] = {}
-    for key in {(r.topic, r.partition) for r in records}:
-        end = consumer.highwater(TopicPartition(*key))
-        if end is not None:
-            ends[key] = int(end)
-    return ends

@@ -1,4 +1,4 @@
-"""Connection and runtime settings every service shares (DESIGN.md rule 3).
+"""Connection and runtime settings every service shares (docs/architecture.md rule 3).
 
 Values come from environment variables prefixed ``CELLPILOT_`` and, underneath them,
 from the embedded stack's ``stack.env`` file (``CELLPILOT_STACK_ENV`` names it; the
@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_STACK_ENV = Path(".cellpilot/stack/stack.env")
@@ -27,6 +28,9 @@ class PlatformSettings(BaseSettings):
     # OTLP/gRPC collector endpoint (e.g. http://127.0.0.1:4317); unset means no export.
     otlp_endpoint: str | None = None
     log_level: str = "INFO"
+    # How often (wall seconds) every Kafka consumer checks its stored positions against the
+    # broker's partition logs, records or not (cellpilot.platform.kafka.LogPositions).
+    log_check_interval_s: float = Field(default=5.0, gt=0)
     # JSON log lines (for machines) or plain text (for people at a terminal).
     log_json: bool = True
 

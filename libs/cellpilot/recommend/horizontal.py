@@ -123,8 +123,17 @@ def update_cpu_source(
         r_s = np.nanmax(averages, axis=1)
     else:
         r_s = _nearest_rank_percentile(averages, 95.0)
-    raw = np.ceil(r_s / (source.target_utilisation * limit) - 1e-9)
-    return CpuSourceState(slot_ids, sums, samples), r_s, np.maximum(raw, 0.0)
+    return CpuSourceState(slot_ids, sums, samples), r_s, raw_task_count(r_s, source.target_utilisation, limit)
+
+
+def raw_task_count(
+    r_s: npt.ArrayLike, target_utilisation: float, task_cpu_limit: npt.ArrayLike
+) -> FloatArray:
+    """n_r[t] = ceil(r_S[t] / (r* x limit)): the tasks that keep each one's mean CPU usage at the
+    target share r* of its limit (Autopilot §3.3, the CPU-utilisation source)."""
+    r = np.asarray(r_s, dtype=np.float64)
+    raw = np.ceil(r / (target_utilisation * np.asarray(task_cpu_limit, dtype=np.float64)) - 1e-9)
+    return np.maximum(raw, 0.0)
 
 
 def _nearest_rank_percentile(values: FloatArray, level: float) -> FloatArray:

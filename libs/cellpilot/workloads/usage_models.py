@@ -3,10 +3,14 @@
 A simulated task (``SimulatedRuntime`` in ``job.proto``) does no work; its Borglet asks a
 model what the task uses at each event-second. Autopilot sees these raw samples r_i[τ]
 (Autopilot §3.2.1: about one per second), so the models cover the shapes its recommenders
-are built for: steady load, diurnal patterns of end-user-facing services (Borg §2.1,
-Autopilot §2.2), usage that steps after a roll-out of a new binary (Autopilot §2.2: needs
-change "with new features, optimizations and updates"), a slow memory leak (Autopilot §4.1
-footnote 2), spiky CPU, and batch tasks (Borg §2.1).
+are built for: steady load, diurnal and weekly patterns of end-user-facing services (Borg
+§2.1, Autopilot §2.2), a service growing in popularity (Autopilot §3.3), usage that steps
+after a roll-out of a new binary (Autopilot §2.2: needs change "with new features,
+optimizations and updates"), a slow memory leak (Autopilot §4.1 footnote 2), spiky CPU, and
+batch tasks (Borg §2.1).
+
+The same models describe a whole job's demand, shared among its ready tasks
+(:mod:`cellpilot.workloads.job_demand`); a task's own model is then its base load.
 
 Every model is ``(params, seed, task_index, t_seconds, start_seconds) -> (cpu_millicores,
 memory_bytes)``, vectorised: ``task_index``, ``t_seconds`` and ``start_seconds`` broadcast
@@ -15,7 +19,7 @@ against each other (e.g. tasks ``(n,)`` against times ``(k, 1)`` gives ``(k, n)`
 * ``t_seconds`` is event time in seconds on the caller's axis (the Borglet passes seconds
   since the Unix epoch, so a diurnal peak lands at a time of day, in UTC);
 * ``start_seconds`` is when the task started on the same axis; models that depend on a
-  task's age (step, leak, batch) use ``t_seconds - start_seconds``.
+  task's age (step, leak, growth, batch) use ``t_seconds - start_seconds``.
 
 The value at one ``(seed, task, second)`` never depends on which other times were asked
 for, or in which order: randomness is counter-based (a splitmix64 hash of the seed, the
@@ -103,6 +107,17 @@ def _size_factor(params: Mapping[str, float], x: Inputs) -> FloatArray:
     return np.asarray(np.exp(spread * _normal(x.key, _TASK_SIZE, x.zeros) - 0.5 * spread * spread))
 
 
+def lognormal_factor(seed: int, task_index: ArrayLike, sigma: float) -> FloatArray:
+    """The persistent per-task log-normal factor (mean 1, sigma ``sigma``) that ``task_spread``
+    draws, for task keys ``seed + task_index``."""
+    index = np.asarray(task_index, dtype=np.int64)
+    if sigma == 0.0:
+        return np.ones(index.shape)
+    key = ((np.uint64(seed & 0xFFFFFFFFFFFFFFFF) + index.astype(np.uint64)) & _M64).astype(np.uint64)
+    draw = _normal(np.asarray(key, dtype=np.uint64), _TASK_SIZE, np.zeros(index.shape, dtype=np.int64))
+    return np.asarray(np.exp(sigma * draw - 0.5 * sigma * sigma))
+
+
 def _noisy(level: FloatArray, relative_sd: float, x: Inputs, stream: int) -> FloatArray:
     """``level`` times (1 + sd * N(0, 1)) per event-second, never below zero."""
     if relative_sd == 0.0:
@@ -125,6 +140,33 @@ def _diurnal(p: Mapping[str, float], x: Inputs) -> tuple[FloatArray, FloatArray]
     cpu = _noisy(cpu_level, p["cpu_noise"], x, _CPU_NOISE)
     memory_level = p["memory_mean_bytes"] * size * (1.0 + p["memory_amplitude"] * wave)
     return cpu, _noisy(memory_level, p["memory_noise"], x, _MEMORY_NOISE)
+
+
+def _weekly(p: Mapping[str, float], x: Inputs) -> tuple[FloatArray, FloatArray]:
+    size = _size_factor(p, x)
+    day = p["day_seconds"]
+    wave = np.cos(2.0 * np.pi * (x.t - p["peak_seconds"]) / day)
+    # Day 0 of the week (a Monday) starts at week_start_seconds; days 5 and 6 are the weekend.
+    weekday = np.floor((x.t - p["week_start_seconds"]) / day).astype(np.int64) % 7
+    level = np.where(weekday >= 5, p["weekend_factor"], 1.0) * size
+    cpu = _noisy(
+        p["cpu_mean_millicores"] * level * (1.0 + p["cpu_amplitude"] * wave), p["cpu_noise"], x, _CPU_NOISE
+    )
+    memory_level = p["memory_mean_bytes"] * level * (1.0 + p["memory_amplitude"] * wave)
+    return cpu, _noisy(memory_level, p["memory_noise"], x, _MEMORY_NOISE)
+
+
+def _growth(p: Mapping[str, float], x: Inputs) -> tuple[FloatArray, FloatArray]:
+    size = _size_factor(p, x)
+    days = x.age / DAY_SECONDS
+    cpu_factor = 1.0 + p["cpu_growth_per_day"] * days
+    memory_factor = 1.0 + p["memory_growth_per_day"] * days
+    if p["max_factor"] > 0:
+        cpu_factor = np.minimum(cpu_factor, p["max_factor"])
+        memory_factor = np.minimum(memory_factor, p["max_factor"])
+    cpu = _noisy(p["cpu_start_millicores"] * size * cpu_factor, p["cpu_noise"], x, _CPU_NOISE)
+    memory = _noisy(p["memory_start_bytes"] * size * memory_factor, p["memory_noise"], x, _MEMORY_NOISE)
+    return cpu, memory
 
 
 def _step(p: Mapping[str, float], x: Inputs) -> tuple[FloatArray, FloatArray]:
@@ -226,6 +268,40 @@ USAGE_MODELS: dict[str, UsageModel] = {
             _diurnal,
         ),
         UsageModel(
+            "weekly",
+            "a daily cosine whose level drops to weekend_factor on days 5 and 6 of the week",
+            {
+                "cpu_mean_millicores": Parameter(1000.0, "millicores", "weekday mean CPU"),
+                "cpu_amplitude": Parameter(
+                    0.5, "fraction", "daily CPU swing as a fraction of the mean (<= 1)"
+                ),
+                "memory_mean_bytes": Parameter(512 * MIB, "bytes", "weekday mean memory"),
+                "memory_amplitude": Parameter(0.1, "fraction", "daily memory swing (<= 1)"),
+                "weekend_factor": Parameter(0.6, "fraction", "weekend level relative to a weekday"),
+                "day_seconds": Parameter(DAY_SECONDS, "seconds", "length of a day", positive=True),
+                "peak_seconds": Parameter(14 * 3600.0, "seconds", "offset of the daily peak"),
+                # 1970-01-05, the first Monday on the Unix epoch axis.
+                "week_start_seconds": Parameter(4 * DAY_SECONDS, "seconds", "t at which a week starts"),
+                "cpu_noise": _noise("CPU", 0.05),
+                "memory_noise": _noise("memory", 0.01),
+            },
+            _weekly,
+        ),
+        UsageModel(
+            "growth",
+            "usage grows linearly with age (a growing service), up to max_factor times its start",
+            {
+                "cpu_start_millicores": Parameter(500.0, "millicores", "CPU at age 0"),
+                "cpu_growth_per_day": Parameter(0.1, "fraction/day", "CPU growth per day, of the start"),
+                "memory_start_bytes": Parameter(256 * MIB, "bytes", "memory at age 0"),
+                "memory_growth_per_day": Parameter(0.05, "fraction/day", "memory growth per day"),
+                "max_factor": Parameter(0.0, "factor", "growth stops at this multiple; 0 = never"),
+                "cpu_noise": _noise("CPU", 0.05),
+                "memory_noise": _noise("memory", 0.01),
+            },
+            _growth,
+        ),
+        UsageModel(
             "step",
             "usage steps from a 'before' to an 'after' level step_after_seconds into the task's life",
             {
@@ -283,7 +359,7 @@ USAGE_MODELS: dict[str, UsageModel] = {
     )
 }
 
-_UPPER_BOUND_ONE = {"cpu_amplitude", "memory_amplitude", "spike_probability"}
+_UPPER_BOUND_ONE = {"cpu_amplitude", "memory_amplitude", "spike_probability", "weekend_factor"}
 
 
 def model_names() -> tuple[str, ...]:

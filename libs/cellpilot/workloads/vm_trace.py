@@ -201,6 +201,57 @@ TIER_OFFSETS = np.array(
 
 
 @dataclass(frozen=True)
+class Population:
+    """The lifetime mixture, categories and tiers a synthetic trace is drawn from."""
+
+    components: tuple[LifetimeComponent, ...]
+    base_logits: FloatArray
+    long_tilt: FloatArray  # how much a feature effect tilts each mode toward long lifetimes
+    categories: tuple[Category, ...]
+    tier_offsets: FloatArray  # (3 tiers, components) logits
+
+
+DEFAULT_POPULATION = Population(COMPONENTS, BASE_LOGITS, _LONG, CATEGORIES, TIER_OFFSETS)
+# A second population for held-out evaluation (models and policies are not tuned on it):
+# every mode, category and tier effect is moved, more owners with stronger habits, a
+# stronger daily cycle (see VmTraceConfig.population).
+SHIFTED_POPULATION = Population(
+    components=(
+        LifetimeComponent("ephemeral", 0.25, 1.1),
+        LifetimeComponent("short", 1.5, 0.7),
+        LifetimeComponent("hours", 6.0, 1.0),
+        LifetimeComponent("day", 50.0, 0.6),
+        LifetimeComponent("week", 300.0, 0.5),
+        LifetimeComponent("long", 400.0, pareto_alpha=1.4),
+    ),
+    base_logits=np.log(np.array([1.0, 0.8, 0.15, 0.06, 0.0008, 0.0006])),
+    long_tilt=np.array([0.0, 0.2, 0.5, 0.8, 1.0, 1.0]),
+    categories=(
+        Category("batch", 0.20, 0.2, (0.5, 0.2, 0.8, -0.2, -2.5, -3.0), (0.2, 0.3, 0.3, 0.15, 0.05, 0.0),
+                 (0.5, 0.4, 0.1), (0.8, 0.2, 0.0, 0.0), 0.5, 0.0),
+        Category("ci", 0.20, 1.2, (1.0, 0.3, -0.5, -1.5, -3.5, -4.0), (0.3, 0.4, 0.2, 0.1, 0.0, 0.0),
+                 (0.6, 0.4, 0.0), (0.9, 0.1, 0.0, 0.0), 0.2, 0.0),
+        Category("dev", 0.20, 1.5, (-0.3, 0.2, 0.5, 1.5, -0.2, -1.5), (0.4, 0.4, 0.15, 0.05, 0.0, 0.0),
+                 (0.2, 0.7, 0.1), (0.9, 0.1, 0.0, 0.0), 0.1, 0.02),
+        Category("web", 0.20, 0.5, (-0.5, 0.0, 0.0, 0.5, 1.2, 0.8), (0.05, 0.2, 0.4, 0.25, 0.1, 0.0),
+                 (0.3, 0.6, 0.1), (0.8, 0.2, 0.0, 0.0), 0.05, 0.08),
+        Category("database", 0.08, 0.0, (-1.0, -0.5, 0.0, 0.5, 1.8, 1.5), (0.0, 0.05, 0.25, 0.35, 0.25, 0.1),
+                 (0.2, 0.5, 0.3), (0.4, 0.3, 0.2, 0.1), 0.0, 0.2),
+        Category("analytics", 0.12, 0.5, (0.2, 0.5, 1.2, 0.5, -1.0, -1.5), (0.05, 0.1, 0.3, 0.35, 0.15, 0.05),
+                 (0.2, 0.5, 0.3), (0.6, 0.3, 0.1, 0.0), 0.4, 0.0),
+    ),
+    tier_offsets=np.array(
+        [
+            [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            [0.8, 0.3, -0.5, -1.5, -2.5, -3.5],
+            [-2.0, -2.0, -0.5, 1.0, 4.5, 4.5],
+        ]
+    ),
+)  # fmt: skip
+POPULATIONS = {"default": DEFAULT_POPULATION, "shifted": SHIFTED_POPULATION}
+
+
+@dataclass(frozen=True)
 class VmTraceConfig:
     """Size and calibration of a synthetic trace."""
 
@@ -219,6 +270,11 @@ class VmTraceConfig:
     world_seed: int = 0
     max_lifetime_days: float = 365.0
     calibration_samples: int = 60_000
+    population: str = "default"  # a key of POPULATIONS
+
+    @property
+    def mix(self) -> Population:
+        return POPULATIONS[self.population]
 
     def __post_init__(self) -> None:
         if self.days <= 0 or self.hosts <= 0 or self.owners <= 0 or self.zones <= 0:
@@ -227,6 +283,8 @@ class VmTraceConfig:
             raise ValueError("target_core_utilisation must be in (0, 1)")
         if not 0 <= self.daily_amplitude < 1:
             raise ValueError("daily_amplitude must be in [0, 1)")
+        if self.population not in POPULATIONS:
+            raise ValueError(f"unknown population {self.population!r}; known: {', '.join(POPULATIONS)}")
 
 
 def _working_hours(t: FloatArray) -> FloatArray:
@@ -255,7 +313,8 @@ class _Draw:
 
 def _draw_vms(rng: np.random.Generator, times: FloatArray, config: VmTraceConfig, tilt: FloatArray) -> _Draw:
     n = times.shape[0]
-    cats = CATEGORIES
+    mix = config.mix
+    cats = mix.categories
     share = np.array([c.share for c in cats])
     bias = np.array([c.day_bias for c in cats])
     work = _working_hours(times)
@@ -273,13 +332,13 @@ def _draw_vms(rng: np.random.Generator, times: FloatArray, config: VmTraceConfig
     # big shapes and local SSD, and by the tier (§2.1: features explain
     # lifetimes only partly; the mode itself stays random).
     shift = tilt[owner] + 0.5 * (cores >= 16) + 0.6 * (ssd > 0)
-    logits = BASE_LOGITS + np.array([c.logits for c in cats])[category] + TIER_OFFSETS[tier]
-    logits += shift[:, None] * _LONG[None, :]
+    logits = mix.base_logits + np.array([c.logits for c in cats])[category] + mix.tier_offsets[tier]
+    logits += shift[:, None] * mix.long_tilt[None, :]
     probs = np.exp(logits - logits.max(axis=1, keepdims=True))
     mode = _pick(rng, probs / probs.sum(axis=1, keepdims=True))
     cap = config.max_lifetime_days * DAY
     lifetime = np.empty(n)
-    for k, component in enumerate(COMPONENTS):
+    for k, component in enumerate(mix.components):
         rows = np.flatnonzero(mode == k)
         lifetime[rows] = component.sample(rng, rows.size, cap)
     lifetime = np.maximum(lifetime, MINUTE)
@@ -331,7 +390,7 @@ def generate_vm_trace(rng: np.random.Generator, config: VmTraceConfig | None = N
         tier=both("tier")[order].astype(np.int64),
         horizon=horizon,
         censored=np.zeros(n, dtype=bool),
-        category_names=tuple(c.name for c in CATEGORIES),
+        category_names=tuple(c.name for c in config.mix.categories),
         tier_names=TIER_NAMES,
         source="synthetic",
     )

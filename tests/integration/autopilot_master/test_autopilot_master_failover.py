@@ -1,4 +1,4 @@
-"""Two Autopilot master processes elected through the Redis lock (DESIGN.md rule 7): only the
+"""Two Autopilot master processes elected through the Redis lock (docs/architecture.md rule 7): only the
 leader actuates; SIGKILL it and the other takes over with a larger fencing token and goes on
 from the stored state; a follower answers reads and redirects writes to the leader; an
 actuation still carrying the deposed leader's token is refused by the actuator."""

@@ -1,4 +1,4 @@
-"""The whole Autopilot pipeline as real processes, with a crash of each stage in turn (issue 8).
+"""The whole Autopilot pipeline as real processes, with a crash of each stage in turn.
 
 Samples -> 2 aggregators -> usage.histograms -> 3 recommender workers -> recommendations
 -> 2 Autopilot masters (Redis lock, fencing token) -> actuations -> actuator -> Borgmaster.

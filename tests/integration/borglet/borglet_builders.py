@@ -29,7 +29,35 @@ def process_task(
     priority: int = 0,
     cpu_limit: int = 0,
     extra_args: tuple[str, ...] = ("--grow-rate", "64MiB"),
+    env: dict[str, str] | None = None,
 ) -> borglet_pb2.TaskAssignment:
+    """A task running the bundled workload program with ``profile``."""
+    return command_task(
+        job_id,
+        [*WORKLOAD, "--profile", profile, *extra_args],
+        memory_limit,
+        index=index,
+        incarnation=incarnation,
+        hard=hard,
+        priority=priority,
+        cpu_limit=cpu_limit,
+        env=env,
+    )
+
+
+def command_task(
+    job_id: str,
+    argv: list[str],
+    memory_limit: int = 0,
+    *,
+    index: int = 0,
+    incarnation: int = 1,
+    hard: bool = True,
+    priority: int = 0,
+    cpu_limit: int = 0,
+    env: dict[str, str] | None = None,
+) -> borglet_pb2.TaskAssignment:
+    """A process task running ``argv`` (command and arguments) with ``env`` from its spec."""
     return borglet_pb2.TaskAssignment(
         job_id=job_id,
         task_index=index,
@@ -39,9 +67,7 @@ def process_task(
             limits=resources_pb2.Resources(cpu_millicores=cpu_limit, memory_bytes=memory_limit),
             memory_limit_kind=job_pb2.MEMORY_LIMIT_KIND_HARD if hard else job_pb2.MEMORY_LIMIT_KIND_SOFT,
             runtime=job_pb2.RuntimeSpec(
-                process=job_pb2.ProcessRuntime(
-                    command=WORKLOAD[0], args=[*WORKLOAD[1:], "--profile", profile, *extra_args]
-                )
+                process=job_pb2.ProcessRuntime(command=argv[0], args=argv[1:], env=env or {})
             ),
         ),
     )

@@ -168,6 +168,52 @@ def test_malformed_yaml_names_line_and_field(cell: str, tmp_path: Path) -> None:
     assert "line 3" in result.output
 
 
+def test_a_spec_the_server_would_refuse_is_refused_at_its_line_before_submission(
+    cell: str, tmp_path: Path
+) -> None:
+    """The CLI runs the Borgmaster's own admission checks: an unknown usage model or parameter
+    names its YAML line and the API field, and nothing reaches the server."""
+    spec = tmp_path / "typo.yaml"
+    spec.write_text(WEB.replace("name: web", "name: typo").replace("{model: steady}", "{model: nope}"))
+    result = cli("job", "submit", str(spec), "--borgmaster", cell)
+    assert result.exit_code == 2, result.output
+    assert "line 8" in result.output
+    assert "runtime.simulated.model" in result.output
+    assert "unknown usage model 'nope'" in result.output
+    spec.write_text(
+        WEB.replace("name: web", "name: typo").replace(
+            "{model: steady}", "{model: diurnal, params: {base_cpu_millicores: 300}}"
+        )
+    )
+    result = cli("job", "submit", str(spec), "--borgmaster", cell)
+    assert result.exit_code == 2, result.output
+    assert "spec.task.runtime.simulated.params.base_cpu_millicores" in " ".join(result.output.split())
+    assert cli("job", "show", f"{USER}/typo", "--borgmaster", cell).exit_code == 1, "never submitted"
+
+
+def test_a_crash_looping_task_shows_its_backoff(cell: str, tmp_path: Path) -> None:
+    spec = tmp_path / "crash.yaml"
+    spec.write_text(
+        WEB.replace("name: web", "name: crash")
+        .replace("task_count: 2", "task_count: 1")
+        .replace("simulated: {model: steady}", "process: {command: /nonexistent/cellpilot-crash}")
+    )
+    assert cli("job", "submit", str(spec), "--borgmaster", cell).exit_code == 0
+
+    def backing_off() -> Any:
+        task = cli_json("job", "show", f"{USER}/crash", "--borgmaster", cell)["tasks"][0]
+        return task if int(task.get("failures", 0)) >= 2 else None
+
+    task = eventually(backing_off, 30)
+    assert task, "the task never failed twice"
+    assert "could not start" in task["last_failure"]
+    assert int(task["next_restart_ms"]) >= int(task["last_failure_ms"])
+    human = " ".join(cli("job", "show", f"{USER}/crash", "--borgmaster", cell).output.split())
+    assert "failure(s) in a row, the last at" in human
+    assert "could not start" in human
+    assert cli("job", "kill", f"{USER}/crash", "--borgmaster", cell).exit_code == 0
+
+
 def test_unreachable_services_get_clear_messages(cell: str, tmp_path: Path) -> None:
     nobody = f"127.0.0.1:{free_port()}"
     result = cli("job", "list", "--borgmaster", nobody, "--timeout", "1")

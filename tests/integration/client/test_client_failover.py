@@ -7,6 +7,9 @@ in tests/integration/borgmaster.
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import grpc
 import pytest
 
@@ -18,6 +21,7 @@ from cellpilot.client import (
     SyncCellpilotClient,
     UnavailableError,
 )
+from cellpilot.platform.error_reasons import STORE_UNAVAILABLE, reason_metadata
 from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
 from cellpilot.stack.config import free_port
 
@@ -45,6 +49,29 @@ class Replica(borgmaster_pb2_grpc.BorgmasterServicer):
         return borgmaster_pb2.SubmitJobResponse(
             job_id=f"{request.spec.user}/{request.spec.name}", spec_version=1
         )
+
+
+class StoreDown(Replica):
+    """A master whose store is down for the first ``outage`` calls, then back; or that never
+    answers at all (``hang``)."""
+
+    def __init__(self, outage: int, hang: bool = False) -> None:
+        super().__init__(None)
+        self.outage = outage
+        self.hang = hang
+
+    async def SubmitJob(self, request, context):  # type: ignore[no-untyped-def]
+        if self.hang:
+            self.request_ids.append(request.request_id)
+            await asyncio.sleep(3600)
+        if len(self.request_ids) < self.outage:
+            self.request_ids.append(request.request_id)
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                "PostgreSQL is unreachable (ConnectionRefusedError); retry with the same request_id",
+                trailing_metadata=reason_metadata(STORE_UNAVAILABLE),
+            )
+        return await super().SubmitJob(request, context)
 
 
 async def _serve(servicer: Replica, port: int) -> GrpcServer:
@@ -149,6 +176,47 @@ async def test_bad_input_is_not_retried_and_names_the_field() -> None:
             with pytest.raises(InvalidArgumentError, match=r"spec\.name"):
                 await client.borgmaster.submit_job(job_pb2.JobSpec(user="alice"))
         assert len(leader.request_ids) == 1
+    finally:
+        await server.stop(0)
+
+
+async def test_a_store_outage_is_retried_with_the_same_request_id_until_it_ends() -> None:
+    port = free_port()
+    master = StoreDown(outage=4)
+    server = await _serve(master, port)
+    try:
+        async with CellpilotClient(borgmaster=[f"127.0.0.1:{port}"], policy=FAST) as client:
+            reply = await client.borgmaster.submit_job(SPEC, request_id="during-outage")
+        assert reply.job_id == "alice/web"
+        assert master.request_ids == ["during-outage"] * 5, "four refusals, then the same request applied"
+    finally:
+        await server.stop(0)
+
+
+async def test_an_outage_longer_than_the_budget_ends_in_unavailable_error_naming_the_store() -> None:
+    port = free_port()
+    server = await _serve(StoreDown(outage=1_000), port)
+    try:
+        async with CellpilotClient(borgmaster=[f"127.0.0.1:{port}"], policy=FAST) as client:
+            with pytest.raises(UnavailableError, match="PostgreSQL is unreachable") as gave_up:
+                await client.borgmaster.submit_job(SPEC)
+        assert gave_up.value.reason == STORE_UNAVAILABLE
+    finally:
+        await server.stop(0)
+
+
+async def test_no_attempt_outlives_the_call_budget() -> None:
+    port = free_port()
+    master = StoreDown(outage=0, hang=True)
+    server = await _serve(master, port)
+    policy = RetryPolicy(budget_s=1.0, initial_backoff_s=0.05, call_timeout_s=30.0)
+    try:
+        async with CellpilotClient(borgmaster=[f"127.0.0.1:{port}"], policy=policy) as client:
+            started = time.monotonic()
+            with pytest.raises(UnavailableError):
+                await client.borgmaster.submit_job(SPEC)
+            assert time.monotonic() - started < 10, "a 30 s attempt was not cut to the 1 s budget"
+        assert master.request_ids, "the request was sent"
     finally:
         await server.stop(0)
 

@@ -1,18 +1,24 @@
-"""The dashboard against a real cell, checked in a real headless Chromium.
+"""The dashboard against a real cell, used by a person in a real headless Chromium.
 
-A Borgmaster and a Borglet fleet (event time 120x) run a three-task job; the aggregator
-turns the fleet's usage samples into 1-minute histograms served by the Monitoring API;
-Autopilot is deliberately not running. The job page must show a usage heatmap with the
-limit line (screenshot in test-artifacts/), the cell and pending pages must render, every
-page has its JSON endpoint in the OpenAPI schema, bad input is answered 422, requests
-without a bearer token 401, and /metrics serves the named metrics. The dashboard serves
-HTTPS with the stack's certificate and calls the services over mTLS.
+A Borgmaster and a Borglet fleet (event time 120x) run a three-task job with horizontal
+Autopilot in dry-run (its hold released as the actuator would); the aggregator turns the
+fleet's usage samples into 1-minute histograms served by the Monitoring API; the horizontal
+recommender's r_S reaches the dashboard on the recommendations stream; Autopilot itself is
+deliberately not running. In the browser a person is sent to the sign-in page, types a token
+and submits it, sees every page render (titles, charts, tables; a screenshot of each in
+test-artifacts/), watches a page update itself without a reload, and signs out, after which
+pages send them to sign in again. A one-time link from `cellpilot dashboard login` signs a
+browser in once and is refused the second time. No page breaks its Content-Security-Policy.
+Every page has its JSON endpoint in the OpenAPI schema, bad input is answered 422, requests
+without credentials 401, and /metrics serves the named metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import sys
 import time
 import urllib.error
@@ -27,20 +33,23 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
 
 from cell_processes import Process, grant_quota, running_cell, wait_for_machines
+from dashboard_process import chromium_missing_reason
 from headless_chromium import Chromium, chromium_binary
-from stack_security import bearer_header, client_options, https_context
+from stack_security import bearer_header, client_options, https_context, security, user_token
 
-from cellpilot.api.v1 import job_pb2, resources_pb2
+from cellpilot.api.v1 import job_pb2, recommendation_pb2, resources_pb2
 from cellpilot.client import SyncCellpilotClient
-from cellpilot.platform.kafka import ensure_topics
+from cellpilot.platform.kafka import MessageProducer, ensure_topics
 from cellpilot.platform.topics import Topic
 from cellpilot.stack import StackEndpoints
 from cellpilot.stack.config import free_port
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(240)
 GIB = 1 << 30
 USER = f"dash{uuid.uuid4().hex[:6]}"
 JOB = f"{USER}/web"
+TARGET_UTILISATION = 0.6
+CPU_LIMIT = 800
 
 
 def get(url: str, user: str | None = "alice") -> tuple[int, Any]:
@@ -66,10 +75,25 @@ def wait_until(check: Any, timeout_s: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+def web_spec(name: str, tasks: int) -> job_pb2.JobSpec:
+    return job_pb2.JobSpec(
+        name=name,
+        user=USER,
+        priority=9,
+        app_class=job_pb2.APP_CLASS_LATENCY_SENSITIVE,
+        task_count=tasks,
+        task=job_pb2.TaskSpec(
+            limits=resources_pb2.Resources(cpu_millicores=CPU_LIMIT, memory_bytes=2 * GIB),
+            runtime=job_pb2.RuntimeSpec(simulated=job_pb2.SimulatedRuntime(usage_model="steady")),
+        ),
+    )
+
+
 @pytest.fixture(scope="module")
-def dashboard(
+def cell(
     endpoints: StackEndpoints, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[str]:
+) -> Iterator[tuple[str, str, str]]:
+    """(dashboard URL, Borgmaster address, recommendations topic) of a cell with the job running."""
     database_url = request.getfixturevalue("module_database_url")
     log_dir = tmp_path_factory.mktemp("dashboard-logs")
     suffix = uuid.uuid4().hex[:8]
@@ -129,6 +153,7 @@ def dashboard(
                 "CELLPILOT_DASHBOARD_AUTOPILOT_ADDRESSES": f"127.0.0.1:{nobody}",
                 "CELLPILOT_DASHBOARD_CALL_BUDGET_S": "1",
                 "CELLPILOT_DASHBOARD_DEFAULT_HOURS": "0",
+                "CELLPILOT_DASHBOARD_REFRESH_S": "2",
                 "CELLPILOT_DASHBOARD_EVENTS_TOPIC": events,
                 "CELLPILOT_DASHBOARD_RECOMMENDATIONS_TOPIC": recommendations,
                 "CELLPILOT_DASHBOARD_RESULTS_DIR": str(results),
@@ -140,22 +165,24 @@ def dashboard(
         try:
             wait_for_machines(borgmaster, 2)
             grant_quota(borgmaster, USER)
-            spec = job_pb2.JobSpec(
-                name="web",
-                user=USER,
-                priority=9,
-                app_class=job_pb2.APP_CLASS_LATENCY_SENSITIVE,
-                task_count=3,
-                task=job_pb2.TaskSpec(
-                    limits=resources_pb2.Resources(cpu_millicores=800, memory_bytes=2 * GIB),
-                    runtime=job_pb2.RuntimeSpec(simulated=job_pb2.SimulatedRuntime(usage_model="steady")),
-                ),
+            spec = web_spec("web", 3)
+            spec.autopilot.horizontal.CopyFrom(
+                job_pb2.HorizontalScalingConfig(
+                    mode=job_pb2.SCALING_MODE_DRY_RUN,
+                    min_tasks=1,
+                    max_tasks=10,
+                    target_utilization=TARGET_UTILISATION,
+                )
             )
             with SyncCellpilotClient([borgmaster], **client_options(USER)) as client:
                 client.borgmaster.submit_job(spec)
+            # Autopilot is not running: release the hold as its actuator would (Autopilot §3.1).
+            actuator = {"credentials": security().channel_credentials("actuator"), "token": None}
+            with SyncCellpilotClient([borgmaster], **actuator) as client:
+                client.borgmaster.update_job(JOB, spec, [], release_hold=True)
             base = f"https://127.0.0.1:{dashboard_port}"
             wait_until(lambda: get(f"{base}/healthz")[0] == 200, 30, f"the dashboard ({web.log_tail()})")
-            yield base
+            yield base, borgmaster, recommendations
         finally:
             web.stop()
             aggregator.stop()
@@ -174,71 +201,189 @@ def module_database_url(endpoints: StackEndpoints) -> Iterator[str]:
     asyncio.run(drop_database(url))
 
 
-def test_job_page_shows_a_heatmap_with_the_limit_line(
-    dashboard: str, artifacts_dir: Path, tmp_path: Path
-) -> None:
-    def usage_with_windows() -> Any:
-        status, body = get(f"{dashboard}/api/jobs/{JOB}/usage?resource=memory")
+@pytest.fixture(scope="module")
+def dashboard(cell: tuple[str, str, str], endpoints: StackEndpoints) -> str:
+    """The dashboard once the job has three windows of history and r_S on the stream."""
+    base, _, recommendations = cell
+
+    def windows(resource: str) -> Any:
+        status, body = get(f"{base}/api/jobs/{JOB}/usage?resource={resource}")
         assert status == 200, body
         grid = body["heatmap"]
         return body if grid and len(grid["window_starts_ms"]) >= 3 else None
 
-    usage = wait_until(usage_with_windows, 90, "three memory windows from the Monitoring API")
-    # Each window's memory histogram counts every task's peak once: three tasks.
-    per_window = [
-        sum(row[w] for row in usage["heatmap"]["tasks"])
-        for w in range(len(usage["heatmap"]["window_starts_ms"]))
-    ]
-    assert max(per_window) == pytest.approx(3.0)
-    assert usage["limit"]
-    assert {p["value"] for p in usage["limit"]} == {2 * GIB}
-    assert any(n["service"] == "autopilot" for n in usage["notes"])  # not running: noted, not fatal
+    wait_until(lambda: windows("memory"), 90, "three memory windows from the Monitoring API")
+    cpu = wait_until(lambda: windows("cpu"), 60, "three CPU windows")
 
-    binary = chromium_binary()
-    assert binary is not None, "Chromium is needed (.ci/run installs Debian's chromium)"
-    browser = Chromium(
-        binary,
-        tmp_path / "profile",
-        height=1400,
-        headers=bearer_header("alice", admin=False),
-        accept_certificates_of_unknown_ca=True,
+    async def publish() -> None:  # what the recommender workers publish for horizontal scaling
+        producer = MessageProducer(endpoints.kafka_bootstrap, client_id="dashboard-test")
+        await producer.start()
+        try:
+            for end in cpu["heatmap"]["window_ends_ms"]:
+                rec = recommendation_pb2.HorizontalRecommendation(
+                    recommendation_id=f"{JOB}/tasks/builtin/{end}",
+                    job_id=JOB,
+                    recommender=job_pb2.RecommenderRef(kind=job_pb2.RECOMMENDER_KIND_AUTO),
+                    usage_statistic=1500.0,
+                    window_end_ms=end,
+                )
+                message = recommendation_pb2.RecommendationSet(
+                    job_id=JOB, window_end_ms=end, horizontal=[rec]
+                )
+                await producer.send(recommendations, JOB, message)
+        finally:
+            await producer.stop()
+
+    asyncio.run(publish())
+    wait_until(
+        lambda: get(f"{base}/api/jobs/{JOB}/horizontal")[1]["raw_recommendations"], 30, "r_S on the stream"
     )
+    return base
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Chromium]:
+    binary = chromium_binary()
+    assert binary is not None, chromium_missing_reason()
+    chromium = Chromium(binary, tmp_path / "profile", height=1400, accept_certificates_of_unknown_ca=True)
     try:
-        browser.navigate(f"{dashboard}/jobs/{JOB}")
-        found = browser.evaluate(
-            """(() => {
-                const box = (sel) => { const e = document.querySelector(sel);
-                    if (!e) return null; const r = e.getBoundingClientRect(); return [r.width, r.height]; };
-                return {
-                    heatmap: box('#chart-memory #usage-heatmap'),
-                    limit: box('#chart-memory #limit-line'),
-                    cpuHeatmap: box('#chart-cpu #usage-heatmap'),
-                    title: document.title,
-                    note: document.body.innerText.includes('autopilot is not available'),
-                };
-            })()"""
-        )
-        assert found["heatmap"], found
-        assert found["heatmap"][0] > 100, found  # drawn across the chart, and not flat
-        assert found["heatmap"][1] > 5, found
-        assert found["limit"], found
-        assert found["limit"][0] > 100, found
-        assert found["cpuHeatmap"], found
-        assert JOB in found["title"]
-        assert found["note"]
-        browser.screenshot(artifacts_dir / "dashboard-job-page.png")
-        assert (artifacts_dir / "dashboard-job-page.png").stat().st_size > 10_000
-
-        browser.navigate(f"{dashboard}/cell")
-        machines = browser.evaluate("document.querySelectorAll('#machines tbody tr').length")
-        assert machines == 2
-        assert browser.evaluate("document.querySelector('#chart-cell svg') !== null")
-        browser.screenshot(artifacts_dir / "dashboard-cell-page.png")
-
-        browser.navigate(f"{dashboard}/reports/autopilot")
-        assert browser.evaluate("document.querySelector('#report table td').innerText") == "ml"
+        yield chromium
     finally:
-        browser.close()
+        chromium.close()
+
+
+def where(browser: Chromium) -> tuple[str, str]:
+    return tuple(browser.evaluate("[location.pathname, decodeURIComponent(location.search)]"))  # type: ignore[return-value]
+
+
+def box(browser: Chromium, selector: str) -> list[float] | None:
+    found: list[float] | None = browser.evaluate(
+        f"(() => {{ const e = document.querySelector({json.dumps(selector)}); if (!e) return null; "
+        "const r = e.getBoundingClientRect(); return [r.width, r.height]; })()"
+    )
+    return found
+
+
+def test_a_person_signs_in_sees_every_page_update_itself_and_signs_out(
+    dashboard: str, cell: tuple[str, str, str], browser: Chromium, artifacts_dir: Path
+) -> None:
+    # Not signed in: the job page sends the browser to sign in, and back afterwards.
+    browser.navigate(f"{dashboard}/jobs/{JOB}")
+    assert where(browser) == ("/sign-in", f"?next=/jobs/{JOB}")
+    assert browser.evaluate("document.title") == "Sign in · Cellpilot"
+    browser.screenshot(artifacts_dir / "dashboard-sign-in.png")
+    browser.type_into("#token", user_token("alice", admin=False))
+    browser.click("#sign-in-submit")
+    assert where(browser) == (f"/jobs/{JOB}", "")
+    assert browser.evaluate("document.querySelector('#signed-in-as').innerText") == "alice"
+
+    session = [c for c in browser.cookies() if c["name"] == "__Host-cellpilot-session"]
+    assert len(session) == 1, browser.cookies()
+    assert (session[0]["httpOnly"], session[0]["secure"], session[0]["sameSite"], session[0]["path"]) == (
+        True,
+        True,
+        "Strict",
+        "/",
+    )
+    assert "cellpilot-session" not in browser.evaluate("document.cookie")  # no script can read it
+
+    # The job page: Figure 9's heatmap and limit, and the horizontal section as a chart.
+    assert JOB in browser.evaluate("document.title")
+    heatmap = box(browser, "#chart-memory #usage-heatmap")
+    assert heatmap is not None
+    assert heatmap[0] > 100, heatmap  # drawn across the chart,
+    assert heatmap[1] > 5, heatmap  # and not flat
+    assert (box(browser, "#chart-memory #limit-line") or [0])[0] > 100
+    assert box(browser, "#chart-cpu #usage-heatmap")
+    for part in ("horizontal-task-count", "horizontal-raw-auto", "horizontal-demand", "horizontal-target"):
+        assert (box(browser, f"#chart-horizontal #{part}") or [0])[0] > 100, part
+    assert browser.evaluate("document.querySelector('#horizontal-decision').innerText").startswith("mode")
+    assert browser.evaluate("document.body.innerText.includes('autopilot is not available')")
+    browser.screenshot(artifacts_dir / "dashboard-job-page.png")
+    assert (artifacts_dir / "dashboard-job-page.png").stat().st_size > 10_000
+
+    pages = [
+        ("/", "Jobs", "document.querySelectorAll('#jobs tbody tr').length >= 1"),
+        ("/cell", "Cell", "document.querySelectorAll('#machines tbody tr').length === 2"),
+        ("/pending", "Pending jobs", "document.querySelector('#no-pending, #pending') !== null"),
+        ("/reports", "Evaluation reports", "document.querySelectorAll('#reports tbody tr').length === 2"),
+        ("/reports/autopilot", "autopilot", "document.querySelector('#report table td').innerText === 'ml'"),
+        ("/api", "API", "document.querySelectorAll('#operations tbody tr').length >= 10"),
+    ]
+    for path, title, rendered in pages:
+        browser.navigate(dashboard + path)
+        assert where(browser)[0] == path
+        assert browser.evaluate("document.title") == f"{title} · Cellpilot"
+        assert browser.evaluate(rendered), path
+        name = (
+            "dashboard-cell-page.png"
+            if path == "/cell"
+            else f"dashboard-{path.strip('/').replace('/', '-') or 'jobs'}.png"
+        )
+        if path == "/cell":
+            for part in ("cell-used-cpu", "cell-used-cpu-0", "cell-capacity-cpu", "cell-used-memory"):
+                assert (box(browser, f"#chart-utilisation #{part}") or [0])[0] > 100, part
+            assert browser.evaluate("document.querySelector('#chart-cell svg') !== null")
+        browser.screenshot(artifacts_dir / name)
+
+    # A page updates itself: a job submitted now appears on the open jobs page, with no reload.
+    browser.navigate(f"{dashboard}/")
+    browser.evaluate("window.stayed = true")
+    with SyncCellpilotClient([cell[1]], **client_options(USER)) as client:
+        client.borgmaster.submit_job(web_spec("later", 1))
+    browser.wait_until(
+        f"[...document.querySelectorAll('#jobs td a')].some(a => a.innerText === '{USER}/later')", 30
+    )
+    assert browser.evaluate("window.stayed") is True
+    assert int(browser.evaluate("document.body.dataset.updates")) >= 1
+    assert browser.evaluate("document.querySelector('#live-status').innerText").startswith("updated")
+
+    assert browser.console == [], browser.console  # no Content-Security-Policy refusal, no script error
+
+    # Signing out: back at the sign-in page, and pages send the browser there again.
+    browser.click("#sign-out")
+    assert where(browser) == ("/sign-in", "?signed_out=true")
+    assert browser.evaluate("document.querySelector('#sign-in-message').innerText") == "You are signed out."
+    assert not [c for c in browser.cookies() if c["name"] == "__Host-cellpilot-session"]
+    browser.screenshot(artifacts_dir / "dashboard-signed-out.png")
+    browser.navigate(f"{dashboard}/cell")
+    assert where(browser) == ("/sign-in", "?next=/cell")
+
+
+def test_a_one_time_link_signs_a_browser_in_once(
+    dashboard: str, browser: Chromium, artifacts_dir: Path
+) -> None:
+    env = {**os.environ, "CELLPILOT_STACK_ENV": "/nonexistent"}
+    env.pop("CELLPILOT_TOKEN", None)
+    answer = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("cellpilot")),
+            "dashboard",
+            "login",
+            "--user",
+            "bob",
+            "--url",
+            dashboard,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert answer.returncode == 0, answer.stderr
+    link = answer.stdout.strip().splitlines()[-1]
+
+    browser.navigate(link)
+    assert browser.evaluate("document.querySelector('#link-submit').innerText") == "Sign in as bob"
+    browser.screenshot(artifacts_dir / "dashboard-link.png")
+    browser.click("#link-submit")
+    assert where(browser) == ("/", "")
+    assert browser.evaluate("document.querySelector('#signed-in-as').innerText") == "bob"
+
+    browser.navigate(link)  # the second time: refused, and no second session
+    assert "already been used" in browser.evaluate("document.querySelector('#sign-in-message').innerText")
+    assert browser.evaluate("document.querySelector('#link-submit')") is None
+    browser.screenshot(artifacts_dir / "dashboard-link-used.png")
 
 
 def test_json_endpoints_openapi_metrics_and_bad_input(dashboard: str) -> None:
@@ -248,10 +393,13 @@ def test_json_endpoints_openapi_metrics_and_bad_input(dashboard: str) -> None:
         "/api/jobs",
         "/api/jobs/{user}/{name}",
         "/api/jobs/{user}/{name}/usage",
+        "/api/jobs/{user}/{name}/horizontal",
         "/api/cell",
+        "/api/cell/utilisation",
         "/api/pending",
         "/api/reports",
         "/api/reports/{name}",
+        "/api/session",
     ):
         assert path in schema["paths"], path
     status, jobs = get(f"{dashboard}/api/jobs")
@@ -260,16 +408,37 @@ def test_json_endpoints_openapi_metrics_and_bad_input(dashboard: str) -> None:
     status, cell = get(f"{dashboard}/api/cell")
     assert status == 200
     assert cell["totals"]["capacity"]["cpu_millicores"] == 2 * 4000
-    assert cell["totals"]["allocated"]["cpu_millicores"] == 3 * 800
+    assert cell["totals"]["allocated"]["cpu_millicores"] >= 3 * CPU_LIMIT
     status, pending = get(f"{dashboard}/api/pending")
     assert status == 200
     assert pending["jobs"] == []
     status, reports = get(f"{dashboard}/api/reports")
     assert {r["kind"] for r in reports["reports"]} == {"markdown", "summary"}
 
+    # Horizontal: the task count, n_r = ceil(r_S / (r* x limit)) = ceil(1500 / 480) = 4, and demand.
+    status, horizontal = get(f"{dashboard}/api/jobs/{JOB}/horizontal")
+    assert status == 200
+    assert horizontal["mode"] == "dry-run"
+    assert {p["value"] for p in horizontal["task_count"]} == {3}
+    assert [line["recommender"] for line in horizontal["raw_recommendations"]] == ["auto"]
+    assert {p["value"] for p in horizontal["raw_recommendations"][0]["points"]} == {4}
+    assert horizontal["demand"]
+    assert all(0 < p["value"] <= 3 * CPU_LIMIT for p in horizontal["demand"])
+
+    # The cell over time: the job's usage summed per window, against the capacity of 2 machines.
+    status, utilisation = get(f"{dashboard}/api/cell/utilisation")
+    assert status == 200
+    assert utilisation["cpu"]["capacity"] == 2 * 4000
+    assert utilisation["memory"]["capacity"] == 2 * 8 * GIB
+    assert len(utilisation["cpu"]["used"]) >= 3
+    assert all(0 < p["value"] <= 3 * CPU_LIMIT for p in utilisation["cpu"]["used"])
+    assert [s["name"] for s in utilisation["cpu"]["by_job"]][:1] == [JOB]
+
     for bad in (
         f"/api/jobs/{JOB}/usage?resource=disk",
         f"/api/jobs/{JOB}/usage?hours=-1",
+        f"/api/jobs/{JOB}/horizontal?hours=-1",
+        "/api/cell/utilisation?hours=abc",
         "/api/jobs/Bad%20User/web",
     ):
         status, body = get(dashboard + bad)
@@ -277,7 +446,7 @@ def test_json_endpoints_openapi_metrics_and_bad_input(dashboard: str) -> None:
     status, _ = get(f"{dashboard}/api/jobs/{USER}/missing")
     assert status == 404
 
-    for anonymous in ("/api/jobs", f"/jobs/{JOB}", "/api/cell"):
+    for anonymous in ("/api/jobs", f"/jobs/{JOB}", "/api/cell", "/api/cell/utilisation", "/charts/cell.svg"):
         status, body = get(dashboard + anonymous, user=None)
         assert status == 401, (anonymous, body)
     status, metrics = get(f"{dashboard}/metrics", user=None)

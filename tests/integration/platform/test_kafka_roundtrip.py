@@ -1,7 +1,9 @@
 """Round trips through the real broker with the platform's Kafka helpers.
 
 Delivery is at-least-once; processing is made exactly-once by the AppliedOffsets fence
-(see cellpilot.platform.kafka), which these tests exercise across a consumer restart.
+(see cellpilot.platform.kafka), which these tests exercise across a consumer restart, and
+stored positions are checked against the broker's log, which these tests exercise with a
+topic deleted and created again (its log begins anew, as after a memory-only broker's restart).
 """
 
 from __future__ import annotations
@@ -10,13 +12,23 @@ import asyncio
 import uuid
 from collections import Counter
 
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 from google.protobuf.wrappers_pb2 import StringValue
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from cellpilot.platform.kafka import AppliedOffsets, MessageConsumer, MessageProducer, Record, ensure_topics
+from cellpilot.platform.kafka import (
+    AppliedOffsets,
+    AssignedConsumer,
+    LogPositions,
+    MessageConsumer,
+    MessageProducer,
+    Record,
+    ensure_topics,
+)
 from cellpilot.platform.topics import Topic
 from cellpilot.stack import StackEndpoints
 
@@ -162,23 +174,147 @@ async def test_restart_redelivers_uncommitted_records_and_the_fence_applies_each
     assert applied == [f"a{i}" for i in range(10)] + [f"b{i}" for i in range(5)]
 
 
-async def test_a_fence_beyond_the_log_end_is_reset_so_a_lost_log_is_applied_again(
-    endpoints: StackEndpoints,
-) -> None:
-    """A memory-only broker that restarted: offsets begin again at 0, below the stored fence."""
-    topic = await _new_topic(endpoints.kafka_bootstrap, 1)
-    await _publish(endpoints.kafka_bootstrap, topic, [f"n{i}" for i in range(5)])
-    fence = AppliedOffsets({(topic, 0): 50})  # stored before the broker lost its log
-    consumer = MessageConsumer(endpoints.kafka_bootstrap, [topic], group_id=f"g-{uuid.uuid4().hex[:6]}")
-    await consumer.start()
+async def _replace_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """Delete the topic and create it again: its log begins anew at offset 0 (as after a
+    memory-only broker's restart), under the same name."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
     try:
-        records = await _collect(consumer, 5)
-        assert consumer.log_ends(records) == {(topic, 0): 5}
-        assert fence.follow_log_resets(consumer.log_ends(records)) == [(topic, 0)]
+        await admin.delete_topics([topic])
+    finally:
+        await admin.close()
+    assert await ensure_topics(bootstrap, [Topic(topic, partitions, "test key", "test")]) == [topic]
+
+
+async def _publish_together(bootstrap: str, topic: str, values: list[str]) -> None:
+    """Sent without waiting in between, so the broker stores them in multi-record batches."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
+    await producer.start()
+    try:
+        sent = [
+            await producer.send(topic, StringValue(value=v).SerializeToString(), partition=0) for v in values
+        ]
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+
+
+def _apply_all(fence: AppliedOffsets, records: list[Record], applied: list[str]) -> None:
+    for record in records:
+        if fence.is_new(record):
+            applied.append(record.decode(StringValue).value)
+            fence.mark(record)
+
+
+async def test_a_position_in_the_same_log_stays_whatever_its_batches(endpoints: StackEndpoints) -> None:
+    """The log end is read from a fetch reply: the embedded broker's ListOffsets answers the
+    start of the last batch plus one, below a position that applied the whole batch."""
+    bootstrap = endpoints.kafka_bootstrap
+    topic = await _new_topic(bootstrap, 1)
+    await _publish_together(bootstrap, topic, [f"a{i}" for i in range(6)])
+    consumer = AssignedConsumer(bootstrap, [topic])
+    await consumer.start()
+    fence, applied = AppliedOffsets(), []
+    try:
+        _apply_all(fence, await _collect(consumer, 6), applied)
     finally:
         await consumer.stop()
-    applied = [r.offset for r in records if fence.is_new(r)]
-    assert applied == [0, 1, 2, 3, 4], "the new log's records are applied, not skipped"
-    for record in records:
-        fence.mark(record)
-    assert fence.follow_log_resets({(topic, 0): 5}) == [], "a fence at the log end stays"
+    assert applied == [f"a{i}" for i in range(6)]
+    checker = LogPositions(bootstrap)
+    try:
+        for partial in (AppliedOffsets.from_mapping(fence.to_mapping()), fence):
+            assert await checker.check([partial], {(topic, 0)}) == []
+        midway = AppliedOffsets()
+        _apply_all(midway, (await _read_from(bootstrap, topic, 0))[:3], [])  # inside the batch
+        assert await checker.check([midway], {(topic, 0)}) == []
+    finally:
+        await checker.stop()
+    assert fence.position((topic, 0)).next_offset == 6
+
+
+async def _read_from(bootstrap: str, topic: str, offset: int) -> list[Record]:
+    consumer = AssignedConsumer(bootstrap, [topic])
+    await consumer.start(AppliedOffsets({(topic, 0): offset}))
+    try:
+        async for batch in consumer.batches(timeout_ms=500):
+            if batch:
+                return batch
+    finally:
+        await consumer.stop()
+    return []
+
+
+async def test_a_replaced_log_is_applied_from_its_start_even_once_it_grew_past_the_position(
+    endpoints: StackEndpoints,
+) -> None:
+    """The offsets alone cannot tell: the new log is longer than the stored position. The
+    record before the position is another one, so the position is reset, at start."""
+    bootstrap = endpoints.kafka_bootstrap
+    topic = await _new_topic(bootstrap, 1)
+    await _publish(bootstrap, topic, [f"old{i}" for i in range(5)])
+    fence, applied = AppliedOffsets(), []
+    first = AssignedConsumer(bootstrap, [topic])
+    await first.start(fence)
+    try:
+        _apply_all(fence, await _collect(first, 5), applied)
+    finally:
+        await first.stop()
+    stored = fence.to_mapping()  # what a service keeps with its state
+
+    await _replace_topic(bootstrap, topic, 1)
+    await _publish(bootstrap, topic, [f"new{i}" for i in range(8)])
+    fence = AppliedOffsets.from_mapping(stored)
+    second = AssignedConsumer(bootstrap, [topic])
+    await second.start(fence)  # checks the stored position before reading
+    try:
+        records = await _collect(second, 8)
+    finally:
+        await second.stop()
+    assert [r.offset for r in records] == list(range(8))
+    _apply_all(fence, records, applied)
+    assert applied == [f"old{i}" for i in range(5)] + [f"new{i}" for i in range(8)], "nothing skipped"
+
+
+async def test_a_running_consumer_notices_a_replaced_log_without_traffic_and_a_shorter_one_too(
+    endpoints: StackEndpoints,
+) -> None:
+    """Checked periodically whether or not records arrive: a position beyond a shorter new
+    log, and one inside a longer new log, both resume at the new log's start."""
+    bootstrap = endpoints.kafka_bootstrap
+    topic = await _new_topic(bootstrap, 2)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+
+    async def send(partition: int, value: str) -> None:
+        await producer.send_and_wait(topic, StringValue(value=value).SerializeToString(), partition=partition)
+
+    fence, applied = AppliedOffsets(), []
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    consumer = MessageConsumer(bootstrap, [topic], group_id=group, log_check_interval_s=0.3)
+    await consumer.start()
+    new_counts = {(topic, 0): 1, (topic, 1): 5}  # shorter than the position 3, and longer
+    try:
+        for i in range(6):
+            await send(i % 2, f"old{i}")
+        _apply_all(fence, await _collect(consumer, 6), applied)
+        assert {key: fence.position(key).next_offset for key in fence.next_offset} == {
+            (topic, 0): 3,
+            (topic, 1): 3,
+        }
+        await _replace_topic(bootstrap, topic, 2)
+        for (_, partition), count in new_counts.items():
+            for i in range(count):
+                await send(partition, f"new{partition}-{i}")
+        wanted = {f"new{p}-{i}" for (_, p), count in new_counts.items() for i in range(count)}
+
+        async def until_applied() -> None:
+            async for batch in consumer.batches(timeout_ms=200):
+                _apply_all(fence, await consumer.follow_log_resets(batch, [fence]), applied)
+                if wanted <= set(applied):
+                    return
+
+        await asyncio.wait_for(until_applied(), 30)
+    finally:
+        await consumer.stop()
+        await producer.stop()
+    assert {key: fence.position(key).next_offset for key in fence.next_offset} == new_counts

@@ -29,7 +29,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def status(data_dir: Path) -> tuple[int, list[dict[str, object]]]:
     result = cli("status", "--data-dir", str(data_dir), "--json")
-    return result.returncode, json.loads(result.stdout)
+    return result.returncode, json.loads(result.stdout)["units"]
 
 
 async def _write_marker(endpoints: StackEndpoints) -> None:
@@ -55,7 +55,7 @@ def test_up_status_down_and_up_again_keeps_data(tmp_path: Path, endpoints: Stack
     code, rows = status(data_dir)
     assert code == 0
     assert {row["name"] for row in rows} == {"kafka", "postgres", "redis"}
-    assert all(row["running"] and row["listening"] for row in rows)
+    assert all(row["state"] == "running" and row["listening"] for row in rows)
     pids = [int(row["pid"]) for row in rows]  # type: ignore[call-overload]
     ports = [int(row["port"]) for row in rows]  # type: ignore[call-overload]
     mine = StackEndpoints.read_env_file(data_dir / "stack.env")
@@ -74,7 +74,7 @@ def test_up_status_down_and_up_again_keeps_data(tmp_path: Path, endpoints: Stack
     assert not any(port_in_use("127.0.0.1", port) for port in ports), "ports must be released"
     code, rows = status(data_dir)
     assert code == 1
-    assert not any(row["running"] for row in rows)
+    assert all(row["state"] == "stopped" for row in rows)
 
     again = cli("up", "--data-dir", str(data_dir))
     assert again.returncode == 0, again.stderr

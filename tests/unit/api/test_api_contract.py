@@ -30,7 +30,7 @@ PROTO_DIR = ROOT / "proto" / "cellpilot" / "api" / "v1"
 GENERATE = ROOT / "infra" / "proto" / "generate.py"
 PACKAGE = "cellpilot.api.v1"
 
-# The RPCs other components are built against (issue 2 and the Borg/Autopilot issues).
+# The RPCs other components are built against.
 REQUIRED_RPCS: dict[str, tuple[str, ...]] = {
     "Borgmaster": (
         "SubmitJob",

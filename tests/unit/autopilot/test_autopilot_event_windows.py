@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cellpilot.autopilot import array_bundle
 from cellpilot.autopilot.event_windows import (
     BatchSequences,
     PartitionWindows,
@@ -22,7 +23,8 @@ W = 60_000  # a one-minute window keeps the tables small
 
 
 def chunk(rows: list[tuple[int, int, float, float]], state: PartitionWindows | None = None) -> SampleChunk:
-    """(task, time_ms, cpu cores, memory bytes) rows; samples at a time divisible by 3 ms are throttled.
+    """(task, time_ms, cpu cores, memory bytes) rows; samples at a time divisible by 3 ms are throttled,
+    with a quarter of their CPU more left unmet.
 
     With ``state``, task i is interned as ("job-<i % 2>", i) in its registry.
     """
@@ -36,6 +38,7 @@ def chunk(rows: list[tuple[int, int, float, float]], state: PartitionWindows | N
         arr[:, 2],
         arr[:, 3],
         (arr[:, 1].astype(np.int64) % 3 == 0),
+        np.where(arr[:, 1].astype(np.int64) % 3 == 0, arr[:, 2] / 4, 0.0),
     )
 
 
@@ -53,6 +56,7 @@ def brute_force(rows: list[tuple[int, int, float, float]]) -> dict[tuple[int, in
                 "cpu_max": -1.0,
                 "mem_max": -1.0,
                 "thr": 0,
+                "unmet": 0.0,
             },
         )
         bucket = int(np.searchsorted(CPU_SCHEME.boundaries, cpu, side="right"))
@@ -62,6 +66,7 @@ def brute_force(rows: list[tuple[int, int, float, float]]) -> dict[tuple[int, in
         entry["cpu_max"] = max(entry["cpu_max"], cpu)  # type: ignore[call-overload]
         entry["mem_max"] = max(entry["mem_max"], mem)  # type: ignore[call-overload]
         entry["thr"] += int(t % 3 == 0)  # type: ignore[operator]
+        entry["unmet"] += cpu / 4 if t % 3 == 0 else 0.0  # type: ignore[operator]
     return out
 
 
@@ -79,6 +84,7 @@ def as_table(windows: TaskWindows) -> dict[tuple[int, int], dict[str, object]]:
             "cpu_max": float(s.cpu_max[row]),
             "mem_max": float(s.memory_max[row]),
             "thr": int(s.throttled[row]),
+            "unmet": float(s.cpu_unmet_sum[row]),
         }
     return out
 
@@ -95,6 +101,7 @@ def assert_same(
         assert g["cpu_max"] == entry["cpu_max"]
         assert g["mem_max"] == entry["mem_max"]
         assert g["thr"] == entry["thr"]
+        assert g["unmet"] == pytest.approx(entry["unmet"])
 
 
 @pytest.mark.parametrize(
@@ -235,3 +242,14 @@ def test_the_registry_forgets_closed_tasks_but_never_reuses_keys() -> None:
     state.close_ready()
     assert len(state.tasks) == 0
     assert state.tasks.key("a", 0) != old
+
+
+def test_a_checkpoint_from_before_unmet_demand_was_kept_reads_it_as_zero() -> None:
+    config = WindowingConfig(W, out_of_orderness_ms=0, grace_ms=0)
+    state = PartitionWindows(config)
+    state.add(chunk([(0, 10, 1.0, 1e6), (1, 12, 2.0, 1e6)], state))
+    arrays, meta = array_bundle.unpack(state.to_bytes())
+    del arrays["stats_cpu_unmet_sum"]
+    restored = PartitionWindows.from_bytes(array_bundle.pack(arrays, meta), config)
+    assert restored.open.stats.cpu_unmet_sum.tolist() == [0.0, 0.0]
+    assert restored.open.stats.samples.tolist() == [1, 1]

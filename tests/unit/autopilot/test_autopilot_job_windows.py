@@ -20,10 +20,13 @@ def test_job_sums_match_a_brute_force_over_samples_split_across_partitions() -> 
     cpu = rng.uniform(0.01, 4.0, n)
     memory = rng.uniform(1e7, 5e9, n)
     throttled = rng.random(n) < 0.2
+    unmet = np.where(throttled, rng.uniform(0.0, 1.0, n), 0.0)
     # Split into two "partitions" at random: a task may have rows in both (it moved machine).
     side = rng.random(n) < 0.5
     parts = [
-        TaskWindows.from_samples(SampleChunk(task[m], time[m], cpu[m], memory[m], throttled[m]), window_ms=W)
+        TaskWindows.from_samples(
+            SampleChunk(task[m], time[m], cpu[m], memory[m], throttled[m], unmet[m]), window_ms=W
+        )
         for m in (side, ~side)
     ]
     rows = TaskWindows.concat(parts)  # rows stay separate: sum_jobs must combine them
@@ -52,6 +55,8 @@ def test_job_sums_match_a_brute_force_over_samples_split_across_partitions() -> 
         assert float(jobs.memory_peak[row]) == float(memory[in_job].max())
         want_mean = sum(cpu[in_job & (task == t)].mean() for t in tasks_here)
         assert np.isclose(jobs.cpu_mean_total[row], want_mean)
+        want_unmet = sum(unmet[in_job & (task == t)].mean() for t in tasks_here)
+        assert np.isclose(jobs.cpu_unmet_mean_total[row], want_unmet)
     # Every (job, window) with samples is present exactly once.
     want_rows = {(int(job_of_task[t]), int(s)) for t, s in zip(task, window, strict=True)}
     assert {(int(k), int(s)) for k, s in zip(jobs.keys, jobs.start_ms, strict=True)} == want_rows

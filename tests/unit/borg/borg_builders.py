@@ -70,9 +70,18 @@ class Master:
     now_ms: int = 1_000_000
     epoch: int = 1
 
-    def commit(self, mutations: tuple[Mutation, ...] | list[Mutation], request_id: str = "") -> list[Change]:
+    def commit(
+        self, mutations: tuple[Mutation, ...] | list[Mutation], command: Command | None = None
+    ) -> list[Change]:
         records = to_records(
-            self.state.last_sequence + 1, self.epoch, self.now_ms, mutations, request_id, "test"
+            self.state.last_sequence + 1,
+            self.epoch,
+            self.now_ms,
+            mutations,
+            command.request_id if command else "",
+            "test",
+            request_method=command.method if command else "",
+            request_digest=command.payload_digest if command else "",
         )
         changes: list[Change] = []
         for record in records:
@@ -86,7 +95,7 @@ class Master:
     def run(self, command: Command) -> Result:
         result = handle(self.state, command, self.now_ms, self.view)
         if isinstance(result, Accepted) and result.mutations:
-            self.commit(result.mutations, command.request_id)
+            self.commit(result.mutations, command)
         return result
 
     def accept(self, command: Command) -> Accepted:

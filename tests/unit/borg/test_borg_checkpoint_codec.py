@@ -19,7 +19,7 @@ from cellpilot.borg.model import (
     ScalingMode,
     VerticalScaling,
 )
-from cellpilot.borg.mutations import MachineStateChanged, TaskStateChanged
+from cellpilot.borg.mutations import MachineStateChanged, RestartBackoff, TaskStateChanged
 from cellpilot.schedule import GIB, Resources
 from cellpilot_services.borgmaster import checkpoint_codec, convert
 
@@ -50,6 +50,7 @@ def _eventful_master() -> Master:
                 TaskEvent.OOM,
                 "over",
                 Resources(5, GIB),
+                RestartBackoff(3, 1_005_000, 1_001_000, running.machine_id, 2_000_000),
             )
         ]
     )
@@ -65,7 +66,7 @@ def _eventful_master() -> Master:
     master.accept(SetMachineState("e", "m1", MachineAvailability.DRAINING, "maintenance"))
     master.commit([MachineStateChanged("m0", MachineAvailability.DOWN, "missed 5 polls")])
     master.schedule()
-    master.accept(KillJob("f", "alice/auto"))
+    master.accept(KillJob("f", "alice/auto", payload_digest="digest-of-f"))
     return master
 
 
@@ -89,6 +90,9 @@ def test_a_snapshot_decodes_to_the_same_state_and_the_log_continues_from_it() ->
     assert restored.describe() == at_cut.describe()
     restored.apply_all(master.log[cut:])
     assert restored.describe() == master.state.describe()
+    whole = checkpoint_codec.snapshot_in(checkpoint_codec.snapshot_out(master.state, 1).SerializeToString())
+    kill = whole.applied_requests["f"]
+    assert (kill.method, kill.digest, kill.job_id) == ("KillJob", "digest-of-f", "alice/auto")
 
 
 def test_events_carry_the_log_position_and_cause() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from borg_builders import Master, job_spec, machine_spec
+from borg_builders import Master, job_spec, machine_spec, replay
 
 from cellpilot.borg.decisions import (
     Accepted,
@@ -15,6 +15,7 @@ from cellpilot.borg.decisions import (
     SetQuota,
     SubmitJob,
     UpdateJob,
+    handle,
     rollout_step,
 )
 from cellpilot.borg.lifecycle import JobState, TaskEvent, TaskState
@@ -161,6 +162,43 @@ def test_retrying_a_request_id_returns_the_first_answer_and_applies_nothing_twic
     other = master.run(SubmitJob("another-id", job_spec()))
     assert isinstance(other, Rejection)
     assert other.code is Code.ALREADY_EXISTS
+
+
+REUSES = {
+    "kill": KillJob("sub-1", "alice/web", payload_digest="k"),
+    "update": UpdateJob("sub-1", "alice/web", job_spec(task_count=3), ("task_count",), payload_digest="u"),
+    "register-machine": RegisterMachine("sub-1", machine_spec("m9"), payload_digest="r"),
+    "submit-other-payload": SubmitJob("sub-1", job_spec(task_count=2), payload_digest="other"),
+}
+
+
+@pytest.mark.parametrize("reuse", REUSES.values(), ids=REUSES.keys())
+def test_a_request_id_reused_for_another_method_or_payload_is_refused_naming_it(
+    reuse: KillJob | UpdateJob | RegisterMachine | SubmitJob,
+) -> None:
+    master = _master()
+    master.accept(SubmitJob("sub-1", job_spec(), payload_digest="submit-web"))
+    before = master.state.describe()
+    for state in (master.state, replay(master.log)):  # the ids live in the log: a new master knows them
+        refused = handle(state, reuse, master.now_ms, master.view)
+        assert isinstance(refused, Rejection)
+        assert (refused.code, refused.field) == (Code.ALREADY_EXISTS, "request_id")
+        assert "'sub-1' was first used for SubmitJob of job alice/web" in refused.message
+        if reuse.method == "SubmitJob":
+            assert "different payload" in refused.message
+    assert master.state.describe() == before, "nothing was applied"
+
+
+def test_the_same_request_again_is_a_retry_and_gets_the_first_answer_after_replay() -> None:
+    master = _master()
+    first = master.accept(SubmitJob("sub-1", job_spec(), payload_digest="submit-web"))
+    position = master.state.last_sequence
+    retried = handle(replay(master.log), SubmitJob("sub-1", job_spec(), payload_digest="submit-web"), 0)
+    assert isinstance(retried, Accepted)
+    assert retried.mutations == ()
+    assert retried.subject == first.subject
+    assert retried.already_applied is not None
+    assert retried.already_applied.sequence == position
 
 
 def test_kill_kills_every_task_releases_quota_and_a_dead_name_can_be_reused() -> None:

@@ -87,13 +87,23 @@ def test_an_oom_carries_the_usage_at_the_kill_from_the_borglet_event() -> None:
     assert oom[0].usage == at_kill
 
 
-def test_a_task_failing_too_often_is_given_up() -> None:
+@pytest.mark.parametrize(
+    ("failures", "restarts", "given_up"),
+    [(DEFAULT_MAX_FAILURES, 0, True), (DEFAULT_MAX_FAILURES - 1, 0, False), (0, 50, False)],
+    ids=["failing-in-a-row", "one-more-try", "often-moved-never-failed"],
+)
+def test_a_task_failing_too_often_in_a_row_is_given_up(failures: int, restarts: int, given_up: bool) -> None:
+    """Only the task's own failures in a row count: preemptions, evictions and losses do not."""
     master, machine, incarnation = _one_running_task()
-    master.state.jobs["alice/web"].tasks[0].restarts = DEFAULT_MAX_FAILURES
+    task = master.state.jobs["alice/web"].tasks[0]
+    task.failures, task.restarts = failures, restarts
     reported = ReportedTask("alice/web", 0, incarnation, TaskState.DEAD, TaskEvent.FAILED)
     (mutation,) = diff_report(master.state, _report(machine, 0, reported)).mutations
     assert isinstance(mutation, TaskStateChanged)
-    assert (mutation.state, mutation.reason) == (TaskState.DEAD, TaskEvent.FAILED_FOR_GOOD)
+    expected = (
+        (TaskState.DEAD, TaskEvent.FAILED_FOR_GOOD) if given_up else (TaskState.PENDING, TaskEvent.FAILED)
+    )
+    assert (mutation.state, mutation.reason) == expected
 
 
 @pytest.mark.parametrize(

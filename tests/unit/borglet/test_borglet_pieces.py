@@ -3,19 +3,29 @@ request conversion and validation, sample batching, settings parsing."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from cellpilot.api.v1 import borglet_pb2, job_pb2, resources_pb2, state_pb2
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
+from cellpilot.workloads.world import WorldStep, WorldTasks
 from cellpilot_services.borglet import convert
 from cellpilot_services.borglet.convert import InvalidFieldError, MachineProfile, RuntimeDefaults, SampleChunk
 from cellpilot_services.borglet.desired_set import KnownTask, diff_desired
-from cellpilot_services.borglet.event_clock import EventClock
-from cellpilot_services.borglet.fleet_ticks import TaskTable, TickResult
+from cellpilot_services.borglet.event_clock import ClockAnchor, EventClock
 from cellpilot_services.borglet.machine_agent import MachineAgent
 from cellpilot_services.borglet.settings import BorgletSettings
-from cellpilot_services.borglet.task_record import Limits, Phase, SimulatedPlan, TaskPlan, TaskRecord
+from cellpilot_services.borglet.task_record import (
+    Limits,
+    Phase,
+    SimulatedPlan,
+    TaskPlan,
+    TaskRecord,
+    UnrunnablePlan,
+)
+from cellpilot_services.borglet.task_sandbox import MINIMAL_PATH
 
 DEFAULTS = RuntimeDefaults()
 
@@ -94,6 +104,28 @@ def test_event_clock_runs_speedup_times_faster_than_the_wall() -> None:
     assert clock.wall_seconds_until(0) == 0.0
     with pytest.raises(ValueError, match="speedup"):
         EventClock(speedup=0)
+
+
+@pytest.mark.parametrize(
+    ("start_ms", "not_before_ms", "expected"),
+    [(1_000, None, 1_000), (1_000, 5_000, 5_000), (9_000, 5_000, 9_000)],
+    ids=["no-anchor", "resumes-after-the-last-boot", "never-backwards-from-a-later-start"],
+)
+def test_event_clock_starts_no_earlier_than_its_anchor(
+    start_ms: int, not_before_ms: int | None, expected: int
+) -> None:
+    assert EventClock(speedup=60, start_ms=start_ms, not_before_ms=not_before_ms).start_ms == expected
+
+
+def test_clock_anchor_keeps_the_event_time_across_boots_and_names_a_damaged_file(tmp_path: Path) -> None:
+    anchor = ClockAnchor(tmp_path / "borglet" / "clock-r0.json")
+    assert anchor.load() is None, "no boot wrote one yet"
+    anchor.save(1_795_559_100_000)
+    assert anchor.load() == 1_795_559_100_000
+    assert not list(tmp_path.rglob("*.partial")), "written whole, then renamed"
+    anchor.path.write_text("{not json")
+    with pytest.raises(ValueError, match=r"clock-r0\.json: not a Borglet clock anchor"):
+        anchor.load()
 
 
 # ----- machine agent: fencing, events, forgetting ----------------------------------------------
@@ -228,30 +260,36 @@ def test_a_dead_task_reports_its_exit_and_its_event_the_kind() -> None:
 def _chunk(machine: list[int], seconds: list[int], sampled: list[list[bool]]) -> SampleChunk:
     m = np.array(machine, dtype=np.intp)
     n, k = len(machine), len(seconds)
-    table = TaskTable(
+    table = WorldTasks(
         machine=m,
         priority=np.zeros(n, dtype=np.int64),
+        latency_sensitive=np.ones(n, dtype=bool),
         cpu_limit=np.zeros(n),
         memory_limit=np.zeros(n),
         hard_memory_limit=np.zeros(n, dtype=bool),
-        simulated=np.ones(n, dtype=bool),
+        measured=np.zeros(n, dtype=bool),
         start_s=np.zeros(n),
         duration_s=np.zeros(n),
         groups=(),
         memory_capacity=np.ones(2),
         pressure_fraction=1.0,
-        machine_bounds=TaskTable.bounds(m, 2),
+        machine_bounds=WorldTasks.bounds(m, 2),
     )
-    result = TickResult(
+    cpu = np.arange(k * n, dtype=np.float64).reshape(k, n)
+    result = WorldStep(
         seconds=np.array(seconds, dtype=np.int64),
-        cpu=np.arange(k * n, dtype=np.float64).reshape(k, n),
+        cpu=cpu,
+        cpu_demand=cpu * 2,
+        cpu_unmet=cpu,
         memory=np.arange(k * n, dtype=np.int64).reshape(k, n) * 10,
         throttled=np.zeros((k, n), dtype=bool),
         sampled=np.array(sampled, dtype=bool),
         finished=(),
         kills=(),
+        failed=(),
         memory_pressure=np.zeros(2, dtype=bool),
         memory_used=np.zeros(2),
+        unrouted_cpu=np.zeros((k, 0)),
     )
     identities = [(f"u/j{i}", i, 1) for i in range(n)]
     return SampleChunk(table, identities, result)
@@ -283,6 +321,8 @@ def test_sample_batches_are_per_machine_in_time_order_split_and_sequenced() -> N
         (101_000, 50),
         (102_000, 20),
     ]
+    # Every sample carries the task's unmet CPU demand of its second (the chunk's cpu_unmet).
+    assert [s.cpu_unmet_millicores for b in by_machine["b"] for s in b.samples] == [2.0, 5.0, 2.0]
     assert sequences == {"a": 52, "b": 71}
 
 
@@ -298,6 +338,28 @@ def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.borgmaster_addresses == ["h1:1", "h2:2"]
     assert settings.attributes == {"arch": "arm", "zone": "b"}
     assert settings.resolved_machine_ids() == ["machine-r2-0000", "machine-r2-0001", "machine-r2-0002"]
-    assert "PATH" in settings.task_base_env
+    assert settings.task_base_env == {"PATH": MINIMAL_PATH}  # nothing inherited from the Borglet
     monkeypatch.setenv("CELLPILOT_BORGLET_MACHINE_IDS", "x,y")
     assert BorgletSettings().resolved_machine_ids() == ["x", "y"]
+
+
+def test_one_unreadable_task_in_a_desired_set_becomes_an_unrunnable_plan_and_the_rest_run() -> None:
+    good = _assignment()
+    bad_model = borglet_pb2.TaskAssignment(
+        job_id="u/bad",
+        task_index=0,
+        incarnation=4,
+        spec=job_pb2.TaskSpec(
+            runtime=job_pb2.RuntimeSpec(simulated=job_pb2.SimulatedRuntime(usage_model="nope"))
+        ),
+    )
+    no_job = borglet_pb2.TaskAssignment(task_index=1)
+    twice = _assignment()
+    desired = borglet_pb2.DesiredTasks(version=7, tasks=[good, bad_model, no_job, twice])
+    result = convert.desired_plans(desired, DEFAULTS)
+    assert [(p.job_id, p.task_index, p.incarnation) for p in result.plans] == [("u/j", 2, 3), ("u/bad", 0, 4)]
+    assert isinstance(result.plans[0].runtime, SimulatedPlan)
+    unrunnable = result.plans[1].runtime
+    assert isinstance(unrunnable, UnrunnablePlan)
+    assert "desired.tasks[1].spec.runtime.simulated.usage_model" in unrunnable.reason
+    assert [s.split(":")[0] for s in result.skipped] == ["desired.tasks[2].job_id", "desired.tasks[3]"]

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cellpilot.borg.enforcement import KillReason, MachineMemory, TaskUsage, enforce_limits
+from cellpilot.borg.enforcement import KillReason, MachineCapacity, TaskUsage, enforce_limits
 
 MIB = 1 << 20
 H, S = True, False  # hard / soft memory limit
@@ -104,7 +104,7 @@ def test_memory_kills(
 ) -> None:
     machines = max(t.machine for t in tasks) + 1
     decision = enforce_limits(
-        _usage(tasks), MachineMemory(np.full(machines, float(capacity)), fraction), now_ms=7
+        _usage(tasks), MachineCapacity(np.full(machines, float(capacity)), fraction), now_ms=7
     )
     assert [(k.task, k.reason) for k in decision.kills] == expected
     reasons = [KillReason.NONE] * len(tasks)
@@ -118,7 +118,7 @@ def test_memory_kills(
 
 def test_memory_pressure_and_remaining_memory_per_machine() -> None:
     tasks = [T(1, 300, 100, S, 0), T(1, 300, 100, S, 1), T(2, 300, 100, S, 1)]
-    decision = enforce_limits(_usage(tasks), MachineMemory(np.array([500.0, 500.0])), now_ms=0)
+    decision = enforce_limits(_usage(tasks), MachineCapacity(np.array([500.0, 500.0])), now_ms=0)
     assert decision.memory_used_bytes.tolist() == [300.0, 600.0]
     assert decision.memory_pressure.tolist() == [False, True]
     assert decision.memory_after_bytes.tolist() == [300.0, 300.0]
@@ -138,7 +138,7 @@ def test_cpu_is_throttled_at_the_limit_never_killed(
     demand: float, limit: float, granted: float, throttled: bool
 ) -> None:
     tasks = TaskUsage.single_machine(5, demand, 10 * MIB, limit, 100 * MIB, True)
-    decision = enforce_limits(tasks, MachineMemory(np.array([1e12])), now_ms=0)
+    decision = enforce_limits(tasks, MachineCapacity(np.array([1e12])), now_ms=0)
     assert decision.cpu_granted_millicores.tolist() == [granted]
     assert decision.cpu_throttled.tolist() == [throttled]
     assert decision.kills == ()
@@ -146,12 +146,12 @@ def test_cpu_is_throttled_at_the_limit_never_killed(
 
 def test_pressure_fraction_must_be_a_fraction() -> None:
     with pytest.raises(ValueError, match="pressure_fraction"):
-        MachineMemory(np.array([1.0]), pressure_fraction=1.5)
+        MachineCapacity(np.array([1.0]), pressure_fraction=1.5)
 
 
 def test_no_tasks() -> None:
     empty = TaskUsage.single_machine([], [], [], [], [], [])
-    decision = enforce_limits(empty, MachineMemory(np.array([100.0])), now_ms=0)
+    decision = enforce_limits(empty, MachineCapacity(np.array([100.0])), now_ms=0)
     assert decision.kills == ()
     assert decision.memory_pressure.tolist() == [False]
 
@@ -204,7 +204,7 @@ task_strategy = st.builds(
 def test_matches_the_one_task_at_a_time_reference(
     tasks: list[T], capacity: list[float], fraction: float
 ) -> None:
-    decision = enforce_limits(_usage(tasks), MachineMemory(np.array(capacity), fraction), now_ms=0)
+    decision = enforce_limits(_usage(tasks), MachineCapacity(np.array(capacity), fraction), now_ms=0)
     assert sorted((k.task, k.reason) for k in decision.kills) == sorted(_reference(tasks, capacity, fraction))
     # Invariants: each machine ends at or under its threshold unless nothing with memory is left,
     # and the memory left is what the survivors use.

@@ -1,5 +1,5 @@
-"""The process runtime's pure parts: the cgroup v2 cpu.max writer (against a fake cgroup
-directory) and the bundled workload program's profile parsing and memory holding."""
+"""The process runtime's parts: task cgroups (against a directory laid out like a delegated cgroup
+v2 directory) and the bundled workload program's profile parsing and memory holding."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cellpilot_services.borglet.process_runtime import CgroupCpu
+from cellpilot_services.borglet.task_cgroups import TaskCgroups
 from cellpilot_services.borglet.workload_program import (
     CHUNK_BYTES,
     Memory,
@@ -22,40 +22,46 @@ from cellpilot_services.borglet.workload_program import (
 MIB = 1 << 20
 
 
-@pytest.mark.parametrize(
-    ("millicores", "line"),
-    [(500, "50000 100000"), (2000, "200000 100000"), (0, "max 100000"), (5, "1000 100000")],
-    ids=["half-core", "two-cores", "no-limit", "floor-1ms"],
-)
-def test_cpu_max_line(millicores: int, line: str) -> None:
-    assert CgroupCpu.cpu_max(millicores) == line
-
-
-def _fake_root(tmp_path: Path, controllers: str) -> Path:
+def _fake_cgroup(tmp_path: Path, controllers: str) -> Path:
+    """A directory laid out like a delegated cgroup v2 directory (the kernel's files as plain files)."""
     (tmp_path / "cgroup.controllers").write_text(controllers)
     (tmp_path / "cgroup.subtree_control").write_text("")
     return tmp_path
 
 
-def test_cgroup_detect_needs_the_cpu_controller(tmp_path: Path) -> None:
-    assert CgroupCpu.detect(str(_fake_root(tmp_path, "memory io")), "b1") is None
-    assert CgroupCpu.detect("none", "b1") is None
-    assert CgroupCpu.detect(str(tmp_path / "missing"), "b1") is None
+def test_task_cgroups_need_the_cpu_and_memory_controllers(tmp_path: Path) -> None:
+    cgroups, decision = TaskCgroups.detect(str(_fake_cgroup(tmp_path, "memory io")), "b1")
+    assert cgroups is None
+    assert "the cpu controller is not available" in decision.missing[0]
+    cgroups, decision = TaskCgroups.detect("none", "b1")
+    assert (cgroups, decision.mode) == (None, "borglet-metering")
+    cgroups, decision = TaskCgroups.detect(str(tmp_path / "missing"), "b1")
+    assert cgroups is None
+    assert "not a cgroup v2 directory" in decision.missing[0]
 
 
-def test_cgroup_puts_the_task_in_its_own_group_with_its_limit(tmp_path: Path) -> None:
-    cgroup = CgroupCpu.detect(str(_fake_root(tmp_path, "cpu memory")), "b1")
-    assert cgroup is not None
-    assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpu"
-    path = cgroup.attach("u/j/0#1", 4242, 250)
-    assert path is not None
-    assert path.parent == tmp_path / "cellpilot-borglet-b1"
-    assert (path / "cgroup.procs").read_text() == "4242"
+def test_task_cgroups_write_limits_and_read_usage(tmp_path: Path) -> None:
+    cgroups, decision = TaskCgroups.detect(str(_fake_cgroup(tmp_path, "cpu io memory")), "b1")
+    assert cgroups is not None
+    assert decision.usable
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpu +memory"
+    assert cgroups.base == tmp_path / "cellpilot-borglet-b1"
+    assert (cgroups.base / "cgroup.subtree_control").read_text() == "+cpu +memory"
+    path = cgroups.create("u/j/0#1", 250, 64 * MIB, hard=True)
+    assert path.parent == cgroups.base
     assert (path / "cpu.max").read_text() == "25000 100000"
-    cgroup.set_limit(path, 1000)
+    assert (path / "memory.max").read_text() == str(64 * MIB)
+    assert (path / "memory.oom.group").read_text() == "1"
+    cgroups.set_limits(path, 1000, 64 * MIB, hard=False)  # in place: soft, one core
     assert (path / "cpu.max").read_text() == "100000 100000"
+    assert (path / "memory.max").read_text() == "max"
+    assert cgroups.read_usage(path) is None  # no memory.current: not a (live) cgroup
+    (path / "memory.current").write_text("4096\n")
     (path / "cpu.stat").write_text("usage_usec 10\nnr_periods 9\nnr_throttled 4\nthrottled_usec 7\n")
-    assert CgroupCpu.throttled_periods(path) == 4
+    (path / "memory.events").write_text("oom 1\noom_kill 1\n")
+    usage = cgroups.read_usage(path)
+    assert usage is not None
+    assert (usage.memory_current, usage.cpu.nr_throttled, usage.memory_events.oom_kill) == (4096, 4, 1)
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from cellpilot.cli.autopilot_cmd import apply_options
 from cellpilot.cli.job import job_id, quantity
 from cellpilot.cli.output import addresses, describe_error
 from cellpilot.client.errors import error_from_status
+from cellpilot.platform.error_reasons import QUOTA_EXCEEDED, STORE_UNAVAILABLE
 
 GIB = 1 << 30
 
@@ -90,17 +91,20 @@ def test_quantities_jobs_and_addresses() -> None:
         addresses("nohost")
 
 
-@pytest.mark.parametrize(
-    ("code", "expected"),
-    [
-        (grpc.StatusCode.UNAVAILABLE, "cannot reach the service (SubmitJob)"),
-        (grpc.StatusCode.INVALID_ARGUMENT, "refused as invalid (SubmitJob): spec.name"),
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, "over quota (SubmitJob)"),
-        (grpc.StatusCode.NOT_FOUND, "not found (SubmitJob)"),
-        (grpc.StatusCode.FAILED_PRECONDITION, "conflict (SubmitJob)"),
-        (grpc.StatusCode.INTERNAL, "internal (SubmitJob)"),
-    ],
-    ids=lambda v: str(v).split(".")[-1] if isinstance(v, grpc.StatusCode) else "",
-)
-def test_grpc_errors_become_one_clear_line(code: grpc.StatusCode, expected: str) -> None:
-    assert expected in describe_error(error_from_status(code, "spec.name: is required", "SubmitJob"))
+ERRORS = {
+    "unreachable": (grpc.StatusCode.UNAVAILABLE, "", "cannot reach the service (SubmitJob)"),
+    "store-down": (grpc.StatusCode.UNAVAILABLE, STORE_UNAVAILABLE, "unavailable for now (SubmitJob)"),
+    "invalid": (grpc.StatusCode.INVALID_ARGUMENT, "", "refused as invalid (SubmitJob): spec.name"),
+    "quota": (grpc.StatusCode.RESOURCE_EXHAUSTED, QUOTA_EXCEEDED, "over quota (SubmitJob)"),
+    "too-large": (grpc.StatusCode.RESOURCE_EXHAUSTED, "", "request too large (SubmitJob)"),
+    "not-found": (grpc.StatusCode.NOT_FOUND, "", "not found (SubmitJob)"),
+    "conflict": (grpc.StatusCode.FAILED_PRECONDITION, "", "conflict (SubmitJob)"),
+    "internal": (grpc.StatusCode.INTERNAL, "", "internal (SubmitJob)"),
+}
+
+
+@pytest.mark.parametrize(("code", "reason", "expected"), ERRORS.values(), ids=ERRORS.keys())
+def test_grpc_errors_become_one_clear_line(code: grpc.StatusCode, reason: str, expected: str) -> None:
+    line = describe_error(error_from_status(code, "spec.name: is required", "SubmitJob", reason))
+    assert expected in line
+    assert "\n" not in line

@@ -25,7 +25,7 @@ constraints:
   - {attribute: arch, op: "==", value: x86_64}
   - {attribute: ssd, op: exists, soft: true}
 runtime:
-  simulated: {model: diurnal, params: {base_cpu_millicores: 300}, seed: 7}
+  simulated: {model: diurnal, params: {cpu_mean_millicores: 300}, seed: 7}
 autopilot:
   cpu: {mode: on, min: 100m, max: 4, recommender: ml}
   memory: {mode: dry-run}
@@ -52,7 +52,7 @@ def test_a_complete_spec_maps_every_field() -> None:
     assert [c.kind for c in spec.constraints] == [job_pb2.CONSTRAINT_KIND_HARD, job_pb2.CONSTRAINT_KIND_SOFT]
     assert spec.constraints[1].operator == job_pb2.CONSTRAINT_OPERATOR_EXISTS
     assert spec.task.runtime.simulated.usage_model == "diurnal"
-    assert dict(spec.task.runtime.simulated.params) == {"base_cpu_millicores": 300.0}
+    assert dict(spec.task.runtime.simulated.params) == {"cpu_mean_millicores": 300.0}
     cpu = spec.autopilot.cpu
     assert (cpu.mode, cpu.min_limit, cpu.max_limit) == (job_pb2.SCALING_MODE_ON, 100, 4000)
     assert cpu.recommender.kind == job_pb2.RECOMMENDER_KIND_ML
@@ -141,3 +141,76 @@ def test_every_example_job_spec_in_the_repository_parses(path: Path) -> None:
     assert spec.name, "an example must name its job"
     assert spec.user, "an example must name its user"
     assert spec.task_count >= 1
+
+
+HEAD = "name: web\nuser: alice\nlimits: {cpu: 1, memory: 1Gi}\n"
+
+
+@pytest.mark.parametrize(
+    ("runtime", "line", "path", "words"),
+    [
+        ("runtime:\n  simulated: {model: nope}\n", 5, "runtime.simulated.model", "known models: steady"),
+        (
+            "runtime:\n  simulated:\n    model: diurnal\n    params: {base_cpu_millicores: 300}\n",
+            7,
+            "runtime.simulated.params.base_cpu_millicores",
+            "cpu_mean_millicores",
+        ),
+        (
+            "runtime:\n  simulated: {model: diurnal, params: {cpu_amplitude: 3}}\n",
+            5,
+            "runtime.simulated.params.cpu_amplitude",
+            "<= 1",
+        ),
+        ("runtime:\n  process: {command: ' python3'}\n", 5, "runtime.process.command", "whitespace"),
+        (
+            "runtime:\n  process:\n    command: env\n    env: {'1BAD': x}\n",
+            7,
+            "runtime.process.env",
+            "not a variable name",
+        ),
+        (
+            "runtime:\n  process:\n    command: env\n    env: {CELLPILOT_TASK_INDEX: '9'}\n",
+            7,
+            "runtime.process.env.CELLPILOT_TASK_INDEX",
+            "set by the Borglet",
+        ),
+        ("", 1, "", "runtime: required"),
+    ],
+    ids=[
+        "unknown-model",
+        "unknown-parameter",
+        "parameter-out-of-range",
+        "command-whitespace",
+        "env-name",
+        "env-reserved",
+        "no-runtime",
+    ],
+)
+def test_the_servers_admission_checks_run_before_submission_at_the_line(
+    runtime: str, line: int, path: str, words: str
+) -> None:
+    """The CLI runs the Borgmaster's own validation and points at the YAML that set the field."""
+    with pytest.raises(JobSpecError) as error:
+        parse_job_spec(HEAD + runtime)
+    assert (error.value.line, error.value.path) == (line, path)
+    assert words in str(error.value)
+    assert "spec.task.runtime" in str(error.value), "the message names the API field too"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_passes_the_servers_own_validation(path: Path) -> None:
+    """Not only the CLI's parse: the Borgmaster's conversion and admission checks accept it."""
+    from cellpilot.borg.validation import validate_job_spec
+    from cellpilot_services.borgmaster.convert import job_spec_in
+
+    spec = job_spec_in(parse_job_spec(path.read_text()))
+    assert validate_job_spec(spec) is None
+
+
+def test_the_demo_workload_passes_the_servers_own_validation() -> None:
+    from cellpilot.borg.validation import validate_job_spec
+    from cellpilot.demo.workload import DEMO_JOBS
+    from cellpilot_services.borgmaster.convert import job_spec_in
+
+    assert [validate_job_spec(job_spec_in(job.spec)) for job in DEMO_JOBS] == [None] * len(DEMO_JOBS)

@@ -21,7 +21,7 @@ from cellpilot.evaluate.autopilot_replay import (
     run_study,
     task_keys,
 )
-from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig, generate_job
+from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig, generate_job, task_counts
 from cellpilot.workloads.task_signals import GIB, WINDOWS_PER_DAY, JobSignals, JobTraits
 
 DAYS = 2
@@ -208,13 +208,16 @@ def test_plan_chunks_bounds_tasks_and_jobs() -> None:
     assert plan_chunks([1] * 5, max_tasks=100, max_jobs=2) == [[0, 1], [2, 3], [4]]
 
 
-def test_run_study_serial_and_parallel_agree() -> None:
+def test_run_study_counts_days_and_reports_progress_per_chunk() -> None:
+    """Chunks are the shards (on a cluster too: tests/integration/evaluate/test_studies_on_dask.py)."""
     workload = AutopilotWorkloadConfig(jobs=4, days=3, seed=6, max_tasks=4, with_cpu=False)
     specs = [STANDARD_RECOMMENDERS["manual-hard"], STANDARD_RECOMMENDERS["moving-window"]]
     cfg = ReplayConfig(warmup_days=1)
-    serial = run_study(workload, specs, cfg, workers=1, max_chunk_tasks=4)
-    parallel = run_study(workload, specs, cfg, workers=2, max_chunk_tasks=4)
-    assert serial.summaries == parallel.summaries
+    seen: list[tuple[int, int]] = []
+    serial = run_study(workload, specs, cfg, max_chunk_tasks=4, progress=lambda d, t: seen.append((d, t)))
+    assert seen[0] == (0, 12)
+    assert seen[-1] == (12, 12)
+    assert len(seen) == 1 + len(plan_chunks(task_counts(workload), 4))
     assert serial.measured_days == 2
     assert serial.replayed_job_days == 12
     with pytest.raises(ValueError):

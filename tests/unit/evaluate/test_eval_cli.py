@@ -103,11 +103,13 @@ def test_eval_lava_has_a_row_per_policy_and_predictor(tmp_path: Path) -> None:
         (["eval", "lava", *LAVA_TINY, "--trace", "google:x"], "trace"),
         (["eval", "lava", *LAVA_TINY, "--label", "median"], "median"),
         (["eval", "lava", "--hosts", "0"], "hosts"),
+        (["eval", "lava", *LAVA_TINY, "--model", "neural"], "model"),
+        (["eval", "lava", *LAVA_TINY, "--class-risk", "1.5"], "class_risk"),
     ],
     ids=[
         "gpa-observe", "gpa-algorithm", "gpa-instances", "gpa-not-a-number", "compaction-policy",
         "compaction-workload", "compaction-fill", "lava-policy", "lava-predictor", "lava-trace",
-        "lava-label", "lava-hosts",
+        "lava-label", "lava-hosts", "lava-model", "lava-class-risk",
     ],
 )  # fmt: skip
 def test_malformed_options_are_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:

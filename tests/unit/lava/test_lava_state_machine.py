@@ -97,16 +97,80 @@ def test_residuals_leaving_drop_the_class_and_the_rest_become_residual() -> None
 
 
 def test_a_host_past_its_deadline_moves_up_a_class() -> None:
-    h = harness([0.5, 0.5])  # LC1: deadline 1.1 h
+    h = harness([0.5, 0.5])  # LC1: deadline 1.1 h after the last LC1 VM placed while open
     put(h, 0, 0, 1.0)
-    put(h, 1, 0, 1.0, now=0.5 * HOUR)
-    h.lava.advance(1.0 * HOUR)
+    put(h, 1, 0, 1.0, now=0.5 * HOUR)  # pushes the deadline to 0.5 + 1.1 h
+    h.lava.advance(1.5 * HOUR)
     assert h.lava.host_class[0] == 0
-    h.lava.advance(1.2 * HOUR)  # still occupied: underpredicted
+    h.lava.advance(1.7 * HOUR)  # still occupied: underpredicted
     assert h.lava.host_class[0] == 1
     assert h.lava.residuals[0] == 2
-    assert h.lava.deadline[0] == pytest.approx(1.2 * HOUR + 1.1 * 10 * HOUR)
+    assert h.lava.deadline[0] == pytest.approx(1.7 * HOUR + 1.1 * 10 * HOUR)
     assert h.lava.reclassified_up == 1
+
+
+# §4.3: "if all predictions are correct, the total lifetime of a host does not exceed 1.1x its
+# original lifetime class". While a host is open it keeps taking VMs of its class, each of which
+# may live to the class bound from its own placement, so the deadline runs from the last of them.
+@pytest.mark.parametrize(
+    ("placements", "deadline_h"),
+    [
+        ([(0, 0.5, 0.0)], 1.1),  # opened by an LC1 VM at 0: 1.1 h
+        ([(0, 0.5, 0.0), (1, 0.5, 0.8)], 0.8 + 1.1),  # a second LC1 VM at 0.8 h extends it
+        ([(0, 5.0, 0.0), (1, 5.0, 3.0)], 3.0 + 11.0),  # LC2 host, second LC2 VM at 3 h
+        ([(0, 5.0, 0.0), (1, 0.5, 3.0)], 11.0),  # a shorter VM (fallback) does not extend it
+        ([(0, 0.5, 0.0), (1, 50.0, 0.5)], 1.1),  # nor does a longer one: the deadline catches it
+    ],
+    ids=["open", "same-class-later", "lc2", "shorter-vm", "longer-vm"],
+)
+def test_open_host_deadline_runs_from_its_last_vm_of_its_class(
+    placements: list[tuple[int, float, float]], deadline_h: float
+) -> None:
+    h = harness([life for _, life, _ in placements])
+    for row, _, at in placements:
+        put(h, row, 0, 1.0, now=at * HOUR)
+    assert h.lava.state[0] == OPEN
+    assert h.lava.deadline[0] == pytest.approx(deadline_h * HOUR)
+
+
+@pytest.mark.parametrize(
+    ("cores", "state_before", "state_after", "reclassified_up_open"),
+    [
+        ([1.0], OPEN, RECYCLING, 1),  # an open host that times out now has residuals: it recycles
+        ([5.0, 4.5], RECYCLING, RECYCLING, 0),  # a recycling host stays recycling
+    ],
+    ids=["open", "recycling"],
+)
+def test_a_timed_out_host_recycles(
+    cores: list[float], state_before: int, state_after: int, reclassified_up_open: int
+) -> None:
+    n = len(cores)
+    h = harness([0.5] * n + [0.2])  # the last row: a short gap filler placed after the timeout
+    for row, c in enumerate(cores):
+        put(h, row, 0, c)
+    assert h.lava.state[0] == state_before
+    h.lava.advance(1.2 * HOUR)
+    assert (h.lava.state[0], h.lava.host_class[0]) == (state_after, 1)
+    assert h.lava.residuals[0] == n
+    assert h.lava.reclassified_up_open == reclassified_up_open
+    # Once its residuals leave, it steps down a class (Figure 5b), as any recycling host.
+    put(h, n, 0, 0.1, now=1.3 * HOUR)
+    for row in range(n):
+        drop(h, row, 0, now=1.4 * HOUR)
+    assert (h.lava.state[0], h.lava.host_class[0], h.lava.residuals[0]) == (RECYCLING, 0, 1)
+
+
+def test_vm_class_from_the_predictor_overrides_the_class_of_the_mean() -> None:
+    # A distribution predictor may class a VM by risk (VmRequest.lifetime_class) rather than by
+    # its expected remaining lifetime; LAVA opens and ranks hosts by that class.
+    h = harness([0.5])
+    vm = VmRequest(0, np.array([1.0, 1.0, 0.0]), h.ledger.predict(0, 0.0), lifetime_class=2)
+    h.pool.place(0, 0, vm.demand)
+    h.ledger.attach(0, 0)
+    h.lava.placed(0, vm, 0.0)
+    assert h.lava.host_class[0] == 2
+    assert vm.vm_class == 2
+    assert VmRequest(1, vm.demand, 0.5 * HOUR).vm_class == 0
 
 
 def test_class_stays_within_lc1_and_lc4() -> None:

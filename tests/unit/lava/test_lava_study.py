@@ -13,6 +13,7 @@ TINY = {"hosts": 8, "days": 1.0, "history_days": 1.0, "warmup_days": 0.1}
 @pytest.fixture(scope="module")
 def summary() -> dict:
     config = StudyConfig(**TINY, training=TrainingParams(num_trees=20))  # type: ignore[arg-type]
+    # (the default model is the distribution model; TrainingParams is the point model's)
     return run_study(config)
 
 
@@ -35,6 +36,31 @@ def test_one_row_per_policy_and_predictor(summary: dict) -> None:
     assert baseline["empty_hosts_over_best_fit_pp"] == 0.0
 
 
+def test_the_distribution_model_is_the_default_and_reports_calibration(summary: dict) -> None:
+    assert summary["settings"]["model"] == "distribution"
+    calibration = summary["model"]["calibration"]
+    assert calibration[0]["uptime_hours"] == 0.0
+    assert 0.0 <= calibration[0]["coverage_q0.9"] <= 1.0
+    lava = next(row for row in summary["rows"] if row["name"] == "lava-model")
+    assert "occupied_pp_by_reason" in lava["diagnostics"]
+
+
+@pytest.mark.parametrize(("trace", "model"), [("synthetic-shifted", "distribution"), ("synthetic", "point")])
+def test_held_out_population_and_point_model(trace: str, model: str) -> None:
+    config = StudyConfig(
+        **TINY,  # type: ignore[arg-type]
+        trace=trace,
+        model=model,
+        policies=("best-fit", "lava"),
+        predictors=("model",),
+        training=TrainingParams(num_trees=20),
+    )
+    out = run_study(config)
+    assert [row["name"] for row in out["rows"]] == ["best-fit", "lava-model"]
+    assert out["settings"]["model"] == model
+    assert ("coverage_q0.5" in out["model"]["calibration"][0]) == (model == "distribution")
+
+
 def test_model_accuracy_and_goals_are_reported(summary: dict) -> None:
     model = summary["model"]
     assert len(model["f1_by_uptime_quantile"]) == 20
@@ -53,8 +79,15 @@ def test_progress_is_reported_per_run() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"policies": ("first-fit",)}, {"predictors": ("crystal-ball",)}, {"trace": "google:x"}, {"hosts": 0}],
-    ids=["policy", "predictor", "trace", "hosts"],
+    [
+        {"policies": ("first-fit",)},
+        {"predictors": ("crystal-ball",)},
+        {"trace": "google:x"},
+        {"hosts": 0},
+        {"model": "neural"},
+        {"class_risk": 1.0},
+    ],
+    ids=["policy", "predictor", "trace", "hosts", "model", "class-risk"],
 )
 def test_config_is_validated(kwargs: dict) -> None:
     with pytest.raises(ValueError):

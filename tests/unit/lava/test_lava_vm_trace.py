@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from lava_builders import HOUR, trace
 
-from cellpilot.workloads.azure_reader import parse_azure_vm_table, read_azure_vm_table
+from cellpilot.traces.azure import parse_azure_vm_table, read_azure_vm_table
 from cellpilot.workloads.vm_trace import (
     DAY,
     VmTrace,
@@ -144,3 +144,17 @@ def test_read_plain_and_gzip_files(tmp_path: Path) -> None:
 def test_empty_table_is_an_error() -> None:
     with pytest.raises(ValueError, match="no VM rows"):
         parse_azure_vm_table(["garbage"])
+
+
+def test_the_shifted_population_is_a_different_world() -> None:
+    # The held-out population (LAVA study "synthetic-shifted") moves every lifetime mode.
+    base = VmTraceConfig(days=1.0, hosts=10, calibration_samples=5000)
+    default = generate_vm_trace(np.random.default_rng(0), base)
+    shifted = generate_vm_trace(
+        np.random.default_rng(0), VmTraceConfig(**{**base.__dict__, "population": "shifted"})
+    )
+    inside_d, inside_s = default.created >= 0, shifted.created >= 0
+    assert np.median(shifted.lifetime[inside_s]) > 1.5 * np.median(default.lifetime[inside_d])
+    assert shifted.category_names == default.category_names
+    with pytest.raises(ValueError, match="unknown population"):
+        VmTraceConfig(population="martian")

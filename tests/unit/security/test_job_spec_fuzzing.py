@@ -29,7 +29,7 @@ labels: {team: search}
 constraints:
   - {attribute: arch, op: "==", value: x86_64}
 runtime:
-  simulated: {model: diurnal, params: {base_cpu_millicores: 300}, seed: 7}
+  simulated: {model: diurnal, params: {cpu_mean_millicores: 300}, seed: 7}
 autopilot:
   cpu: {mode: on, min: 100m, max: 4, recommender: ml}
   memory: {mode: dry-run}
@@ -112,7 +112,7 @@ name: web
 user: alice
 limits: {cpu: 500m, memory: 1Gi}
 constraints: [{attribute: arch, op: "==", value: x86_64}]
-runtime: {simulated: {params: {base: 3}, seed: 7}}
+runtime: {simulated: {params: {cpu_noise: 0.3}, seed: 7}}
 autopilot: {cpu: {mode: on, min: 100m}, horizontal: {target_utilization: 0.7}}
 """
 

@@ -105,7 +105,7 @@ _TEXT = st.one_of(
 def _scalar(data: st.DataObject, fd: FieldDescriptor) -> Any:
     if fd.type in _INT_RANGES:
         low, high = _INT_RANGES[fd.type]
-        return data.draw(st.one_of(st.integers(low, high), st.integers(-3, 12)))
+        return data.draw(st.one_of(st.integers(low, high), st.integers(max(low, -3), 12)))
     if fd.type == FieldDescriptor.TYPE_BOOL:
         return data.draw(st.booleans())
     if fd.type in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):

@@ -1,4 +1,4 @@
-"""Bucket schemes: the ranges and precision §3.2.1 / issue 3 ask for, and the bucket rule."""
+"""Bucket schemes: the ranges and precision §3.2.1 asks for, and the bucket rule."""
 
 from __future__ import annotations
 

@@ -12,12 +12,7 @@ import numpy as np
 import pytest
 
 from cellpilot.recommend.policy import JobClass, LatencySensitivity
-from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig, generate_jobs
-from cellpilot.workloads.google_trace_lines import google2011_lines, google2019_lines
-from cellpilot.workloads.google_traces import (
-    TRACE_START_US,
-    EventRows,
-    MachineScale,
+from cellpilot.traces.google import (
     build_tasks,
     parse_google2011_task_events,
     parse_google2011_task_usage,
@@ -26,6 +21,9 @@ from cellpilot.workloads.google_traces import (
     read_google2011,
     read_google2019,
 )
+from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig, generate_jobs
+from cellpilot.workloads.google_trace_lines import google2011_lines, google2019_lines
+from cellpilot.workloads.google_traces import TRACE_START_US, EventRows, MachineScale
 from cellpilot.workloads.task_signals import GIB, WINDOWS_PER_DAY
 
 ROOT = Path(__file__).resolve().parents[3]

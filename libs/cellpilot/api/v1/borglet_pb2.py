@@ -28,7 +28,7 @@ from cellpilot.api.v1 import resources_pb2 as cellpilot_dot_api_dot_v1_dot_resou
 from cellpilot.api.v1 import state_pb2 as cellpilot_dot_api_dot_v1_dot_state__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63\x65llpilot/api/v1/borglet.proto\x12\x10\x63\x65llpilot.api.v1\x1a\x1a\x63\x65llpilot/api/v1/job.proto\x1a cellpilot/api/v1/resources.proto\x1a\x1c\x63\x65llpilot/api/v1/state.proto\"\xd8\x01\n\x0eTaskAssignment\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x13\n\x0bincarnation\x18\x03 \x01(\x03\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12,\n\x04\x62\x61nd\x18\x05 \x01(\x0e\x32\x1e.cellpilot.api.v1.PriorityBand\x12(\n\x04spec\x18\x06 \x01(\x0b\x32\x1a.cellpilot.api.v1.TaskSpec\x12\r\n\x05ports\x18\x07 \x03(\x05\x12\x14\n\x0cspec_version\x18\x08 \x01(\x03\"P\n\x0c\x44\x65siredTasks\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12/\n\x05tasks\x18\x02 \x03(\x0b\x32 .cellpilot.api.v1.TaskAssignment\"\xb6\x01\n\x0bPollRequest\x12\x12\n\nmachine_id\x18\x01 \x01(\t\x12\x19\n\x11master_replica_id\x18\x02 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x03 \x01(\x03\x12\x15\n\revent_time_ms\x18\x04 \x01(\x03\x12/\n\x07\x64\x65sired\x18\x05 \x01(\x0b\x32\x1e.cellpilot.api.v1.DesiredTasks\x12\x1a\n\x12\x61\x63k_event_sequence\x18\x06 \x01(\x03\"\xf5\x02\n\nTaskReport\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x13\n\x0bincarnation\x18\x03 \x01(\x03\x12*\n\x05state\x18\x04 \x01(\x0e\x32\x1b.cellpilot.api.v1.TaskState\x12\x34\n\x0b\x65xit_reason\x18\x05 \x01(\x0e\x32\x1f.cellpilot.api.v1.TaskEventKind\x12\x11\n\texit_code\x18\x06 \x01(\x05\x12+\n\x06limits\x18\x07 \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\x12*\n\x05usage\x18\x08 \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\x12\x15\n\rcpu_throttled\x18\t \x01(\x08\x12\r\n\x05ready\x18\n \x01(\x08\x12\x10\n\x08restarts\x18\x0b \x01(\x05\x12\x12\n\nstarted_ms\x18\x0c \x01(\x03\x12\x14\n\x0cspec_version\x18\r \x01(\x03\"M\n\rReportedEvent\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12*\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x1b.cellpilot.api.v1.TaskEvent\"\xc0\x02\n\x0cPollResponse\x12\x12\n\nmachine_id\x18\x01 \x01(\t\x12\x15\n\revent_time_ms\x18\x02 \x01(\x03\x12\x17\n\x0f\x64\x65sired_version\x18\x03 \x01(\x03\x12+\n\x05tasks\x18\x04 \x03(\x0b\x32\x1c.cellpilot.api.v1.TaskReport\x12/\n\x06\x65vents\x18\x05 \x03(\x0b\x32\x1f.cellpilot.api.v1.ReportedEvent\x12-\n\x08\x63\x61pacity\x18\x06 \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\x12*\n\x05usage\x18\x07 \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\x12\x17\n\x0fmemory_pressure\x18\x08 \x01(\x08\x12\x1a\n\x12\x63\x61\x63hed_package_ids\x18\t \x03(\t\"\x80\x01\n\x10StartTaskRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x02 \x01(\x03\x12\x12\n\nmachine_id\x18\x03 \x01(\t\x12.\n\x04task\x18\x04 \x01(\x0b\x32 .cellpilot.api.v1.TaskAssignment\"?\n\x11StartTaskResponse\x12*\n\x04task\x18\x01 \x01(\x0b\x32\x1c.cellpilot.api.v1.TaskReport\"\xd7\x01\n\x0fStopTaskRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x02 \x01(\x03\x12\x12\n\nmachine_id\x18\x03 \x01(\t\x12\x0e\n\x06job_id\x18\x04 \x01(\t\x12\x12\n\ntask_index\x18\x05 \x01(\x05\x12\x13\n\x0bincarnation\x18\x06 \x01(\x03\x12/\n\x06reason\x18\x07 \x01(\x0e\x32\x1f.cellpilot.api.v1.TaskEventKind\x12\x1c\n\x14grace_period_seconds\x18\x08 \x01(\x03\">\n\x10StopTaskResponse\x12*\n\x04task\x18\x01 \x01(\x0b\x32\x1c.cellpilot.api.v1.TaskReport\"\x9d\x02\n\x11UpdateTaskRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x02 \x01(\x03\x12\x12\n\nmachine_id\x18\x03 \x01(\t\x12\x0e\n\x06job_id\x18\x04 \x01(\t\x12\x12\n\ntask_index\x18\x05 \x01(\x05\x12\x13\n\x0bincarnation\x18\x06 \x01(\x03\x12+\n\x06limits\x18\x07 \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\x12<\n\x11memory_limit_kind\x18\x08 \x01(\x0e\x32!.cellpilot.api.v1.MemoryLimitKind\x12\x10\n\x08priority\x18\t \x01(\x05\x12\x14\n\x0cspec_version\x18\n \x01(\x03\"@\n\x12UpdateTaskResponse\x12*\n\x04task\x18\x01 \x01(\x0b\x32\x1c.cellpilot.api.v1.TaskReport2\xd2\x02\n\x07\x42orglet\x12\x45\n\x04Poll\x12\x1d.cellpilot.api.v1.PollRequest\x1a\x1e.cellpilot.api.v1.PollResponse\x12T\n\tStartTask\x12\".cellpilot.api.v1.StartTaskRequest\x1a#.cellpilot.api.v1.StartTaskResponse\x12Q\n\x08StopTask\x12!.cellpilot.api.v1.StopTaskRequest\x1a\".cellpilot.api.v1.StopTaskResponse\x12W\n\nUpdateTask\x12#.cellpilot.api.v1.UpdateTaskRequest\x1a$.cellpilot.api.v1.UpdateTaskResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63\x65llpilot/api/v1/borglet.proto\x12\x10\x63\x65llpilot.api.v1\x1a\x1a\x63\x65llpilot/api/v1/job.proto\x1a cellpilot/api/v1/resources.proto\x1a\x1c\x63\x65llpilot/api/v1/state.proto\"\x87\x02\n\x0eTaskAssignment\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x13\n\x0bincarnation\x18\x03 \x01(\x03\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12,\n\x04\x62\x61nd\x18\x05 \x01(\x0e\x32\x1e.cellpilot.api.v1.PriorityBand\x12(\n\x04spec\x18\x06 \x01(\x0b\x32\x1a.cellpilot.api.v1.TaskSpec\x12\r\n\x05ports\x18\x07 \x03(\x05\x12\x14\n\x0cspec_version\x18\x08 \x01(\x03\x12-\n\tapp_class\x18\t \x01(\x0e\x32\x1a.cellpilot.api.v1.AppClass\"P\n\x0c\x44\x65siredTasks\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12/\n\x05tasks\x18\x02 \x03(\x0b\x32 .cellpilot.api.v1.TaskAssignment\"\xb6\x01\n\x0bPollRequest\x12\x12\n\nmachine_id\x18\x01 \x01(\t\x12\x19\n\x11master_replica_id\x18\x02 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x03 \x01(\x03\x12\x15\n\revent_time_ms\x18\x04 \x01(\x03\x12/\n\x07\x64\x65sired\x18\x05 \x01(\x0b\x32\x1e.cellpilot.api.v1.DesiredTasks\x12\x1a\n\x12\x61\x63k_event_sequence\x18\x06 \x01(\x03\"\xf5\x02\n\nTaskReport\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x13\n\x0bincarnation\x18\x03 \x01(\x03\x12*\n\x05state\x18\x04 \x01(\x0e\x32\x1b.cellpilot.api.v1.TaskState\x12\x34\n\x0b\x65xit_reason\x18\x05 \x01(\x0e\x32\x1f.cellpilot.api.v1.TaskEventKind\x12\x11\n\texit_code\x18\x06 \x01(\x05\x12+\n\x06limits\x18\x07 \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\x12*\n\x05usage\x18\x08 \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\x12\x15\n\rcpu_throttled\x18\t \x01(\x08\x12\r\n\x05ready\x18\n \x01(\x08\x12\x10\n\x08restarts\x18\x0b \x01(\x05\x12\x12\n\nstarted_ms\x18\x0c \x01(\x03\x12\x14\n\x0cspec_version\x18\r \x01(\x03\"M\n\rReportedEvent\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12*\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x1b.cellpilot.api.v1.TaskEvent\"\xc0\x02\n\x0cPollResponse\x12\x12\n\nmachine_id\x18\x01 \x01(\t\x12\x15\n\revent_time_ms\x18\x02 \x01(\x03\x12\x17\n\x0f\x64\x65sired_version\x18\x03 \x01(\x03\x12+\n\x05tasks\x18\x04 \x03(\x0b\x32\x1c.cellpilot.api.v1.TaskReport\x12/\n\x06\x65vents\x18\x05 \x03(\x0b\x32\x1f.cellpilot.api.v1.ReportedEvent\x12-\n\x08\x63\x61pacity\x18\x06 \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\x12*\n\x05usage\x18\x07 \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\x12\x17\n\x0fmemory_pressure\x18\x08 \x01(\x08\x12\x1a\n\x12\x63\x61\x63hed_package_ids\x18\t \x03(\t\"\x80\x01\n\x10StartTaskRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x02 \x01(\x03\x12\x12\n\nmachine_id\x18\x03 \x01(\t\x12.\n\x04task\x18\x04 \x01(\x0b\x32 .cellpilot.api.v1.TaskAssignment\"?\n\x11StartTaskResponse\x12*\n\x04task\x18\x01 \x01(\x0b\x32\x1c.cellpilot.api.v1.TaskReport\"\xd7\x01\n\x0fStopTaskRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x02 \x01(\x03\x12\x12\n\nmachine_id\x18\x03 \x01(\t\x12\x0e\n\x06job_id\x18\x04 \x01(\t\x12\x12\n\ntask_index\x18\x05 \x01(\x05\x12\x13\n\x0bincarnation\x18\x06 \x01(\x03\x12/\n\x06reason\x18\x07 \x01(\x0e\x32\x1f.cellpilot.api.v1.TaskEventKind\x12\x1c\n\x14grace_period_seconds\x18\x08 \x01(\x03\">\n\x10StopTaskResponse\x12*\n\x04task\x18\x01 \x01(\x0b\x32\x1c.cellpilot.api.v1.TaskReport\"\x9d\x02\n\x11UpdateTaskRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x02 \x01(\x03\x12\x12\n\nmachine_id\x18\x03 \x01(\t\x12\x0e\n\x06job_id\x18\x04 \x01(\t\x12\x12\n\ntask_index\x18\x05 \x01(\x05\x12\x13\n\x0bincarnation\x18\x06 \x01(\x03\x12+\n\x06limits\x18\x07 \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\x12<\n\x11memory_limit_kind\x18\x08 \x01(\x0e\x32!.cellpilot.api.v1.MemoryLimitKind\x12\x10\n\x08priority\x18\t \x01(\x05\x12\x14\n\x0cspec_version\x18\n \x01(\x03\"@\n\x12UpdateTaskResponse\x12*\n\x04task\x18\x01 \x01(\x0b\x32\x1c.cellpilot.api.v1.TaskReport2\xd2\x02\n\x07\x42orglet\x12\x45\n\x04Poll\x12\x1d.cellpilot.api.v1.PollRequest\x1a\x1e.cellpilot.api.v1.PollResponse\x12T\n\tStartTask\x12\".cellpilot.api.v1.StartTaskRequest\x1a#.cellpilot.api.v1.StartTaskResponse\x12Q\n\x08StopTask\x12!.cellpilot.api.v1.StopTaskRequest\x1a\".cellpilot.api.v1.StopTaskResponse\x12W\n\nUpdateTask\x12#.cellpilot.api.v1.UpdateTaskRequest\x1a$.cellpilot.api.v1.UpdateTaskResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,29 +36,29 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cellpilot.api.v1.borglet_pb
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TASKASSIGNMENT']._serialized_start=145
-  _globals['_TASKASSIGNMENT']._serialized_end=361
-  _globals['_DESIREDTASKS']._serialized_start=363
-  _globals['_DESIREDTASKS']._serialized_end=443
-  _globals['_POLLREQUEST']._serialized_start=446
-  _globals['_POLLREQUEST']._serialized_end=628
-  _globals['_TASKREPORT']._serialized_start=631
-  _globals['_TASKREPORT']._serialized_end=1004
-  _globals['_REPORTEDEVENT']._serialized_start=1006
-  _globals['_REPORTEDEVENT']._serialized_end=1083
-  _globals['_POLLRESPONSE']._serialized_start=1086
-  _globals['_POLLRESPONSE']._serialized_end=1406
-  _globals['_STARTTASKREQUEST']._serialized_start=1409
-  _globals['_STARTTASKREQUEST']._serialized_end=1537
-  _globals['_STARTTASKRESPONSE']._serialized_start=1539
-  _globals['_STARTTASKRESPONSE']._serialized_end=1602
-  _globals['_STOPTASKREQUEST']._serialized_start=1605
-  _globals['_STOPTASKREQUEST']._serialized_end=1820
-  _globals['_STOPTASKRESPONSE']._serialized_start=1822
-  _globals['_STOPTASKRESPONSE']._serialized_end=1884
-  _globals['_UPDATETASKREQUEST']._serialized_start=1887
-  _globals['_UPDATETASKREQUEST']._serialized_end=2172
-  _globals['_UPDATETASKRESPONSE']._serialized_start=2174
-  _globals['_UPDATETASKRESPONSE']._serialized_end=2238
-  _globals['_BORGLET']._serialized_start=2241
-  _globals['_BORGLET']._serialized_end=2579
+  _globals['_TASKASSIGNMENT']._serialized_end=408
+  _globals['_DESIREDTASKS']._serialized_start=410
+  _globals['_DESIREDTASKS']._serialized_end=490
+  _globals['_POLLREQUEST']._serialized_start=493
+  _globals['_POLLREQUEST']._serialized_end=675
+  _globals['_TASKREPORT']._serialized_start=678
+  _globals['_TASKREPORT']._serialized_end=1051
+  _globals['_REPORTEDEVENT']._serialized_start=1053
+  _globals['_REPORTEDEVENT']._serialized_end=1130
+  _globals['_POLLRESPONSE']._serialized_start=1133
+  _globals['_POLLRESPONSE']._serialized_end=1453
+  _globals['_STARTTASKREQUEST']._serialized_start=1456
+  _globals['_STARTTASKREQUEST']._serialized_end=1584
+  _globals['_STARTTASKRESPONSE']._serialized_start=1586
+  _globals['_STARTTASKRESPONSE']._serialized_end=1649
+  _globals['_STOPTASKREQUEST']._serialized_start=1652
+  _globals['_STOPTASKREQUEST']._serialized_end=1867
+  _globals['_STOPTASKRESPONSE']._serialized_start=1869
+  _globals['_STOPTASKRESPONSE']._serialized_end=1931
+  _globals['_UPDATETASKREQUEST']._serialized_start=1934
+  _globals['_UPDATETASKREQUEST']._serialized_end=2219
+  _globals['_UPDATETASKRESPONSE']._serialized_start=2221
+  _globals['_UPDATETASKRESPONSE']._serialized_end=2285
+  _globals['_BORGLET']._serialized_start=2288
+  _globals['_BORGLET']._serialized_end=2626
 # @@protoc_insertion_point(module_scope)

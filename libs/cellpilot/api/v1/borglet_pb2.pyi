@@ -36,6 +36,7 @@ class TaskAssignment(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     PORTS_FIELD_NUMBER: _builtins.int
     SPEC_VERSION_FIELD_NUMBER: _builtins.int
+    APP_CLASS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     task_index: _builtins.int
     incarnation: _builtins.int
@@ -44,6 +45,10 @@ class TaskAssignment(_message.Message):
     band: _job_pb2.PriorityBand.ValueType
     spec_version: _builtins.int
     """JobStatus.spec_version the spec comes from"""
+    app_class: _job_pb2.AppClass.ValueType
+    """The job's app class: under CPU contention latency-sensitive tasks are served first and
+    batch tasks are throttled (Borg §6.2). UNSPECIFIED: read from the band (prod = LS).
+    """
     @_builtins.property
     def spec(self) -> _job_pb2.TaskSpec:
         """limits, memory limit kind, runtime, packages"""
@@ -63,10 +68,11 @@ class TaskAssignment(_message.Message):
         spec: _job_pb2.TaskSpec | None = ...,
         ports: _abc.Iterable[_builtins.int] | None = ...,
         spec_version: _builtins.int = ...,
+        app_class: _job_pb2.AppClass.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["band", b"band", "incarnation", b"incarnation", "job_id", b"job_id", "ports", b"ports", "priority", b"priority", "spec", b"spec", "spec_version", b"spec_version", "task_index", b"task_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["app_class", b"app_class", "band", b"band", "incarnation", b"incarnation", "job_id", b"job_id", "ports", b"ports", "priority", b"priority", "spec", b"spec", "spec_version", b"spec_version", "task_index", b"task_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

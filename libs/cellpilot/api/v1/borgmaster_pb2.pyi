@@ -480,6 +480,8 @@ class WhyPendingResponse(_message.Message):
     RESOURCE_EXCLUSIONS_FIELD_NUMBER: _builtins.int
     FITTING_LIMITS_FIELD_NUMBER: _builtins.int
     EVALUATED_AT_MS_FIELD_NUMBER: _builtins.int
+    NEXT_RESTART_MS_FIELD_NUMBER: _builtins.int
+    AVOIDED_MACHINES_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     task_index: _builtins.int
     job_state: _state_pb2.JobState.ValueType
@@ -493,6 +495,10 @@ class WhyPendingResponse(_message.Message):
     """machines the task fits on now (normally 0 while pending)"""
     evaluated_at_ms: _builtins.int
     """event time of the cell state examined, ms since epoch"""
+    next_restart_ms: _builtins.int
+    """Restart backoff: the task failed and is not rescheduled before this event time; 0 = not
+    backing off.
+    """
     @_builtins.property
     def constraint_exclusions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConstraintExclusion]:
         """Counts per cause; a machine failing several causes is counted under each."""
@@ -505,6 +511,10 @@ class WhyPendingResponse(_message.Message):
         closest to its current ones, changing as few dimensions as possible. Absent if no change
         of limits helps (e.g. the hard constraints exclude every machine).
         """
+
+    @_builtins.property
+    def avoided_machines(self) -> _containers.RepeatedCompositeFieldContainer[_state_pb2.AvoidedMachine]:
+        """Machines the task is kept off after crashing there repeatedly (Borg §4)."""
 
     def __init__(
         self,
@@ -520,10 +530,12 @@ class WhyPendingResponse(_message.Message):
         resource_exclusions: _abc.Iterable[Global___ResourceExclusion] | None = ...,
         fitting_limits: _resources_pb2.Resources | None = ...,
         evaluated_at_ms: _builtins.int = ...,
+        next_restart_ms: _builtins.int = ...,
+        avoided_machines: _abc.Iterable[_state_pb2.AvoidedMachine] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["fitting_limits", b"fitting_limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["constraint_exclusions", b"constraint_exclusions", "evaluated_at_ms", b"evaluated_at_ms", "fitting_limits", b"fitting_limits", "job_id", b"job_id", "job_state", b"job_state", "machines_feasible", b"machines_feasible", "machines_total", b"machines_total", "resource_exclusions", b"resource_exclusions", "summary", b"summary", "task_index", b"task_index", "task_state", b"task_state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["avoided_machines", b"avoided_machines", "constraint_exclusions", b"constraint_exclusions", "evaluated_at_ms", b"evaluated_at_ms", "fitting_limits", b"fitting_limits", "job_id", b"job_id", "job_state", b"job_state", "machines_feasible", b"machines_feasible", "machines_total", b"machines_total", "next_restart_ms", b"next_restart_ms", "resource_exclusions", b"resource_exclusions", "summary", b"summary", "task_index", b"task_index", "task_state", b"task_state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

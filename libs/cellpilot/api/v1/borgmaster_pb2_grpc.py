@@ -29,10 +29,15 @@ if _version_not_supported:
 class BorgmasterStub:
     """The Borgmaster (Borg §3.1). Every replica answers reads; mutating calls on a replica that
     is not the elected master fail with FAILED_PRECONDITION and the trailing metadata key
-    "cellpilot-leader" holds the master's address (GetLeader answers it too). Invalid requests
-    fail with INVALID_ARGUMENT naming the bad field; submissions over quota with
-    RESOURCE_EXHAUSTED naming the resource and amount (Borg §2.5). Mutations are idempotent:
-    a retry with the same request_id returns the first answer and changes nothing.
+    "cellpilot-leader" holds the master's address (GetLeader answers it too). While no master
+    is elected (an election, or the checkpoint store PostgreSQL unreachable) mutating calls
+    fail with UNAVAILABLE: retry with the same request_id. Invalid requests fail with
+    INVALID_ARGUMENT naming the bad field; submissions over quota with RESOURCE_EXHAUSTED
+    naming the resource and amount (Borg §2.5). Refusals carry the trailing metadata key
+    "cellpilot-error-reason" (QUOTA_EXCEEDED, REQUEST_ID_REUSED, NO_MASTER, STORE_UNAVAILABLE)
+    where the status code alone is ambiguous. Mutations are idempotent: a retry with the same
+    request_id, method and payload returns the first answer and changes nothing; a request_id
+    reused for another method or payload fails with ALREADY_EXISTS naming request_id.
     """
 
     def __init__(self, channel):
@@ -111,10 +116,15 @@ class BorgmasterStub:
 class BorgmasterServicer:
     """The Borgmaster (Borg §3.1). Every replica answers reads; mutating calls on a replica that
     is not the elected master fail with FAILED_PRECONDITION and the trailing metadata key
-    "cellpilot-leader" holds the master's address (GetLeader answers it too). Invalid requests
-    fail with INVALID_ARGUMENT naming the bad field; submissions over quota with
-    RESOURCE_EXHAUSTED naming the resource and amount (Borg §2.5). Mutations are idempotent:
-    a retry with the same request_id returns the first answer and changes nothing.
+    "cellpilot-leader" holds the master's address (GetLeader answers it too). While no master
+    is elected (an election, or the checkpoint store PostgreSQL unreachable) mutating calls
+    fail with UNAVAILABLE: retry with the same request_id. Invalid requests fail with
+    INVALID_ARGUMENT naming the bad field; submissions over quota with RESOURCE_EXHAUSTED
+    naming the resource and amount (Borg §2.5). Refusals carry the trailing metadata key
+    "cellpilot-error-reason" (QUOTA_EXCEEDED, REQUEST_ID_REUSED, NO_MASTER, STORE_UNAVAILABLE)
+    where the status code alone is ambiguous. Mutations are idempotent: a retry with the same
+    request_id, method and payload returns the first answer and changes nothing; a request_id
+    reused for another method or payload fails with ALREADY_EXISTS naming request_id.
     """
 
     def SubmitJob(self, request, context):
@@ -277,10 +287,15 @@ def add_BorgmasterServicer_to_server(servicer, server):
 class Borgmaster:
     """The Borgmaster (Borg §3.1). Every replica answers reads; mutating calls on a replica that
     is not the elected master fail with FAILED_PRECONDITION and the trailing metadata key
-    "cellpilot-leader" holds the master's address (GetLeader answers it too). Invalid requests
-    fail with INVALID_ARGUMENT naming the bad field; submissions over quota with
-    RESOURCE_EXHAUSTED naming the resource and amount (Borg §2.5). Mutations are idempotent:
-    a retry with the same request_id returns the first answer and changes nothing.
+    "cellpilot-leader" holds the master's address (GetLeader answers it too). While no master
+    is elected (an election, or the checkpoint store PostgreSQL unreachable) mutating calls
+    fail with UNAVAILABLE: retry with the same request_id. Invalid requests fail with
+    INVALID_ARGUMENT naming the bad field; submissions over quota with RESOURCE_EXHAUSTED
+    naming the resource and amount (Borg §2.5). Refusals carry the trailing metadata key
+    "cellpilot-error-reason" (QUOTA_EXCEEDED, REQUEST_ID_REUSED, NO_MASTER, STORE_UNAVAILABLE)
+    where the status code alone is ambiguous. Mutations are idempotent: a retry with the same
+    request_id, method and payload returns the first answer and changes nothing; a request_id
+    reused for another method or payload fails with ALREADY_EXISTS naming request_id.
     """
 
     @staticmethod

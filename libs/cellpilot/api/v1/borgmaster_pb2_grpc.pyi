@@ -30,10 +30,15 @@ GRPC_VERSION: str
 class BorgmasterStub:
     """The Borgmaster (Borg §3.1). Every replica answers reads; mutating calls on a replica that
     is not the elected master fail with FAILED_PRECONDITION and the trailing metadata key
-    "cellpilot-leader" holds the master's address (GetLeader answers it too). Invalid requests
-    fail with INVALID_ARGUMENT naming the bad field; submissions over quota with
-    RESOURCE_EXHAUSTED naming the resource and amount (Borg §2.5). Mutations are idempotent:
-    a retry with the same request_id returns the first answer and changes nothing.
+    "cellpilot-leader" holds the master's address (GetLeader answers it too). While no master
+    is elected (an election, or the checkpoint store PostgreSQL unreachable) mutating calls
+    fail with UNAVAILABLE: retry with the same request_id. Invalid requests fail with
+    INVALID_ARGUMENT naming the bad field; submissions over quota with RESOURCE_EXHAUSTED
+    naming the resource and amount (Borg §2.5). Refusals carry the trailing metadata key
+    "cellpilot-error-reason" (QUOTA_EXCEEDED, REQUEST_ID_REUSED, NO_MASTER, STORE_UNAVAILABLE)
+    where the status code alone is ambiguous. Mutations are idempotent: a retry with the same
+    request_id, method and payload returns the first answer and changes nothing; a request_id
+    reused for another method or payload fails with ALREADY_EXISTS naming request_id.
     """
 
     @_typing.overload
@@ -61,10 +66,15 @@ class BorgmasterStub:
 class BorgmasterAsyncStub(BorgmasterStub):
     """The Borgmaster (Borg §3.1). Every replica answers reads; mutating calls on a replica that
     is not the elected master fail with FAILED_PRECONDITION and the trailing metadata key
-    "cellpilot-leader" holds the master's address (GetLeader answers it too). Invalid requests
-    fail with INVALID_ARGUMENT naming the bad field; submissions over quota with
-    RESOURCE_EXHAUSTED naming the resource and amount (Borg §2.5). Mutations are idempotent:
-    a retry with the same request_id returns the first answer and changes nothing.
+    "cellpilot-leader" holds the master's address (GetLeader answers it too). While no master
+    is elected (an election, or the checkpoint store PostgreSQL unreachable) mutating calls
+    fail with UNAVAILABLE: retry with the same request_id. Invalid requests fail with
+    INVALID_ARGUMENT naming the bad field; submissions over quota with RESOURCE_EXHAUSTED
+    naming the resource and amount (Borg §2.5). Refusals carry the trailing metadata key
+    "cellpilot-error-reason" (QUOTA_EXCEEDED, REQUEST_ID_REUSED, NO_MASTER, STORE_UNAVAILABLE)
+    where the status code alone is ambiguous. Mutations are idempotent: a retry with the same
+    request_id, method and payload returns the first answer and changes nothing; a request_id
+    reused for another method or payload fails with ALREADY_EXISTS naming request_id.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -88,10 +98,15 @@ class BorgmasterAsyncStub(BorgmasterStub):
 class BorgmasterServicer(metaclass=_abc_1.ABCMeta):
     """The Borgmaster (Borg §3.1). Every replica answers reads; mutating calls on a replica that
     is not the elected master fail with FAILED_PRECONDITION and the trailing metadata key
-    "cellpilot-leader" holds the master's address (GetLeader answers it too). Invalid requests
-    fail with INVALID_ARGUMENT naming the bad field; submissions over quota with
-    RESOURCE_EXHAUSTED naming the resource and amount (Borg §2.5). Mutations are idempotent:
-    a retry with the same request_id returns the first answer and changes nothing.
+    "cellpilot-leader" holds the master's address (GetLeader answers it too). While no master
+    is elected (an election, or the checkpoint store PostgreSQL unreachable) mutating calls
+    fail with UNAVAILABLE: retry with the same request_id. Invalid requests fail with
+    INVALID_ARGUMENT naming the bad field; submissions over quota with RESOURCE_EXHAUSTED
+    naming the resource and amount (Borg §2.5). Refusals carry the trailing metadata key
+    "cellpilot-error-reason" (QUOTA_EXCEEDED, REQUEST_ID_REUSED, NO_MASTER, STORE_UNAVAILABLE)
+    where the status code alone is ambiguous. Mutations are idempotent: a retry with the same
+    request_id, method and payload returns the first answer and changes nothing; a request_id
+    reused for another method or payload fails with ALREADY_EXISTS naming request_id.
     """
 
     @_abc_1.abstractmethod

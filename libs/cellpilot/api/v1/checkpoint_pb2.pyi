@@ -187,6 +187,7 @@ class TaskStateChanged(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    BACKOFF_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     task_index: _builtins.int
     incarnation: _builtins.int
@@ -196,6 +197,12 @@ class TaskStateChanged(_message.Message):
     @_builtins.property
     def usage(self) -> _resources_pb2.Resources:
         """Last usage the Borglet reported before the change (for OOM: memory at the kill); absent if unknown."""
+
+    @_builtins.property
+    def backoff(self) -> Global___RestartBackoff:
+        """Set when the task failed (OOM, error exit, failure to start): the restart decision,
+        recorded with the failure so that replaying the log gives the same backoff.
+        """
 
     def __init__(
         self,
@@ -207,14 +214,55 @@ class TaskStateChanged(_message.Message):
         reason: _state_pb2.TaskEventKind.ValueType = ...,
         detail: _builtins.str = ...,
         usage: _resources_pb2.Resources | None = ...,
+        backoff: Global___RestartBackoff | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["backoff", b"backoff", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "incarnation", b"incarnation", "job_id", b"job_id", "reason", b"reason", "state", b"state", "task_index", b"task_index", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backoff", b"backoff", "detail", b"detail", "incarnation", b"incarnation", "job_id", b"job_id", "reason", b"reason", "state", b"state", "task_index", b"task_index", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TaskStateChanged: _TypeAlias = TaskStateChanged  # noqa: Y015
+
+@_typing.final
+class RestartBackoff(_message.Message):
+    """When a failed task may run again and where not (Borg §4: crash loops back off; the
+    scheduler avoids task::machine pairings that cause crashes).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FAILURES_FIELD_NUMBER: _builtins.int
+    NOT_BEFORE_MS_FIELD_NUMBER: _builtins.int
+    FAILED_AT_MS_FIELD_NUMBER: _builtins.int
+    MACHINE_ID_FIELD_NUMBER: _builtins.int
+    AVOID_UNTIL_MS_FIELD_NUMBER: _builtins.int
+    failures: _builtins.int
+    """failures in a row, this one included"""
+    not_before_ms: _builtins.int
+    """event time before which the task is not rescheduled"""
+    failed_at_ms: _builtins.int
+    """event time of the failure"""
+    machine_id: _builtins.str
+    """where it failed"""
+    avoid_until_ms: _builtins.int
+    """the task is kept off machine_id until then; 0 = not avoided"""
+    def __init__(
+        self,
+        *,
+        failures: _builtins.int = ...,
+        not_before_ms: _builtins.int = ...,
+        failed_at_ms: _builtins.int = ...,
+        machine_id: _builtins.str = ...,
+        avoid_until_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["avoid_until_ms", b"avoid_until_ms", "failed_at_ms", b"failed_at_ms", "failures", b"failures", "machine_id", b"machine_id", "not_before_ms", b"not_before_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RestartBackoff: _TypeAlias = RestartBackoff  # noqa: Y015
 
 @_typing.final
 class MachineRegistered(_message.Message):
@@ -336,6 +384,8 @@ class CheckpointRecord(_message.Message):
     MACHINE_STATE_CHANGED_FIELD_NUMBER: _builtins.int
     QUOTA_SET_FIELD_NUMBER: _builtins.int
     LEADER_ELECTED_FIELD_NUMBER: _builtins.int
+    REQUEST_METHOD_FIELD_NUMBER: _builtins.int
+    REQUEST_DIGEST_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """position in the log, dense from 1"""
     epoch: _builtins.int
@@ -346,6 +396,12 @@ class CheckpointRecord(_message.Message):
     """client request that caused it (for idempotent retries); may be empty"""
     cause_id: _builtins.str
     """request, decision or event that caused it (logs, traces)"""
+    request_method: _builtins.str
+    """With request_id (on the first record of a client request): the RPC it was used for
+    (e.g. "SubmitJob") and a digest of that request's payload, so a later request reusing the
+    id for another method or payload is refused instead of being taken for a retry.
+    """
+    request_digest: _builtins.str
     @_builtins.property
     def job_submitted(self) -> Global___JobSubmitted: ...
     @_builtins.property
@@ -384,10 +440,12 @@ class CheckpointRecord(_message.Message):
         machine_state_changed: Global___MachineStateChanged | None = ...,
         quota_set: Global___QuotaSet | None = ...,
         leader_elected: Global___LeaderElected | None = ...,
+        request_method: _builtins.str = ...,
+        request_digest: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["job_killed", b"job_killed", "job_state_changed", b"job_state_changed", "job_submitted", b"job_submitted", "job_updated", b"job_updated", "leader_elected", b"leader_elected", "machine_registered", b"machine_registered", "machine_state_changed", b"machine_state_changed", "mutation", b"mutation", "quota_set", b"quota_set", "task_scheduled", b"task_scheduled", "task_state_changed", b"task_state_changed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause_id", b"cause_id", "epoch", b"epoch", "event_time_ms", b"event_time_ms", "job_killed", b"job_killed", "job_state_changed", b"job_state_changed", "job_submitted", b"job_submitted", "job_updated", b"job_updated", "leader_elected", b"leader_elected", "machine_registered", b"machine_registered", "machine_state_changed", b"machine_state_changed", "mutation", b"mutation", "quota_set", b"quota_set", "request_id", b"request_id", "sequence", b"sequence", "task_scheduled", b"task_scheduled", "task_state_changed", b"task_state_changed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause_id", b"cause_id", "epoch", b"epoch", "event_time_ms", b"event_time_ms", "job_killed", b"job_killed", "job_state_changed", b"job_state_changed", "job_submitted", b"job_submitted", "job_updated", b"job_updated", "leader_elected", b"leader_elected", "machine_registered", b"machine_registered", "machine_state_changed", b"machine_state_changed", "mutation", b"mutation", "quota_set", b"quota_set", "request_digest", b"request_digest", "request_id", b"request_id", "request_method", b"request_method", "sequence", b"sequence", "task_scheduled", b"task_scheduled", "task_state_changed", b"task_state_changed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_mutation: _TypeAlias = _typing.Literal["job_submitted", "job_updated", "job_killed", "job_state_changed", "task_scheduled", "task_state_changed", "machine_registered", "machine_state_changed", "quota_set", "leader_elected"]  # noqa: Y015
     _WhichOneofArgType_mutation: _TypeAlias = _typing.Literal["mutation", b"mutation"]  # noqa: Y015
@@ -404,21 +462,29 @@ class AppliedRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SEQUENCE_FIELD_NUMBER: _builtins.int
     JOB_ID_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     sequence: _builtins.int
     """log position where it was applied"""
     job_id: _builtins.str
     """the job it created or changed, if any"""
+    method: _builtins.str
+    """the RPC the id was first used for (empty in records older than this field)"""
+    digest: _builtins.str
+    """digest of that request's payload (empty likewise)"""
     def __init__(
         self,
         *,
         request_id: _builtins.str = ...,
         sequence: _builtins.int = ...,
         job_id: _builtins.str = ...,
+        method: _builtins.str = ...,
+        digest: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "request_id", b"request_id", "sequence", b"sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "job_id", b"job_id", "method", b"method", "request_id", b"request_id", "sequence", b"sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

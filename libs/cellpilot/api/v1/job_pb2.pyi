@@ -387,6 +387,60 @@ class Constraint(_message.Message):
 Global___Constraint: _TypeAlias = Constraint  # noqa: Y015
 
 @_typing.final
+class HealthCheck(_message.Message):
+    """How the Borglet checks that a process task is healthy (Borg §2.6: Borg monitors a task's
+    health-check URL and restarts tasks that do not respond promptly or return an HTTP error).
+    Exactly one of http_url or command. A task is ready (Autopilot §3.3: no longer initialising)
+    after its first passing check; failure_threshold failures in a row fail the task, and the
+    Borgmaster restarts it with its restart backoff (Borg §4). Times are wall time: the check
+    probes a real process.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HTTP_URL_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    FAILURE_THRESHOLD_FIELD_NUMBER: _builtins.int
+    INITIAL_DELAY_MS_FIELD_NUMBER: _builtins.int
+    http_url: _builtins.str
+    """GET this URL; a 2xx or 3xx answer passes. Only the task's own machine: the host must be
+    127.0.0.1, localhost or [::1]; "{port}" stands for the task's first assigned port.
+    """
+    interval_ms: _builtins.int
+    """between checks; 0 = 10 s"""
+    timeout_ms: _builtins.int
+    """a check not answered in time fails; 0 = 1 s"""
+    failure_threshold: _builtins.int
+    """failures in a row that fail the task; 0 = 3"""
+    initial_delay_ms: _builtins.int
+    """before the first check (the task's start-up); 0 = none"""
+    @_builtins.property
+    def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Or run this command (argv; argv[0] on the task's PATH) as the task, in its sandbox and
+        cgroup; exit code 0 passes.
+        """
+
+    def __init__(
+        self,
+        *,
+        http_url: _builtins.str = ...,
+        command: _abc.Iterable[_builtins.str] | None = ...,
+        interval_ms: _builtins.int = ...,
+        timeout_ms: _builtins.int = ...,
+        failure_threshold: _builtins.int = ...,
+        initial_delay_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "failure_threshold", b"failure_threshold", "http_url", b"http_url", "initial_delay_ms", b"initial_delay_ms", "interval_ms", b"interval_ms", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HealthCheck: _TypeAlias = HealthCheck  # noqa: Y015
+
+@_typing.final
 class ProcessRuntime(_message.Message):
     """Run a real command; the Borglet meters its RSS and CPU time."""
 
@@ -415,26 +469,133 @@ class ProcessRuntime(_message.Message):
     COMMAND_FIELD_NUMBER: _builtins.int
     ARGS_FIELD_NUMBER: _builtins.int
     ENV_FIELD_NUMBER: _builtins.int
+    HEALTH_CHECK_FIELD_NUMBER: _builtins.int
     command: _builtins.str
     """executable path or name on the Borglet's PATH"""
     @_builtins.property
     def args(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def health_check(self) -> Global___HealthCheck:
+        """absent: the task is ready once it runs and is never probed"""
+
     def __init__(
         self,
         *,
         command: _builtins.str = ...,
         args: _abc.Iterable[_builtins.str] | None = ...,
         env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        health_check: Global___HealthCheck | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["health_check", b"health_check"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "command", b"command", "env", b"env"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "command", b"command", "env", b"env", "health_check", b"health_check"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ProcessRuntime: _TypeAlias = ProcessRuntime  # noqa: Y015
+
+@_typing.final
+class DemandTrace(_message.Message):
+    """A job's demand as a series of points, replayed instead of a model (e.g. the summed usage of
+    a traced job's tasks, cellpilot.workloads.job_demand.DemandSeries.from_job_signals). Point k
+    holds from k * step_seconds after the job's submission; the series repeats after its end.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_SECONDS_FIELD_NUMBER: _builtins.int
+    CPU_MILLICORES_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    step_seconds: _builtins.int
+    """> 0"""
+    @_builtins.property
+    def cpu_millicores(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """the job's total CPU demand at each point"""
+
+    @_builtins.property
+    def memory_bytes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """its total load-dependent memory; empty = none"""
+
+    def __init__(
+        self,
+        *,
+        step_seconds: _builtins.int = ...,
+        cpu_millicores: _abc.Iterable[_builtins.float] | None = ...,
+        memory_bytes: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_millicores", b"cpu_millicores", "memory_bytes", b"memory_bytes", "step_seconds", b"step_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DemandTrace: _TypeAlias = DemandTrace  # noqa: Y015
+
+@_typing.final
+class SharedDemand(_message.Message):
+    """A job's load, shared by its ready tasks (Borg §2.6: load balancers see the job's size and its
+    tasks' health and route requests to the healthy ones). The demand is the job's, not a task's:
+    adding tasks lowers each task's load and losing one raises the others'. Each task uses its
+    share on top of its own usage from SimulatedRuntime.usage_model, which is then its base
+    (idle CPU, resident memory, its own age effects such as a leak).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ParamsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    USAGE_MODEL_FIELD_NUMBER: _builtins.int
+    PARAMS_FIELD_NUMBER: _builtins.int
+    TRACE_FIELD_NUMBER: _builtins.int
+    IMBALANCE_FIELD_NUMBER: _builtins.int
+    usage_model: _builtins.str
+    """A usage model (cellpilot.workloads.usage_models) evaluated once for the whole job: its CPU
+    and memory are the job's total demand. Age effects (step, leak, growth, batch ramp) count
+    from the job's submission.
+    """
+    imbalance: _builtins.float
+    """The load balancer's per-task weights: log-normal sigma, persistent per task; 0 = even split."""
+    @_builtins.property
+    def params(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
+    @_builtins.property
+    def trace(self) -> Global___DemandTrace:
+        """set instead of usage_model to replay a series"""
+
+    def __init__(
+        self,
+        *,
+        usage_model: _builtins.str = ...,
+        params: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        trace: Global___DemandTrace | None = ...,
+        imbalance: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["trace", b"trace"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["imbalance", b"imbalance", "params", b"params", "trace", b"trace", "usage_model", b"usage_model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SharedDemand: _TypeAlias = SharedDemand  # noqa: Y015
 
 @_typing.final
 class SimulatedRuntime(_message.Message):
@@ -468,6 +629,7 @@ class SimulatedRuntime(_message.Message):
     SEED_FIELD_NUMBER: _builtins.int
     DURATION_SECONDS_FIELD_NUMBER: _builtins.int
     STARTUP_SECONDS_FIELD_NUMBER: _builtins.int
+    DEMAND_FIELD_NUMBER: _builtins.int
     usage_model: _builtins.str
     """Name of a usage model from cellpilot.workloads (e.g. "steady", "diurnal", "step", "leak")."""
     trace_uri: _builtins.str
@@ -477,10 +639,16 @@ class SimulatedRuntime(_message.Message):
     duration_seconds: _builtins.int
     """Task finishes after this many seconds of event time; 0 = runs until killed."""
     startup_seconds: _builtins.int
-    """Seconds of event time before the task reports ready (Autopilot §3.3 limiting growth)."""
+    """Seconds of event time before the task reports ready (Autopilot §3.3 limiting growth); it
+    takes no share of the job's demand until its load balancer sees it ready.
+    """
     @_builtins.property
     def params(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """The model's parameters, by name; units are the model's (documented with the model)."""
+
+    @_builtins.property
+    def demand(self) -> Global___SharedDemand:
+        """The job's demand, shared among its ready tasks; absent = each task's usage is its model."""
 
     def __init__(
         self,
@@ -491,10 +659,11 @@ class SimulatedRuntime(_message.Message):
         seed: _builtins.int = ...,
         duration_seconds: _builtins.int = ...,
         startup_seconds: _builtins.int = ...,
+        demand: Global___SharedDemand | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["demand", b"demand"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration_seconds", b"duration_seconds", "params", b"params", "seed", b"seed", "startup_seconds", b"startup_seconds", "trace_uri", b"trace_uri", "usage_model", b"usage_model"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["demand", b"demand", "duration_seconds", b"duration_seconds", "params", b"params", "seed", b"seed", "startup_seconds", b"startup_seconds", "trace_uri", b"trace_uri", "usage_model", b"usage_model"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -27,7 +27,7 @@ from cellpilot.api.v1 import resources_pb2 as cellpilot_dot_api_dot_v1_dot_resou
 from cellpilot.api.v1 import usage_pb2 as cellpilot_dot_api_dot_v1_dot_usage__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!cellpilot/api/v1/monitoring.proto\x12\x10\x63\x65llpilot.api.v1\x1a cellpilot/api/v1/resources.proto\x1a\x1c\x63\x65llpilot/api/v1/usage.proto\"\xcb\x01\n\x1aGetHistogramHistoryRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12,\n\x08resource\x18\x02 \x01(\x0e\x32\x1a.cellpilot.api.v1.Resource\x12\x17\n\ntask_index\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x10\n\x08start_ms\x18\x04 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x05 \x01(\x03\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\tB\r\n\x0b_task_index\"l\n\x1bGetHistogramHistoryResponse\x12\x34\n\nhistograms\x18\x01 \x03(\x0b\x32 .cellpilot.api.v1.UsageHistogram\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xcb\x01\n\x0fTaskUsageWindow\x12\x17\n\x0fwindow_start_ms\x18\x01 \x01(\x03\x12\x15\n\rwindow_end_ms\x18\x02 \x01(\x03\x12\x1b\n\x13\x63pu_mean_millicores\x18\x03 \x01(\x01\x12\x1a\n\x12\x63pu_max_millicores\x18\x04 \x01(\x01\x12\x19\n\x11memory_peak_bytes\x18\x05 \x01(\x03\x12\x14\n\x0csample_count\x18\x06 \x01(\x03\x12\x1e\n\x16throttled_sample_count\x18\x07 \x01(\x03\"\x82\x01\n\x13GetTaskUsageRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x10\n\x08start_ms\x18\x03 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x04 \x01(\x03\x12\x11\n\tpage_size\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\"c\n\x14GetTaskUsageResponse\x12\x32\n\x07windows\x18\x01 \x03(\x0b\x32!.cellpilot.api.v1.TaskUsageWindow\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"<\n\x16GetBucketSchemeRequest\x12\x11\n\tscheme_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\"I\n\x17GetBucketSchemeResponse\x12.\n\x06scheme\x18\x01 \x01(\x0b\x32\x1e.cellpilot.api.v1.BucketScheme2\xc7\x02\n\nMonitoring\x12r\n\x13GetHistogramHistory\x12,.cellpilot.api.v1.GetHistogramHistoryRequest\x1a-.cellpilot.api.v1.GetHistogramHistoryResponse\x12]\n\x0cGetTaskUsage\x12%.cellpilot.api.v1.GetTaskUsageRequest\x1a&.cellpilot.api.v1.GetTaskUsageResponse\x12\x66\n\x0fGetBucketScheme\x12(.cellpilot.api.v1.GetBucketSchemeRequest\x1a).cellpilot.api.v1.GetBucketSchemeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!cellpilot/api/v1/monitoring.proto\x12\x10\x63\x65llpilot.api.v1\x1a cellpilot/api/v1/resources.proto\x1a\x1c\x63\x65llpilot/api/v1/usage.proto\"\xcb\x01\n\x1aGetHistogramHistoryRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12,\n\x08resource\x18\x02 \x01(\x0e\x32\x1a.cellpilot.api.v1.Resource\x12\x17\n\ntask_index\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x10\n\x08start_ms\x18\x04 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x05 \x01(\x03\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\tB\r\n\x0b_task_index\"l\n\x1bGetHistogramHistoryResponse\x12\x34\n\nhistograms\x18\x01 \x03(\x0b\x32 .cellpilot.api.v1.UsageHistogram\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xee\x01\n\x0fTaskUsageWindow\x12\x17\n\x0fwindow_start_ms\x18\x01 \x01(\x03\x12\x15\n\rwindow_end_ms\x18\x02 \x01(\x03\x12\x1b\n\x13\x63pu_mean_millicores\x18\x03 \x01(\x01\x12\x1a\n\x12\x63pu_max_millicores\x18\x04 \x01(\x01\x12\x19\n\x11memory_peak_bytes\x18\x05 \x01(\x03\x12\x14\n\x0csample_count\x18\x06 \x01(\x03\x12\x1e\n\x16throttled_sample_count\x18\x07 \x01(\x03\x12!\n\x19\x63pu_unmet_mean_millicores\x18\x08 \x01(\x01\"\x82\x01\n\x13GetTaskUsageRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x10\n\x08start_ms\x18\x03 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x04 \x01(\x03\x12\x11\n\tpage_size\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\"c\n\x14GetTaskUsageResponse\x12\x32\n\x07windows\x18\x01 \x03(\x0b\x32!.cellpilot.api.v1.TaskUsageWindow\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"<\n\x16GetBucketSchemeRequest\x12\x11\n\tscheme_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\"I\n\x17GetBucketSchemeResponse\x12.\n\x06scheme\x18\x01 \x01(\x0b\x32\x1e.cellpilot.api.v1.BucketScheme2\xc7\x02\n\nMonitoring\x12r\n\x13GetHistogramHistory\x12,.cellpilot.api.v1.GetHistogramHistoryRequest\x1a-.cellpilot.api.v1.GetHistogramHistoryResponse\x12]\n\x0cGetTaskUsage\x12%.cellpilot.api.v1.GetTaskUsageRequest\x1a&.cellpilot.api.v1.GetTaskUsageResponse\x12\x66\n\x0fGetBucketScheme\x12(.cellpilot.api.v1.GetBucketSchemeRequest\x1a).cellpilot.api.v1.GetBucketSchemeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,15 +39,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETHISTOGRAMHISTORYRESPONSE']._serialized_start=325
   _globals['_GETHISTOGRAMHISTORYRESPONSE']._serialized_end=433
   _globals['_TASKUSAGEWINDOW']._serialized_start=436
-  _globals['_TASKUSAGEWINDOW']._serialized_end=639
-  _globals['_GETTASKUSAGEREQUEST']._serialized_start=642
-  _globals['_GETTASKUSAGEREQUEST']._serialized_end=772
-  _globals['_GETTASKUSAGERESPONSE']._serialized_start=774
-  _globals['_GETTASKUSAGERESPONSE']._serialized_end=873
-  _globals['_GETBUCKETSCHEMEREQUEST']._serialized_start=875
-  _globals['_GETBUCKETSCHEMEREQUEST']._serialized_end=935
-  _globals['_GETBUCKETSCHEMERESPONSE']._serialized_start=937
-  _globals['_GETBUCKETSCHEMERESPONSE']._serialized_end=1010
-  _globals['_MONITORING']._serialized_start=1013
-  _globals['_MONITORING']._serialized_end=1340
+  _globals['_TASKUSAGEWINDOW']._serialized_end=674
+  _globals['_GETTASKUSAGEREQUEST']._serialized_start=677
+  _globals['_GETTASKUSAGEREQUEST']._serialized_end=807
+  _globals['_GETTASKUSAGERESPONSE']._serialized_start=809
+  _globals['_GETTASKUSAGERESPONSE']._serialized_end=908
+  _globals['_GETBUCKETSCHEMEREQUEST']._serialized_start=910
+  _globals['_GETBUCKETSCHEMEREQUEST']._serialized_end=970
+  _globals['_GETBUCKETSCHEMERESPONSE']._serialized_start=972
+  _globals['_GETBUCKETSCHEMERESPONSE']._serialized_end=1045
+  _globals['_MONITORING']._serialized_start=1048
+  _globals['_MONITORING']._serialized_end=1375
 # @@protoc_insertion_point(module_scope)

@@ -103,6 +103,7 @@ class TaskUsageWindow(_message.Message):
     MEMORY_PEAK_BYTES_FIELD_NUMBER: _builtins.int
     SAMPLE_COUNT_FIELD_NUMBER: _builtins.int
     THROTTLED_SAMPLE_COUNT_FIELD_NUMBER: _builtins.int
+    CPU_UNMET_MEAN_MILLICORES_FIELD_NUMBER: _builtins.int
     window_start_ms: _builtins.int
     """ms since epoch"""
     window_end_ms: _builtins.int
@@ -112,6 +113,8 @@ class TaskUsageWindow(_message.Message):
     memory_peak_bytes: _builtins.int
     sample_count: _builtins.int
     throttled_sample_count: _builtins.int
+    cpu_unmet_mean_millicores: _builtins.float
+    """mean unmet CPU demand (UsageSample.cpu_unmet_millicores)"""
     def __init__(
         self,
         *,
@@ -122,10 +125,11 @@ class TaskUsageWindow(_message.Message):
         memory_peak_bytes: _builtins.int = ...,
         sample_count: _builtins.int = ...,
         throttled_sample_count: _builtins.int = ...,
+        cpu_unmet_mean_millicores: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_max_millicores", b"cpu_max_millicores", "cpu_mean_millicores", b"cpu_mean_millicores", "memory_peak_bytes", b"memory_peak_bytes", "sample_count", b"sample_count", "throttled_sample_count", b"throttled_sample_count", "window_end_ms", b"window_end_ms", "window_start_ms", b"window_start_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_max_millicores", b"cpu_max_millicores", "cpu_mean_millicores", b"cpu_mean_millicores", "cpu_unmet_mean_millicores", b"cpu_unmet_mean_millicores", "memory_peak_bytes", b"memory_peak_bytes", "sample_count", b"sample_count", "throttled_sample_count", b"throttled_sample_count", "window_end_ms", b"window_end_ms", "window_start_ms", b"window_start_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

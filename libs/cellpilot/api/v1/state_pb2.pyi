@@ -185,6 +185,12 @@ class TaskStatus(_message.Message):
     READY_FIELD_NUMBER: _builtins.int
     SPEC_VERSION_FIELD_NUMBER: _builtins.int
     STATE_SINCE_MS_FIELD_NUMBER: _builtins.int
+    FAILURES_FIELD_NUMBER: _builtins.int
+    NEXT_RESTART_MS_FIELD_NUMBER: _builtins.int
+    LAST_FAILURE_FIELD_NUMBER: _builtins.int
+    LAST_FAILURE_MS_FIELD_NUMBER: _builtins.int
+    AVOIDED_MACHINES_FIELD_NUMBER: _builtins.int
+    RECENT_FAILURES_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     task_index: _builtins.int
     """0 .. task_count - 1"""
@@ -207,6 +213,19 @@ class TaskStatus(_message.Message):
     """the JobStatus.spec_version this task runs"""
     state_since_ms: _builtins.int
     """event time of the last state change, ms since epoch"""
+    failures: _builtins.int
+    """Restart backoff (Borg §4): failures in a row (OOM, error exit, failure to start) — a
+    failure after the task ran cleanly for a while counts as the first again. LOST, EVICTED
+    and PREEMPTED are not the task's failures and do not count.
+    """
+    next_restart_ms: _builtins.int
+    """Event time before which the task is not rescheduled, ms since epoch; 0 = none. Grows
+    exponentially with failures, up to the Borgmaster's cap.
+    """
+    last_failure: _builtins.str
+    """the last failure's kind and detail, e.g. "oom: ..." """
+    last_failure_ms: _builtins.int
+    """its event time, ms since epoch"""
     @_builtins.property
     def limits(self) -> _resources_pb2.Resources:
         """Limits in force on this task (may lag JobSpec during a rolling update):
@@ -224,6 +243,14 @@ class TaskStatus(_message.Message):
     @_builtins.property
     def ports(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """TCP port numbers assigned on the machine"""
+
+    @_builtins.property
+    def avoided_machines(self) -> _containers.RepeatedCompositeFieldContainer[Global___AvoidedMachine]:
+        """Machines the task is kept off for a while after failing there repeatedly."""
+
+    @_builtins.property
+    def recent_failures(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskFailure]:
+        """The task's last few failures, where and when (for the avoidance decision)."""
 
     def __init__(
         self,
@@ -243,14 +270,72 @@ class TaskStatus(_message.Message):
         ready: _builtins.bool = ...,
         spec_version: _builtins.int = ...,
         state_since_ms: _builtins.int = ...,
+        failures: _builtins.int = ...,
+        next_restart_ms: _builtins.int = ...,
+        last_failure: _builtins.str = ...,
+        last_failure_ms: _builtins.int = ...,
+        avoided_machines: _abc.Iterable[Global___AvoidedMachine] | None = ...,
+        recent_failures: _abc.Iterable[Global___TaskFailure] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "reservation", b"reservation", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "job_id", b"job_id", "limits", b"limits", "machine_id", b"machine_id", "ports", b"ports", "ready", b"ready", "reason", b"reason", "reason_detail", b"reason_detail", "reservation", b"reservation", "restarts", b"restarts", "spec_version", b"spec_version", "state", b"state", "state_since_ms", b"state_since_ms", "task_index", b"task_index", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["avoided_machines", b"avoided_machines", "failures", b"failures", "incarnation", b"incarnation", "job_id", b"job_id", "last_failure", b"last_failure", "last_failure_ms", b"last_failure_ms", "limits", b"limits", "machine_id", b"machine_id", "next_restart_ms", b"next_restart_ms", "ports", b"ports", "ready", b"ready", "reason", b"reason", "reason_detail", b"reason_detail", "recent_failures", b"recent_failures", "reservation", b"reservation", "restarts", b"restarts", "spec_version", b"spec_version", "state", b"state", "state_since_ms", b"state_since_ms", "task_index", b"task_index", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TaskStatus: _TypeAlias = TaskStatus  # noqa: Y015
+
+@_typing.final
+class AvoidedMachine(_message.Message):
+    """A machine a task is kept off after crashing there repeatedly (Borg §4: the scheduler
+    avoids task::machine pairings that cause crashes).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MACHINE_ID_FIELD_NUMBER: _builtins.int
+    UNTIL_MS_FIELD_NUMBER: _builtins.int
+    machine_id: _builtins.str
+    until_ms: _builtins.int
+    """event time the avoidance ends, ms since epoch"""
+    def __init__(
+        self,
+        *,
+        machine_id: _builtins.str = ...,
+        until_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["machine_id", b"machine_id", "until_ms", b"until_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AvoidedMachine: _TypeAlias = AvoidedMachine  # noqa: Y015
+
+@_typing.final
+class TaskFailure(_message.Message):
+    """One failure of a task (OOM, error exit, failure to start) on a machine."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MACHINE_ID_FIELD_NUMBER: _builtins.int
+    EVENT_TIME_MS_FIELD_NUMBER: _builtins.int
+    machine_id: _builtins.str
+    event_time_ms: _builtins.int
+    """ms since epoch"""
+    def __init__(
+        self,
+        *,
+        machine_id: _builtins.str = ...,
+        event_time_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_time_ms", b"event_time_ms", "machine_id", b"machine_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskFailure: _TypeAlias = TaskFailure  # noqa: Y015
 
 @_typing.final
 class TaskCounts(_message.Message):

@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from cellpilot.api.v1 import resources_pb2 as cellpilot_dot_api_dot_v1_dot_resources__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63\x65llpilot/api/v1/usage.proto\x12\x10\x63\x65llpilot.api.v1\x1a cellpilot/api/v1/resources.proto\"\xa2\x01\n\x0bUsageSample\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x13\n\x0bincarnation\x18\x03 \x01(\x03\x12\x15\n\revent_time_ms\x18\x04 \x01(\x03\x12\x16\n\x0e\x63pu_millicores\x18\x05 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x03\x12\x15\n\rcpu_throttled\x18\x07 \x01(\x08\"n\n\x10UsageSampleBatch\x12\x12\n\nmachine_id\x18\x01 \x01(\t\x12\x16\n\x0e\x62\x61tch_sequence\x18\x02 \x01(\x03\x12.\n\x07samples\x18\x03 \x03(\x0b\x32\x1d.cellpilot.api.v1.UsageSample\"v\n\x0c\x42ucketScheme\x12\x11\n\tscheme_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\x12,\n\x08resource\x18\x03 \x01(\x0e\x32\x1a.cellpilot.api.v1.Resource\x12\x14\n\x0cupper_bounds\x18\x04 \x03(\x01\"\xf9\x02\n\x0eUsageHistogram\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x17\n\ntask_index\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12,\n\x08resource\x18\x03 \x01(\x0e\x32\x1a.cellpilot.api.v1.Resource\x12\x17\n\x0fwindow_start_ms\x18\x04 \x01(\x03\x12\x15\n\rwindow_end_ms\x18\x05 \x01(\x03\x12\x18\n\x10\x62ucket_scheme_id\x18\x06 \x01(\t\x12\x1d\n\x15\x62ucket_scheme_version\x18\x07 \x01(\x05\x12\x16\n\x0e\x62ucket_indices\x18\x08 \x03(\x05\x12\x0e\n\x06\x63ounts\x18\t \x03(\x03\x12\x0c\n\x04peak\x18\n \x01(\x01\x12\x18\n\x10mean_total_usage\x18\x0b \x01(\x01\x12\x14\n\x0csample_count\x18\x0c \x01(\x03\x12\x12\n\ntask_count\x18\r \x01(\x05\x12\x1e\n\x16throttled_sample_count\x18\x0e \x01(\x03\x42\r\n\x0b_task_indexb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63\x65llpilot/api/v1/usage.proto\x12\x10\x63\x65llpilot.api.v1\x1a cellpilot/api/v1/resources.proto\"\xc0\x01\n\x0bUsageSample\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x13\n\x0bincarnation\x18\x03 \x01(\x03\x12\x15\n\revent_time_ms\x18\x04 \x01(\x03\x12\x16\n\x0e\x63pu_millicores\x18\x05 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x03\x12\x15\n\rcpu_throttled\x18\x07 \x01(\x08\x12\x1c\n\x14\x63pu_unmet_millicores\x18\x08 \x01(\x01\"n\n\x10UsageSampleBatch\x12\x12\n\nmachine_id\x18\x01 \x01(\t\x12\x16\n\x0e\x62\x61tch_sequence\x18\x02 \x01(\x03\x12.\n\x07samples\x18\x03 \x03(\x0b\x32\x1d.cellpilot.api.v1.UsageSample\"v\n\x0c\x42ucketScheme\x12\x11\n\tscheme_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\x12,\n\x08resource\x18\x03 \x01(\x0e\x32\x1a.cellpilot.api.v1.Resource\x12\x14\n\x0cupper_bounds\x18\x04 \x03(\x01\"\x93\x03\n\x0eUsageHistogram\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x17\n\ntask_index\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12,\n\x08resource\x18\x03 \x01(\x0e\x32\x1a.cellpilot.api.v1.Resource\x12\x17\n\x0fwindow_start_ms\x18\x04 \x01(\x03\x12\x15\n\rwindow_end_ms\x18\x05 \x01(\x03\x12\x18\n\x10\x62ucket_scheme_id\x18\x06 \x01(\t\x12\x1d\n\x15\x62ucket_scheme_version\x18\x07 \x01(\x05\x12\x16\n\x0e\x62ucket_indices\x18\x08 \x03(\x05\x12\x0e\n\x06\x63ounts\x18\t \x03(\x03\x12\x0c\n\x04peak\x18\n \x01(\x01\x12\x18\n\x10mean_total_usage\x18\x0b \x01(\x01\x12\x14\n\x0csample_count\x18\x0c \x01(\x03\x12\x12\n\ntask_count\x18\r \x01(\x05\x12\x1e\n\x16throttled_sample_count\x18\x0e \x01(\x03\x12\x18\n\x10mean_total_unmet\x18\x0f \x01(\x01\x42\r\n\x0b_task_indexb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,11 +34,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cellpilot.api.v1.usage_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_USAGESAMPLE']._serialized_start=85
-  _globals['_USAGESAMPLE']._serialized_end=247
-  _globals['_USAGESAMPLEBATCH']._serialized_start=249
-  _globals['_USAGESAMPLEBATCH']._serialized_end=359
-  _globals['_BUCKETSCHEME']._serialized_start=361
-  _globals['_BUCKETSCHEME']._serialized_end=479
-  _globals['_USAGEHISTOGRAM']._serialized_start=482
-  _globals['_USAGEHISTOGRAM']._serialized_end=859
+  _globals['_USAGESAMPLE']._serialized_end=277
+  _globals['_USAGESAMPLEBATCH']._serialized_start=279
+  _globals['_USAGESAMPLEBATCH']._serialized_end=389
+  _globals['_BUCKETSCHEME']._serialized_start=391
+  _globals['_BUCKETSCHEME']._serialized_end=509
+  _globals['_USAGEHISTOGRAM']._serialized_start=512
+  _globals['_USAGEHISTOGRAM']._serialized_end=915
 # @@protoc_insertion_point(module_scope)

@@ -33,6 +33,7 @@ class UsageSample(_message.Message):
     CPU_MILLICORES_FIELD_NUMBER: _builtins.int
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     CPU_THROTTLED_FIELD_NUMBER: _builtins.int
+    CPU_UNMET_MILLICORES_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     task_index: _builtins.int
     incarnation: _builtins.int
@@ -44,7 +45,12 @@ class UsageSample(_message.Message):
     memory_bytes: _builtins.int
     """resident memory, bytes"""
     cpu_throttled: _builtins.bool
-    """the task was throttled at its CPU limit during the interval"""
+    """some of the task's CPU demand went unserved during the interval"""
+    cpu_unmet_millicores: _builtins.float
+    """CPU demand not served over the interval, millicores (a rate, like cpu_millicores): the
+    task was throttled at its limit, or its machine had no spare CPU (Borg §6.2). Times the
+    interval (one second) it is the throttled CPU-seconds (x 1000).
+    """
     def __init__(
         self,
         *,
@@ -55,10 +61,11 @@ class UsageSample(_message.Message):
         cpu_millicores: _builtins.float = ...,
         memory_bytes: _builtins.int = ...,
         cpu_throttled: _builtins.bool = ...,
+        cpu_unmet_millicores: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_millicores", b"cpu_millicores", "cpu_throttled", b"cpu_throttled", "event_time_ms", b"event_time_ms", "incarnation", b"incarnation", "job_id", b"job_id", "memory_bytes", b"memory_bytes", "task_index", b"task_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_millicores", b"cpu_millicores", "cpu_throttled", b"cpu_throttled", "cpu_unmet_millicores", b"cpu_unmet_millicores", "event_time_ms", b"event_time_ms", "incarnation", b"incarnation", "job_id", b"job_id", "memory_bytes", b"memory_bytes", "task_index", b"task_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -158,6 +165,7 @@ class UsageHistogram(_message.Message):
     SAMPLE_COUNT_FIELD_NUMBER: _builtins.int
     TASK_COUNT_FIELD_NUMBER: _builtins.int
     THROTTLED_SAMPLE_COUNT_FIELD_NUMBER: _builtins.int
+    MEAN_TOTAL_UNMET_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     task_index: _builtins.int
     """set for a per-task histogram, absent for the job's sum"""
@@ -180,6 +188,11 @@ class UsageHistogram(_message.Message):
     """tasks that reported in the window"""
     throttled_sample_count: _builtins.int
     """CPU only: samples taken while throttled"""
+    mean_total_unmet: _builtins.float
+    """CPU only: the mean over the window of the summed unmet CPU demand of the tasks covered,
+    millicores (like mean_total_usage for the served CPU); times the window length, the
+    throttled CPU-seconds (x 1000).
+    """
     @_builtins.property
     def bucket_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Sparse histogram: counts[i] samples fell into bucket bucket_indices[i]; indices ascending,
@@ -205,10 +218,11 @@ class UsageHistogram(_message.Message):
         sample_count: _builtins.int = ...,
         task_count: _builtins.int = ...,
         throttled_sample_count: _builtins.int = ...,
+        mean_total_unmet: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_task_index", b"_task_index", "task_index", b"task_index"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_task_index", b"_task_index", "bucket_indices", b"bucket_indices", "bucket_scheme_id", b"bucket_scheme_id", "bucket_scheme_version", b"bucket_scheme_version", "counts", b"counts", "job_id", b"job_id", "mean_total_usage", b"mean_total_usage", "peak", b"peak", "resource", b"resource", "sample_count", b"sample_count", "task_count", b"task_count", "task_index", b"task_index", "throttled_sample_count", b"throttled_sample_count", "window_end_ms", b"window_end_ms", "window_start_ms", b"window_start_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_task_index", b"_task_index", "bucket_indices", b"bucket_indices", "bucket_scheme_id", b"bucket_scheme_id", "bucket_scheme_version", b"bucket_scheme_version", "counts", b"counts", "job_id", b"job_id", "mean_total_unmet", b"mean_total_unmet", "mean_total_usage", b"mean_total_usage", "peak", b"peak", "resource", b"resource", "sample_count", b"sample_count", "task_count", b"task_count", "task_index", b"task_index", "throttled_sample_count", b"throttled_sample_count", "window_end_ms", b"window_end_ms", "window_start_ms", b"window_start_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__task_index: _TypeAlias = _typing.Literal["task_index"]  # noqa: Y015
     _WhichOneofArgType__task_index: _TypeAlias = _typing.Literal["_task_index", b"_task_index"]  # noqa: Y015

@@ -24,7 +24,7 @@ import numpy as np
 
 from cellpilot.schedule.cell import LIMIT, NUM_LEVELS, Cell
 from cellpilot.schedule.lifetime_aware.lava import RANK_EMPTY, LavaHosts
-from cellpilot.schedule.lifetime_aware.lifetime_scores import MAX_TEMPORAL_COST, temporal_cost
+from cellpilot.schedule.lifetime_aware.lifetime_scores import MAX_TEMPORAL_COST, lifetime_class, temporal_cost
 from cellpilot.schedule.lifetime_aware.policies import VmRequest
 from cellpilot.schedule.plugins import MAX_SCORE, FloatArray, IntArray, Request
 
@@ -131,5 +131,5 @@ class LavaScorer:
         remaining = self.lifetimes.job_remaining.get(req.job)
         if remaining is None:
             return np.full(machines.shape[0], MAX_SCORE)
-        ranks = self.lifetimes.hosts.ranks(remaining, machines.astype(np.int64))
+        ranks = self.lifetimes.hosts.ranks(int(lifetime_class(remaining)), machines.astype(np.int64))
         return MAX_SCORE * (1.0 - ranks / RANK_EMPTY)

@@ -12,8 +12,11 @@ Per host: a state (empty, open, recycling), a lifetime class (LC1..LC4 as 0..3, 
 * Underprediction: each host gets a deadline when its class is set; if predictions
   were right it is empty within 1.1x the class's longest lifetime (residuals live up
   to the class bound, gap fillers at most a tenth of it), so the deadline is that.
-  A host still holding VMs at its deadline moves one class up and its VMs become
-  residual (§4.3, Figure 5c).
+  While a host is open, every VM of its class placed on it pushes the deadline to
+  1.1x the class bound from that placement (the bound holds from the last VM of the
+  class, not from the opening). A host still holding VMs at its deadline moves one
+  class up and its VMs become residual (§4.3, Figure 5c); an open host that times out
+  turns recycling, since it now has residual VMs.
 * Preference (§4.3): recycling hosts of a longer class than the VM (the closer the
   better), then open hosts of the VM's class, then any non-empty host, then empty
   hosts; LAS's temporal cost breaks ties, then best fit.
@@ -39,7 +42,6 @@ from cellpilot.schedule.lifetime_aware.lifetime_scores import (
     best_fit_cost,
     class_upper,
     lexicographic_min,
-    lifetime_class,
     temporal_cost,
 )
 from cellpilot.schedule.lifetime_aware.policies import VmRequest
@@ -101,10 +103,11 @@ class LavaHosts:
         self.residual_on: dict[int, int] = {}
         self.reclassified_down = 0
         self.reclassified_up = 0
+        self.reclassified_up_open = 0  # of which the host was still open
+        self.turned_recycling = 0
 
-    def ranks(self, remaining: float, hosts: IntArray) -> IntArray:
-        """§4.3's preference for a VM with ``remaining`` predicted seconds (lower is preferred)."""
-        vm_class = int(lifetime_class(remaining))
+    def ranks(self, vm_class: int, hosts: IntArray) -> IntArray:
+        """§4.3's preference for a VM of lifetime class ``vm_class`` (lower is preferred)."""
         return lava_ranks(vm_class, self.state[hosts], self.host_class[hosts], self.pool.vm_count[hosts] > 0)
 
     # ------------------------------------------------------------ state changes
@@ -125,13 +128,18 @@ class LavaHosts:
         """After ``vm`` was added to ``host``."""
         if self.state[host] == EMPTY:
             self.state[host] = OPEN
-            self._set_class(host, int(lifetime_class(vm.remaining)), now)
+            self._set_class(host, vm.vm_class, now)
+        elif self.state[host] == OPEN and vm.vm_class == self.host_class[host]:
+            # A VM of the host's class, placed now, may live to the class bound from now: the
+            # 1.1x bound of §4.3 counts from the last such VM, not from the host's opening.
+            self.deadline[host] = max(self.deadline[host], now + DEADLINE_FACTOR * class_upper(vm.vm_class))
         if self.state[host] == OPEN:
             dims = [CORES, MEMORY]
             share = self.pool.used[host, dims] / self.pool.capacity[host, dims]
             if np.any(share > RECYCLE_AT):
                 self.state[host] = RECYCLING
                 self._all_residual(host)
+                self.turned_recycling += 1
 
     def removed(self, host: int, row: int, now: float) -> None:
         """After VM ``row`` left ``host``."""
@@ -157,6 +165,11 @@ class LavaHosts:
             self._set_class(host, min(int(self.host_class[host]) + 1, NUM_LIFETIME_CLASSES - 1), now)
             self._all_residual(host)
             self.reclassified_up += 1
+            if self.state[host] == OPEN:
+                # Its VMs are now residual (Fig. 5c), so it recycles: shorter VMs fill its gaps, and
+                # it steps down when they leave (Fig. 5b), like a host that filled up.
+                self.reclassified_up_open += 1
+                self.state[host] = RECYCLING
 
 
 class Lava(LavaHosts):
@@ -173,7 +186,7 @@ class Lava(LavaHosts):
         self.advance(now)
         self.ledger.refresh(now)
         pool = self.hosts_pool
-        ranks = self.ranks(vm.remaining, candidates)
+        ranks = self.ranks(vm.vm_class, candidates)
         host_exit = np.maximum(self.ledger.host_exit()[candidates], now)
         temporal = temporal_cost(now + vm.remaining, host_exit)
         fit = best_fit_cost(pool.capacity[candidates], pool.used[candidates], vm.demand)

@@ -73,6 +73,14 @@ class LifetimeLedger:
         self._record(rows, np.array([now + remaining]), np.array([uptime]), now)
         return remaining
 
+    def lifetime_class(self, row: int, now: float) -> int:
+        """The LAVA class (§4.3) the predictor gives VM ``row`` at ``now``; -1: the class of its remaining."""
+        classify = getattr(self.predictor, "lifetime_classes", None)
+        if classify is None:
+            return -1
+        uptime = max(now - self.created[row], 0.0)
+        return int(classify(np.array([row], dtype=np.int64), np.array([uptime]))[0])
+
     def _record(self, rows: IntArray, exits: FloatArray, uptimes: FloatArray, now: float) -> None:
         self.exit[rows] = exits
         for r in rows.tolist():

@@ -32,6 +32,7 @@ from cellpilot.schedule.lifetime_aware.lifetime_scores import (
     HOUR,
     best_fit_cost,
     lexicographic_min,
+    lifetime_class,
     temporal_cost,
 )
 
@@ -43,11 +44,22 @@ LA_BINARY_CUTOFF = 2.0 * HOUR  # §5.3: the same two-hour cutoff as the LA paper
 
 @dataclass(frozen=True)
 class VmRequest:
-    """A VM to place: its trace row, shape and predicted remaining lifetime at ``now`` (s)."""
+    """A VM to place: its trace row, shape and predicted remaining lifetime at ``now`` (s).
+
+    ``lifetime_class`` is the LAVA class (§4.3) the predictor assigns; -1 means "the class
+    of ``remaining``" (a point predictor). A distribution predictor may assign a class from
+    its whole distribution instead (see :mod:`cellpilot.lifetimes.predictors`).
+    """
 
     row: int
     demand: FloatArray  # (3,) cores, memory GiB, SSD GiB
     remaining: float = float("nan")  # repredicted at the VM's current uptime (NaN: no predictor)
+    lifetime_class: int = -1
+
+    @property
+    def vm_class(self) -> int:
+        """The LAVA class to schedule this VM by (§4.3)."""
+        return self.lifetime_class if self.lifetime_class >= 0 else int(lifetime_class(self.remaining))
 
 
 class PlacementPolicy(Protocol):

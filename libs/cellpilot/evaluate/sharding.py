@@ -1,0 +1,73 @@
+"""A study as a map over shards: one pure function per shard, results combined in shard order.
+
+Every study splits its work the same way: a ``context`` every shard needs (the study's
+configuration, a trained model, a workload) and a list of ``shards`` (chunks of jobs,
+policy runs, Monte Carlo instances, seeds), each carrying whatever seed it needs. The
+per-shard function ``fn(context, shard)`` is pure and module-level (so it can run in
+another process or on another machine); its results come back as a list in shard order,
+so a study gives the same answer however and wherever its shards ran.
+
+:class:`InProcess` runs the shards one after the other in this process. A runner that
+spreads them over a cluster (``cellpilot.platform.dask_shards``) implements the same
+:class:`ShardRunner` protocol outside the core; studies only ever see the protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
+
+C = TypeVar("C")
+S = TypeVar("S")
+R = TypeVar("R")
+
+ShardDone = Callable[[int], None]  # called with the shard's index as each shard finishes
+
+
+class ShardRunner(Protocol):
+    """Maps a pure per-shard function over shards; results in shard order."""
+
+    @property
+    def workers(self) -> int:
+        """How many shards run at once (a hint for how finely to split the work)."""
+        ...
+
+    def map(
+        self,
+        fn: Callable[[C, S], R],
+        context: C,
+        shards: Sequence[S],
+        *,
+        costs: Sequence[float] | None = None,
+        on_done: ShardDone | None = None,
+    ) -> list[R]:
+        """``costs`` (optional, one per shard) lets a parallel runner start the biggest first."""
+        ...
+
+
+class InProcess:
+    """Runs every shard here, in order."""
+
+    @property
+    def workers(self) -> int:
+        return 1
+
+    def map(
+        self,
+        fn: Callable[[C, S], R],
+        context: C,
+        shards: Sequence[S],
+        *,
+        costs: Sequence[float] | None = None,
+        on_done: ShardDone | None = None,
+    ) -> list[R]:
+        del costs  # one at a time: order does not matter
+        results: list[R] = []
+        for index, shard in enumerate(shards):
+            results.append(fn(context, shard))
+            if on_done is not None:
+                on_done(index)
+        return results
+
+
+IN_PROCESS = InProcess()

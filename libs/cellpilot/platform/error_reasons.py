@@ -1,0 +1,31 @@
+"""Why a server refused a call, where the gRPC status code alone is ambiguous.
+
+A refusal carries the reason in the trailing metadata key ``cellpilot-error-reason`` (next to
+``cellpilot-leader``, which names the master). The client reads it to tell, say, a Borg quota
+refusal (Borg §2.5) from gRPC's own message-size check — both RESOURCE_EXHAUSTED — without
+parsing the server's words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+ERROR_REASON_KEY = "cellpilot-error-reason"
+
+QUOTA_EXCEEDED = "QUOTA_EXCEEDED"  # RESOURCE_EXHAUSTED: admission refused the job (Borg §2.5)
+REQUEST_ID_REUSED = "REQUEST_ID_REUSED"  # ALREADY_EXISTS: the request id names another request
+NO_MASTER = "NO_MASTER"  # UNAVAILABLE: no replica is the elected master right now (an election)
+STORE_UNAVAILABLE = "STORE_UNAVAILABLE"  # UNAVAILABLE: a store the service needs cannot be reached
+
+
+def reason_metadata(reason: str) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata saying ``reason``, for ``context.abort(..., trailing_metadata=...)``."""
+    return ((ERROR_REASON_KEY, reason),)
+
+
+def reason_of(trailing_metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
+    """The reason a refusal's trailing metadata gives ("" when it gives none)."""
+    for key, value in trailing_metadata or ():
+        if key == ERROR_REASON_KEY:
+            return value if isinstance(value, str) else value.decode("ascii", "replace")
+    return ""

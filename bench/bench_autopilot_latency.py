@@ -34,7 +34,8 @@ from sqlalchemy import make_url
 from bench.harness import Report
 from cellpilot.api.v1 import borgmaster_pb2, job_pb2, resources_pb2, usage_pb2
 from cellpilot.client.async_client import CellpilotClient
-from cellpilot.platform.kafka import AssignedConsumer, MessageProducer, ensure_topics
+from cellpilot.platform.kafka import MessageProducer, ensure_topics
+from cellpilot.platform.kafka_consumers import AssignedConsumer
 from cellpilot.platform.postgres import apply_migrations, ensure_database
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.platform.topics import Topic

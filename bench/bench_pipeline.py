@@ -26,7 +26,8 @@ from sqlalchemy import make_url
 
 from bench.harness import Report
 from cellpilot.api.v1 import usage_pb2
-from cellpilot.platform.kafka import MessageConsumer, MessageProducer, ensure_topics
+from cellpilot.platform.kafka import MessageProducer, ensure_topics
+from cellpilot.platform.kafka_consumers import MessageConsumer
 from cellpilot.platform.postgres import apply_migrations, ensure_database
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.platform.topics import Topic

@@ -34,13 +34,13 @@ from cellpilot.client.failover import RetryPolicy
 from cellpilot.platform.grpc_server import GrpcServer
 from cellpilot.platform.kafka import (
     AppliedOffsets,
-    AssignedConsumer,
     MessageProducer,
     PoisonRecordError,
     Record,
     dead_letter,
     ensure_topics,
 )
+from cellpilot.platform.kafka_consumers import AssignedConsumer
 from cellpilot.platform.metrics import CellpilotMetrics
 from cellpilot.platform.redis_client import connect_redis, reply_bytes, reply_text
 from cellpilot.platform.telemetry import Telemetry

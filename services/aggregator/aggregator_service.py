@@ -32,7 +32,6 @@ from cellpilot.platform.kafka import (
     MAX_SPAN_LINKS,
     AppliedOffsets,
     LogPosition,
-    MessageConsumer,
     MessageProducer,
     PoisonRecordError,
     Record,
@@ -40,6 +39,7 @@ from cellpilot.platform.kafka import (
     dead_letter,
     record_links,
 )
+from cellpilot.platform.kafka_consumers import MessageConsumer
 from cellpilot.platform.postgres import apply_migrations
 from cellpilot.platform.store_outage import POSTGRES, StoreOutageInterceptor
 from cellpilot.platform.telemetry import Telemetry

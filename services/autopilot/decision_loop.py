@@ -35,13 +35,13 @@ from cellpilot.client.async_client import BorgmasterClient
 from cellpilot.client.errors import CellpilotError, NotFoundError
 from cellpilot.platform.kafka import (
     AppliedOffsets,
-    AssignedConsumer,
     MessageProducer,
     PoisonRecordError,
     Record,
     dead_letter,
     record_links,
 )
+from cellpilot.platform.kafka_consumers import AssignedConsumer
 from cellpilot.platform.metrics import CellpilotMetrics
 from cellpilot.usage.buckets import Resource
 from cellpilot_services.autopilot import convert

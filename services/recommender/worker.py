@@ -44,14 +44,13 @@ from cellpilot.autopilot.job_recommendations import (
 from cellpilot.platform.grpc_server import GrpcServer
 from cellpilot.platform.kafka import (
     AppliedOffsets,
-    AssignedConsumer,
-    MessageConsumer,
     MessageProducer,
     PoisonRecordError,
     Record,
     dead_letter,
     record_links,
 )
+from cellpilot.platform.kafka_consumers import AssignedConsumer, MessageConsumer
 from cellpilot.platform.metrics import CellpilotMetrics
 from cellpilot.platform.redis_client import connect_redis
 from cellpilot.platform.telemetry import Telemetry

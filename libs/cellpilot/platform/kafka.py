@@ -16,7 +16,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import TypeVar
@@ -335,7 +335,7 @@ DEFAULT_LOG_CHECK_INTERVAL_S = 5.0
 LOG_CHECK_TIMEOUT_S = 5.0
 
 
-def _record(message: ConsumerRecord[bytes, bytes]) -> Record:
+def record_of(message: ConsumerRecord[bytes, bytes]) -> Record:
     return Record(
         topic=message.topic,
         partition=message.partition,
@@ -476,135 +476,8 @@ class LogPositions:
                         ends[key] = int(end)
                         same = bool(messages) and messages[0].offset == offsets[tp]
                         read[(key, offsets[tp])] = (
-                            RecordFingerprint.of(_record(messages[0])) if same else None
+                            RecordFingerprint.of(record_of(messages[0])) if same else None
                         )
             finally:
                 reader.assign([])
         return read, ends
-
-
-class _CheckedConsumer:
-    """What both consumers share: batches of records, and positions checked against the log."""
-
-    def __init__(self, consumer: AIOKafkaConsumer, bootstrap: str, client_id: str, interval_s: float) -> None:
-        self._consumer = consumer
-        self.positions = LogPositions(bootstrap, client_id, interval_s)
-
-    async def stop(self) -> None:
-        await self.positions.stop()
-        await self._consumer.stop()
-
-    async def batches(self, timeout_ms: int = 500, max_records: int = 500) -> AsyncIterator[list[Record]]:
-        """Yields batches of records (possibly empty, so the caller can notice time passing)."""
-        while True:
-            fetched = await self._consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
-            yield [_record(m) for messages in fetched.values() for m in messages]
-
-    async def follow_log_resets(
-        self, records: list[Record], fences: Sequence[AppliedOffsets], force: bool = False
-    ) -> list[Record]:
-        """Check the fences' positions of our partitions when due (or ``force``: at assignment);
-        one whose log is gone resumes at the new log's start, where the consumer seeks, and the
-        batch's records of that partition are dropped (they come again). Returns the rest."""
-        if not (force or self.positions.due()):
-            return records
-        assigned = set(self._consumer.assignment())
-        resets = await self.positions.check(fences, {(tp.topic, tp.partition) for tp in assigned})
-        rewound: dict[TopicPartition, int] = {}
-        for reset in resets:
-            tp = TopicPartition(reset.topic, reset.partition)
-            rewound[tp] = min(rewound.get(tp, reset.log_start), reset.log_start)
-        for tp, offset in rewound.items():
-            if tp in assigned:
-                self._consumer.seek(tp, offset)
-        return [r for r in records if TopicPartition(r.topic, r.partition) not in rewound]
-
-
-class MessageConsumer(_CheckedConsumer):
-    """A consumer-group member with manual commits (at-least-once)."""
-
-    def __init__(
-        self,
-        bootstrap: str,
-        topics: list[str],
-        group_id: str,
-        client_id: str = "cellpilot",
-        log_check_interval_s: float = DEFAULT_LOG_CHECK_INTERVAL_S,
-    ) -> None:
-        consumer = AIOKafkaConsumer(
-            *topics,
-            bootstrap_servers=bootstrap,
-            group_id=group_id,
-            client_id=client_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            session_timeout_ms=10000,
-            heartbeat_interval_ms=1000,
-        )
-        super().__init__(consumer, bootstrap, client_id, log_check_interval_s)
-
-    async def start(self) -> None:
-        await self._consumer.start()
-
-    async def commit(self, records: Iterable[Record]) -> None:
-        """Commit past the given (processed) records: the next offset per partition."""
-        offsets: dict[TopicPartition, int] = {}
-        for record in records:
-            tp = TopicPartition(record.topic, record.partition)
-            offsets[tp] = max(offsets.get(tp, 0), record.offset + 1)
-        if offsets:
-            await self._consumer.commit(offsets)
-
-    def assignment(self) -> set[TopicPartition]:
-        return set(self._consumer.assignment())
-
-
-class AssignedConsumer(_CheckedConsumer):
-    """Reads every partition of some topics without a consumer group, from given offsets.
-
-    For a consumer whose position is part of its own state (an :class:`AppliedOffsets`
-    stored with that state, e.g. by an elected leader under its fencing token): a new
-    reader starts exactly where the stored offsets say, with no group rebalance to wait
-    for when the previous reader died.
-    """
-
-    def __init__(
-        self,
-        bootstrap: str,
-        topics: list[str],
-        client_id: str = "cellpilot",
-        log_check_interval_s: float = DEFAULT_LOG_CHECK_INTERVAL_S,
-    ) -> None:
-        self.topics = topics
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
-            group_id=None,
-            client_id=client_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
-        super().__init__(consumer, bootstrap, client_id, log_check_interval_s)
-
-    async def start(self, offsets: AppliedOffsets | None = None) -> None:
-        """Assign all partitions; each starts at ``offsets``' next offset (else the earliest).
-
-        The positions are checked first: one whose log is gone starts at the new log's start.
-        """
-        await self._consumer.start()
-        partitions: list[TopicPartition] = []
-        for topic in self.topics:
-            ids = self._consumer.partitions_for_topic(topic)
-            if ids is None:
-                await self._consumer.topics()  # fetches the cluster's metadata
-                ids = self._consumer.partitions_for_topic(topic) or set()
-            partitions.extend(TopicPartition(topic, p) for p in sorted(ids))
-        self._consumer.assign(partitions)
-        if offsets is not None:
-            await self.positions.check([offsets], {(tp.topic, tp.partition) for tp in partitions})
-        known = offsets.next_offset if offsets is not None else {}
-        for tp in partitions:
-            start = known.get((tp.topic, tp.partition))
-            if start is None:
-                await self._consumer.seek_to_beginning(tp)
-            else:
-                self._consumer.seek(tp, start)

@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
-from cellpilot.platform.kafka import MessageConsumer, Record, ensure_topics
+from cellpilot.platform.kafka import Record, ensure_topics
+from cellpilot.platform.kafka_consumers import MessageConsumer
 from cellpilot.platform.topics import Topic
 from cellpilot.stack import StackEndpoints
 

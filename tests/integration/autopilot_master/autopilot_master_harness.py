@@ -36,7 +36,8 @@ from cellpilot.api.v1 import (
     state_pb2,
 )
 from cellpilot.client.async_client import CellpilotClient
-from cellpilot.platform.kafka import MessageConsumer, MessageProducer, Record, ensure_topics
+from cellpilot.platform.kafka import MessageProducer, Record, ensure_topics
+from cellpilot.platform.kafka_consumers import MessageConsumer
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.platform.topics import Topic
 from cellpilot.stack import StackEndpoints

@@ -10,7 +10,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from cellpilot.api.v1 import borglet_pb2, borglet_pb2_grpc, job_pb2, resources_pb2, usage_pb2
-from cellpilot.platform.kafka import MessageConsumer, Record
+from cellpilot.platform.kafka import Record
+from cellpilot.platform.kafka_consumers import MessageConsumer
 
 MIB = 1 << 20
 WORKLOAD = [sys.executable, "-m", "cellpilot_services.borglet.workload_program"]

@@ -289,7 +289,7 @@ class EventLog:
     """Reads ``borg.events`` in the background, keeping the events of the given users' jobs."""
 
     def __init__(self, bootstrap: str, users: set[str]) -> None:
-        from cellpilot.platform.kafka import MessageConsumer
+        from cellpilot.platform.kafka_consumers import MessageConsumer
 
         self.users = users
         self.consumer = MessageConsumer(

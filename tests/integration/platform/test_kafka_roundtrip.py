@@ -20,15 +20,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from cellpilot.platform.kafka import (
-    AppliedOffsets,
-    AssignedConsumer,
-    LogPositions,
-    MessageConsumer,
-    MessageProducer,
-    Record,
-    ensure_topics,
-)
+from cellpilot.platform.kafka import AppliedOffsets, LogPositions, MessageProducer, Record, ensure_topics
+from cellpilot.platform.kafka_consumers import AssignedConsumer, MessageConsumer
 from cellpilot.platform.topics import Topic
 from cellpilot.stack import StackEndpoints
 

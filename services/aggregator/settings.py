@@ -43,7 +43,7 @@ class AggregatorSettings(BaseSettings):
     samples_topic: str = "usage.samples"
     sample_partitions: int = Field(default=_partitions("usage.samples"), ge=1)
     histograms_topic: str = "usage.histograms"
-    consumer_group: str = "aggregator"
+    consumer_group: str = "aggregator"  # as platform/topics.py declares for usage.samples
 
     # Event time (Autopilot §3.2.1: 5-minute windows). A window closes once the watermark
     # (latest event time seen on the partition minus the out-of-orderness) has passed its

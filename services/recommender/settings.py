@@ -44,7 +44,7 @@ class RecommenderSettings(BaseSettings):
     histogram_partitions: int = Field(default=_partitions("usage.histograms"), ge=1)
     events_topic: str = "borg.events"  # OOM feedback; "" = none
     recommendations_topic: str = "recommendations"
-    consumer_group: str = "recommender"
+    consumer_group: str = "recommender"  # as platform/topics.py declares for usage.histograms
     # Redis keys of the checkpoints: <prefix>:<group>:p<partition>:{epoch,offsets,jobs}
     state_prefix: str = "cellpilot:recommender"
 

@@ -23,6 +23,9 @@ class Topic:
     key: str  # what the message key is, so ordering guarantees are explicit
     purpose: str
     retention_ms: int | None = None  # None: the broker's default
+    # The consumer groups that commit their positions on the topic (the services' default
+    # group names); a rotation of the embedded broker waits for them and counts what they lose.
+    committing_groups: tuple[str, ...] = ()
 
     def configs(self) -> dict[str, str]:
         """The topic configs it is created with."""
@@ -36,6 +39,7 @@ TOPICS: tuple[Topic, ...] = (
         "machine id",
         "raw 1 s usage samples, batched per machine (Borglet -> aggregator)",
         retention_ms=10 * MINUTE_MS,
+        committing_groups=("aggregator",),
     ),
     Topic(
         "usage.histograms",
@@ -43,6 +47,7 @@ TOPICS: tuple[Topic, ...] = (
         "job id",
         "5-minute per-job histograms (aggregator -> recommenders)",
         retention_ms=30 * MINUTE_MS,
+        committing_groups=("recommender",),
     ),
     Topic(
         "recommendations",

@@ -17,7 +17,7 @@ from google.protobuf.wrappers_pb2 import StringValue
 from cellpilot.platform.kafka import MessageProducer, ensure_topics
 from cellpilot.platform.topics import Topic
 from cellpilot.stack import StackEndpoints
-from cellpilot.stack.broker_retention import rotate_topic
+from cellpilot.stack.broker_retention import drained, log_end_of, rotate_topic
 
 
 async def _ends(bootstrap: str, topic: Topic) -> dict[int, int]:
@@ -48,7 +48,7 @@ async def test_a_rotated_topic_is_empty_keeps_its_configs_and_takes_records(
         for i in range(6):
             await producer.send(topic.name, f"k{i}", StringValue(value=f"v{i}"))
         assert sum((await _ends(bootstrap, topic)).values()) == 6
-        assert await rotate_topic(bootstrap, topic) > 0
+        assert (await rotate_topic(bootstrap, topic)).held == 6
         assert await _ends(bootstrap, topic) == {0: 0, 1: 0}
         await producer.send(topic.name, "k", StringValue(value="after"))
         assert sum((await _ends(bootstrap, topic)).values()) == 1
@@ -62,3 +62,61 @@ async def test_a_rotated_topic_is_empty_keeps_its_configs_and_takes_records(
         await admin.close()
     entries = {entry[0]: entry[1] for resource in described.resources for entry in resource[4]}
     assert entries.get("retention.ms") == "600000", "stored (and enforced by a real Kafka broker)"
+
+
+async def _group_member(bootstrap: str, topic: Topic, group: str) -> AIOKafkaConsumer:
+    """A member of ``group`` with the topic's partitions assigned (so it may commit on them)."""
+    consumer = AIOKafkaConsumer(
+        topic.name, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
+    )
+    await consumer.start()
+    while not consumer.assignment():
+        await consumer.getmany(timeout_ms=200)
+    return consumer
+
+
+async def test_a_rotation_waits_for_a_group_and_counts_what_it_had_not_applied(
+    endpoints: StackEndpoints,
+) -> None:
+    bootstrap = endpoints.kafka_bootstrap
+    group = f"test-group-{uuid.uuid4().hex[:8]}"
+    topic = Topic(f"test.drained.{uuid.uuid4().hex[:8]}", 1, "key", "test", 600_000, (group,))
+    await ensure_topics(bootstrap, [topic])
+    producer = MessageProducer(bootstrap)
+    await producer.start()
+    consumer = await _group_member(bootstrap, topic, group)
+    try:
+        for i in range(5):
+            await producer.send(topic.name, f"k{i}", StringValue(value=f"v{i}"))
+        ends = await log_end_of(bootstrap, topic)
+        partition = TopicPartition(topic.name, 0)
+        assert ends == {partition: 5}
+        await consumer.commit({partition: 3})  # the group applied 3 of the 5
+        assert not await drained(bootstrap, topic, ends), "two records are not applied yet"
+        rotation = await rotate_topic(bootstrap, topic)
+        assert rotation.held == 5
+        assert rotation.unapplied_by_group == {group: 2}, "what the group loses is counted"
+        assert f"{group} 2" in rotation.describe()
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+async def test_a_group_that_applied_the_whole_log_lets_the_rotation_go(endpoints: StackEndpoints) -> None:
+    bootstrap = endpoints.kafka_bootstrap
+    group = f"test-group-{uuid.uuid4().hex[:8]}"
+    topic = Topic(f"test.caught.{uuid.uuid4().hex[:8]}", 1, "key", "test", 600_000, (group,))
+    await ensure_topics(bootstrap, [topic])
+    producer = MessageProducer(bootstrap)
+    await producer.start()
+    consumer = await _group_member(bootstrap, topic, group)
+    try:
+        for i in range(3):
+            await producer.send(topic.name, f"k{i}", StringValue(value=f"v{i}"))
+        ends = await log_end_of(bootstrap, topic)
+        await consumer.commit({TopicPartition(topic.name, 0): 3})
+        assert await drained(bootstrap, topic, ends)
+        assert (await rotate_topic(bootstrap, topic)).unapplied_by_group.get(group) == 0
+    finally:
+        await consumer.stop()
+        await producer.stop()

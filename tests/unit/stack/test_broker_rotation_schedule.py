@@ -34,3 +34,27 @@ def test_the_cells_topics_rotate_the_raw_samples_first_and_keep_events_and_actua
     assert rotated["usage.samples"] == min(rotated.values())
     assert {"borg.events", "actuations", "deadletter"}.isdisjoint(rotated)
     assert {t.name for t in TOPICS if t.retention_ms} == set(rotated)
+
+
+def test_what_a_group_had_not_applied_is_counted_per_partition_and_never_negative() -> None:
+    from aiokafka import TopicPartition
+
+    from cellpilot.stack.broker_retention import Rotation, unapplied
+
+    ends = {TopicPartition("s", 0): 10, TopicPartition("s", 1): 4}
+    assert unapplied(ends, {TopicPartition("s", 0): 7, TopicPartition("s", 1): 4}) == 3
+    assert unapplied(ends, {TopicPartition("s", 0): 12}) == 4, "a partition never committed counts whole"
+    assert "aggregator 3" in Rotation(14, {"aggregator": 3}).describe()
+    assert "own state" in Rotation(14, {}).describe(), "consumers invisible to the broker are named as such"
+
+
+def test_a_rotation_or_a_failure_ends_the_drain() -> None:
+    from cellpilot.stack.broker_retention import Drain
+
+    schedule = RotationSchedule.starting(0.0, [SAMPLES])
+    schedule.draining["s"] = Drain(600.0, {})
+    schedule.rotated(SAMPLES, 630.0)
+    assert "s" not in schedule.draining
+    schedule.draining["s"] = Drain(1_230.0, {})
+    schedule.failed(SAMPLES, 1_240.0)
+    assert "s" not in schedule.draining

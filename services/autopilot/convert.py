@@ -241,6 +241,8 @@ def horizontal_config_in(pb: job_pb2.HorizontalScalingConfig, field: str) -> Hor
             raise InvalidField(f"{field}.target_utilization", "must be in (0, 1] for CPU_UTILIZATION")
         if source is HorizontalSource.TARGET_SIZE and not pb.target_size_recommender:
             raise InvalidField(f"{field}.target_size_recommender", "required for TARGET_SIZE")
+    if pb.reference_cpu_millicores < 0:
+        raise InvalidField(f"{field}.reference_cpu_millicores", "must be >= 0")
     for name in ("small_change_fraction", "max_initializing_fraction"):
         if not 0 <= getattr(pb, name) <= 1:
             raise InvalidField(f"{field}.{name}", "must be in [0, 1]")
@@ -263,6 +265,7 @@ def horizontal_config_in(pb: job_pb2.HorizontalScalingConfig, field: str) -> Hor
         * 1000,
         small_change_fraction=pb.small_change_fraction or DEFAULT_SMALL_CHANGE_FRACTION,
         max_initializing_fraction=pb.max_initializing_fraction or DEFAULT_MAX_INITIALIZING_FRACTION,
+        reference_cpu_millicores=float(pb.reference_cpu_millicores) or None,
     )
 
 
@@ -359,6 +362,7 @@ def effective_config_out(
     hp.slow_decay_half_period_seconds = h.slow_decay_half_period_ms // 1000
     hp.small_change_fraction = h.small_change_fraction
     hp.max_initializing_fraction = h.max_initializing_fraction
+    hp.reference_cpu_millicores = round(h.reference_cpu_millicores or 0)
     return out
 
 

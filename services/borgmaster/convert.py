@@ -136,6 +136,7 @@ HORIZONTAL_PLAIN = (
     "slow_decay_half_period_seconds",
     "small_change_fraction",
     "max_initializing_fraction",
+    "reference_cpu_millicores",
 )
 
 

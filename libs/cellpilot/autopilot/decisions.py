@@ -51,6 +51,7 @@ from cellpilot.recommend.horizontal import (
     StabiliserConfig,
     StabiliserState,
     initial_stabiliser_state,
+    raw_task_count,
     stabilise,
 )
 from cellpilot.usage.buckets import Resource
@@ -74,7 +75,10 @@ class HorizontalConfig:
     min_tasks: int = 1
     max_tasks: int | None = None
     source: HorizontalSource = HorizontalSource.CPU_UTILIZATION
-    target_utilization: float | None = None  # r*, a fraction of the task's CPU limit
+    target_utilization: float | None = None  # r*, a fraction of the per-task reference size
+    # The per-task size r* is a fraction of, millicores; None: the task's CPU limit after this
+    # step's vertical decision (only when vertical CPU is not ON: see job.proto).
+    reference_cpu_millicores: float | None = None
     statistic: UsageStatistic = UsageStatistic.MAX
     horizon_ms: int = 72 * HOUR_MS
     target_size_recommender: str = ""
@@ -306,9 +310,10 @@ def _horizontal(
     if signal is not None:
         if config.source is HorizontalSource.CPU_UTILIZATION:
             usage = signal.usage_statistic
-            if usage is not None and config.target_utilization and cpu_limit_after > 0:
-                # §3.3: n_r = r_S / r*, with r* read as a fraction of the task's CPU limit.
-                raw = math.ceil(usage / (config.target_utilization * cpu_limit_after) - 1e-9)
+            size = config.reference_cpu_millicores or cpu_limit_after
+            if usage is not None and config.target_utilization and size > 0:
+                # §3.3: n_r = r_S / r*, r* a fraction of the per-task reference size.
+                raw = float(raw_task_count(usage, config.target_utilization, size))
         elif signal.producer == config.target_size_recommender:
             raw = signal.raw_task_count
     target, reason = memory.horizontal_target, memory.horizontal_reason

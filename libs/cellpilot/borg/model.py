@@ -216,6 +216,7 @@ class HorizontalScaling:
     slow_decay_half_period_seconds: int = 0
     small_change_fraction: float = 0.0
     max_initializing_fraction: float = 0.0
+    reference_cpu_millicores: int = 0
 
 
 ACTIVE_MODES = frozenset({ScalingMode.ON, ScalingMode.DRY_RUN})

@@ -159,6 +159,15 @@ def validate_autopilot(spec: JobSpec, field: str) -> Rejection | None:
                 return invalid(f"{hf}.target_size_recommender", "required when the source is TARGET_SIZE")
         elif not (math.isfinite(h.target_utilization) and 0.0 < h.target_utilization <= 1.0):
             return invalid(f"{hf}.target_utilization", "must be in (0, 1] when the source is CPU_UTILIZATION")
+        elif a.cpu.mode is ScalingMode.ON and h.reference_cpu_millicores <= 0:
+            return invalid(
+                f"{hf}.reference_cpu_millicores",
+                "required (> 0) when vertical CPU scaling is ON too: CPU utilisation measured against "
+                "a limit Autopilot keeps changing does not converge; give the per-task size r* is a "
+                "fraction of",
+            )
+    if h.reference_cpu_millicores < 0:
+        return invalid(f"{hf}.reference_cpu_millicores", "must be >= 0")
     return None
 
 

@@ -25,7 +25,9 @@ Example (every key except ``name``, ``user`` and ``limits`` is optional)::
     autopilot:
       cpu: {mode: on, min: 100m, max: 4, recommender: auto}
       memory: {mode: dry-run}
-      horizontal: {mode: on, min_tasks: 1, max_tasks: 20, target_utilization: 0.7}
+      horizontal: {mode: on, min_tasks: 1, max_tasks: 20, target_utilization: 0.7,
+                   reference_cpu: 500m}   # r* is a share of this fixed per-task size (needed
+                                          # with vertical CPU on, or the two loops never settle)
 
 CPU quantities are cores (``0.5``, ``2``) or millicores (``500m``); memory and disk are bytes
 or ``Ki/Mi/Gi/Ti`` (binary) and ``K/M/G/T`` (decimal) suffixed numbers.
@@ -395,7 +397,7 @@ def _vertical(
 _HORIZONTAL_KEYS = {"mode", "min_tasks", "max_tasks", "source", "target_utilization", "statistic",
                     "averaging_window_seconds", "horizon_seconds", "target_size_recommender",
                     "deferred_downscaling_seconds", "slow_decay_half_period_seconds",
-                    "small_change_fraction", "max_initializing_fraction"}  # fmt: skip
+                    "small_change_fraction", "max_initializing_fraction", "reference_cpu"}  # fmt: skip
 
 
 def _horizontal(node: _Node, where: Locations) -> job_pb2.HorizontalScalingConfig:
@@ -426,6 +428,8 @@ def _horizontal(node: _Node, where: Locations) -> job_pb2.HorizontalScalingConfi
         h.statistic = f["statistic"].choice(STATISTICS)
     if "target_size_recommender" in f:
         h.target_size_recommender = f["target_size_recommender"].name()
+    if "reference_cpu" in f:  # the per-task size r* is a fraction of (e.g. 500m)
+        h.reference_cpu_millicores = _millicores(f["reference_cpu"])
     if h.min_tasks and h.max_tasks and h.min_tasks > h.max_tasks:
         raise f["min_tasks"].error("min_tasks is above max_tasks")
     if (

@@ -219,6 +219,18 @@ def test_horizontal_scales_up_at_once_and_down_only_after_the_deferral() -> None
     assert counts[-1][1] < 8
 
 
+def test_a_reference_size_not_the_moving_limit_is_what_r_star_is_a_share_of() -> None:
+    view = job(
+        memory=VerticalConfig(ScalingMode.OFF),
+        horizontal=replace(HORIZONTAL, reference_cpu_millicores=1000.0),
+    )
+    # The CPU limit shrinks to 500 in this step; r_S = 4000 at r* = 0.5 of the 1000 reference: 8 tasks
+    # (against the new limit it would be 16).
+    decision, _ = decide(view, candidates(cpu=500.0), signal(4000.0, 5 * MIN), JobMemory(), POLICY, 5 * MIN)
+    assert decision.cpu_limit == 500
+    assert decision.task_count == 8
+
+
 def test_limits_and_tasks_never_shrink_in_the_same_step() -> None:
     view = job(
         memory=VerticalConfig(ScalingMode.OFF), horizontal=replace(HORIZONTAL, deferred_downscaling_ms=MIN)

@@ -32,7 +32,14 @@ def _eventful_master() -> Master:
     autopilot = AutopilotConfig(
         VerticalScaling(ScalingMode.ON, 100, 4000, RecommenderKind.ML),
         VerticalScaling(ScalingMode.DRY_RUN, recommender=RecommenderKind.CUSTOM, custom_name="mine"),
-        HorizontalScaling(ScalingMode.ON, 1, 10, target_utilization=0.6, small_change_fraction=0.1),
+        HorizontalScaling(
+            ScalingMode.ON,
+            1,
+            10,
+            target_utilization=0.6,
+            small_change_fraction=0.1,
+            reference_cpu_millicores=500,
+        ),
     )
     constraint = Constraint("arch", ConstraintOperator.EQUAL, "x86_64", ConstraintKind.SOFT)
     master.accept(SubmitJob("a", job_spec("auto", autopilot=autopilot, constraints=(constraint,), ports=2)))

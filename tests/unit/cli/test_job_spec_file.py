@@ -29,7 +29,7 @@ runtime:
 autopilot:
   cpu: {mode: on, min: 100m, max: 4, recommender: ml}
   memory: {mode: dry-run}
-  horizontal: {mode: on, min_tasks: 1, max_tasks: 20, target_utilization: 0.7}
+  horizontal: {mode: on, min_tasks: 1, max_tasks: 20, target_utilization: 0.7, reference_cpu: 400m}
 """
 
 
@@ -58,6 +58,7 @@ def test_a_complete_spec_maps_every_field() -> None:
     assert cpu.recommender.kind == job_pb2.RECOMMENDER_KIND_ML
     assert spec.autopilot.memory.mode == job_pb2.SCALING_MODE_DRY_RUN
     assert spec.autopilot.horizontal.target_utilization == pytest.approx(0.7)
+    assert spec.autopilot.horizontal.reference_cpu_millicores == 400
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,7 @@ runtime:
 autopilot:
   cpu: {mode: on, min: 100m, max: 4, recommender: ml}
   memory: {mode: dry-run}
-  horizontal: {mode: on, min_tasks: 1, max_tasks: 20, target_utilization: 0.7}
+  horizontal: {mode: on, min_tasks: 1, max_tasks: 20, target_utilization: 0.7, reference_cpu: 500m}
 """
 
 KEYS = [
@@ -113,7 +113,7 @@ user: alice
 limits: {cpu: 500m, memory: 1Gi}
 constraints: [{attribute: arch, op: "==", value: x86_64}]
 runtime: {simulated: {params: {cpu_noise: 0.3}, seed: 7}}
-autopilot: {cpu: {mode: on, min: 100m}, horizontal: {target_utilization: 0.7}}
+autopilot: {cpu: {mode: on, min: 100m}, horizontal: {target_utilization: 0.7, reference_cpu: 1}}
 """
 
 

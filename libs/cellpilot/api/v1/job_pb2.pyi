@@ -813,6 +813,7 @@ class HorizontalScalingConfig(_message.Message):
     SLOW_DECAY_HALF_PERIOD_SECONDS_FIELD_NUMBER: _builtins.int
     SMALL_CHANGE_FRACTION_FIELD_NUMBER: _builtins.int
     MAX_INITIALIZING_FRACTION_FIELD_NUMBER: _builtins.int
+    REFERENCE_CPU_MILLICORES_FIELD_NUMBER: _builtins.int
     mode: Global___ScalingMode.ValueType
     min_tasks: _builtins.int
     """never fewer tasks than this; 0 = 1"""
@@ -821,7 +822,8 @@ class HorizontalScalingConfig(_message.Message):
     source: Global___HorizontalSource.ValueType
     target_utilization: _builtins.float
     """CPU_UTILIZATION: r*, the target mean CPU usage per task as a fraction of the task's
-    CPU limit, in (0, 1]. Required when source is CPU_UTILIZATION.
+    CPU limit (or of reference_cpu_millicores when set), in (0, 1]. Required when source is
+    CPU_UTILIZATION.
     """
     statistic: Global___HorizontalStatistic.ValueType
     averaging_window_seconds: _builtins.int
@@ -842,6 +844,13 @@ class HorizontalScalingConfig(_message.Message):
     """Limiting growth: add tasks only while fewer than this fraction of the job's tasks are
     initialising (not yet ready); default 0.25.
     """
+    reference_cpu_millicores: _builtins.int
+    """CPU_UTILIZATION: the per-task reference size, millicores, that r* is a fraction of; 0 =
+    the task's current CPU limit. Required when vertical CPU scaling is also ON: utilisation
+    measured against a limit Autopilot itself changes feeds the vertical loop back into the
+    task count, which then never settles (shrinking limits raise utilisation, adding tasks
+    lowers per-task usage, which shrinks the limits again).
+    """
     def __init__(
         self,
         *,
@@ -858,10 +867,11 @@ class HorizontalScalingConfig(_message.Message):
         slow_decay_half_period_seconds: _builtins.int = ...,
         small_change_fraction: _builtins.float = ...,
         max_initializing_fraction: _builtins.float = ...,
+        reference_cpu_millicores: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["averaging_window_seconds", b"averaging_window_seconds", "deferred_downscaling_seconds", b"deferred_downscaling_seconds", "horizon_seconds", b"horizon_seconds", "max_initializing_fraction", b"max_initializing_fraction", "max_tasks", b"max_tasks", "min_tasks", b"min_tasks", "mode", b"mode", "slow_decay_half_period_seconds", b"slow_decay_half_period_seconds", "small_change_fraction", b"small_change_fraction", "source", b"source", "statistic", b"statistic", "target_size_recommender", b"target_size_recommender", "target_utilization", b"target_utilization"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["averaging_window_seconds", b"averaging_window_seconds", "deferred_downscaling_seconds", b"deferred_downscaling_seconds", "horizon_seconds", b"horizon_seconds", "max_initializing_fraction", b"max_initializing_fraction", "max_tasks", b"max_tasks", "min_tasks", b"min_tasks", "mode", b"mode", "reference_cpu_millicores", b"reference_cpu_millicores", "slow_decay_half_period_seconds", b"slow_decay_half_period_seconds", "small_change_fraction", b"small_change_fraction", "source", b"source", "statistic", b"statistic", "target_size_recommender", b"target_size_recommender", "target_utilization", b"target_utilization"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

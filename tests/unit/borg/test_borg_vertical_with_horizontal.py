@@ -60,4 +60,5 @@ def test_without_vertical_cpu_or_with_a_target_size_source_no_reference_is_neede
 
 def test_a_negative_reference_size_is_refused() -> None:
     rejection = validate_job_spec(_spec(ScalingMode.OFF, reference=-1))
-    assert rejection is not None and rejection.field == FIELD
+    assert rejection is not None
+    assert rejection.field == FIELD

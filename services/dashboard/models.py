@@ -125,7 +125,7 @@ class HorizontalHistory(BaseModel):
     job_id: str
     mode: str  # the job's horizontal mode: on, dry-run or off
     target_utilization: float  # r*, the target share of the CPU limit a task should use
-    cpu_limit_millicores: int
+    cpu_limit_millicores: int  # the per-task size r* is a share of: the reference size, else the limit
     task_count: list[SeriesPoint]  # a step function: the job's task count from each point on
     # n_r per recommender and window: ceil(r_S / (r* x limit)) from the CPU statistic, or the
     # raw count a target-size recommender published

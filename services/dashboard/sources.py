@@ -317,6 +317,8 @@ class DashboardSources:
             span,
         )
         limits = [(s.t_ms, s.cpu_millicores) for s in specs] or [(0, status.spec.task.limits.cpu_millicores)]
+        if config.reference_cpu_millicores > 0:  # r* is a share of the fixed reference size
+            limits = [(0, config.reference_cpu_millicores)]
         raw_lines: list[models.RecommenderLine] = []
         statistic: list[models.SeriesPoint] = []
         for name, points in sorted((streams.horizontal if streams else {}).items()):
@@ -334,7 +336,7 @@ class DashboardSources:
             job_id=job_id,
             mode=enum_label(job_pb2.ScalingMode, config.mode or job_pb2.SCALING_MODE_OFF, "SCALING_MODE_"),
             target_utilization=config.target_utilization,
-            cpu_limit_millicores=status.spec.task.limits.cpu_millicores,
+            cpu_limit_millicores=config.reference_cpu_millicores or status.spec.task.limits.cpu_millicores,
             task_count=task_counts,
             raw_recommendations=raw_lines,
             demand=series.demand(windows),

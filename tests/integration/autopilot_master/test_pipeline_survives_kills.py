@@ -347,7 +347,7 @@ async def test_pipeline_survives_a_worker_a_leader_and_an_aggregator_kill(
                                 return True
                     return False
 
-                await eventually(applied_after_aggregator_kill, 30, "actuations after the aggregator kill")
+                await eventually(applied_after_aggregator_kill, 60, "actuations after the aggregator kill")
 
                 # -- no window lost or double counted -----------------------------------
                 seen: dict[tuple[str, int, int], np.ndarray] = {}

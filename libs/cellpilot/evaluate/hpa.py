@@ -60,12 +60,12 @@ def hpa_recommendation(
         return current  # no metrics from any ready pod: no scaling action
     not_ready = max(current - ready, 0)
     ratio = ready_usage / (ready * request) / config.target_utilisation
-    if abs(ratio - 1.0) <= config.tolerance:
+    if abs(ratio - 1.0) <= config.tolerance + 1e-12:  # 1.1 stays inside despite rounding
         return current
     if ratio > 1.0 and not_ready > 0:
         # Not-ready pods count as using 0 %; no action if that is within tolerance or reverses.
         dampened = ready_usage / ((ready + not_ready) * request) / config.target_utilisation
-        if dampened <= 1.0 + config.tolerance:
+        if dampened <= 1.0 + config.tolerance + 1e-12:
             return current
         return max(config.min_replicas, math.ceil(dampened * (ready + not_ready) - 1e-9))
     return max(config.min_replicas, math.ceil(ratio * ready - 1e-9))

@@ -144,6 +144,7 @@ def horizontal(
         bar = progress.add_task("replays (workload x decider x seed)", total=total)
         summary, series = run_study(config, lambda done: progress.update(bar, completed=done), runner)
     plots = _plots(out, series, config)
+    summary["settings"]["trace_files"] = [str(path) for path in trace or []]
     sections = report_sections(summary, plots)
     write_summary(out, summary, SUMMARY)
     write_markdown(out, REPORT, "Horizontal autoscaling: Autopilot §3.3 against the Kubernetes HPA", sections)
@@ -161,11 +162,13 @@ def report_sections(summary: dict[str, Any], plots: list[str]) -> list[str]:
     command = (
         f"cellpilot eval horizontal --days {s['days']:g} --seeds {s['seeds']} --seed {s['seed']} "
         f"--step {s['step_s']} --sample {s['sample_s']} --startup {s['startup_s']} "
-        f"--target-utilisation {s['target_utilisation']:g} --out DIR"
+        f"--target-utilisation {s['target_utilisation']:g}"
+        + "".join(f" --trace {path}" for path in s.get("trace_files", []))
+        + " --out DIR"
     )
     sections = [
-        "Reproduce (`horizontal.json`, this page and the plots in `DIR`; add `--trace FILE.csv` "
-        "for a trace-driven job, `--workers 2` to use two processes):\n",
+        "Reproduce (`horizontal.json`, this page and the plots in `DIR`; `--trace FILE.csv` adds "
+        "a trace-driven job, `--workers 2` uses two processes):\n",
         f"```\n{command}\n```\n",
         _SETTING.format(
             days=s["days"],

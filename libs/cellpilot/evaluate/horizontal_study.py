@@ -260,7 +260,7 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                         "goal": "fewer task-hours than HPA at no more overload minutes",
                         "met": met,
                         "detail": f"{ap['task_hours']:.0f} vs {hpa['task_hours']:.0f} task-h; "
-                        f"{ap['overloaded_minutes']:.0f} vs {hpa['overloaded_minutes']:.0f} overloaded min",
+                        f"{ap['overloaded_minutes']:.1f} vs {hpa['overloaded_minutes']:.1f} overloaded min",
                     }
                 )
             if bound is not None:

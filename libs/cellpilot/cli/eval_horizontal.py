@@ -55,8 +55,11 @@ def _trace_workloads(paths: list[Path], step_seconds: float) -> list[Workload]:
     for path in paths:
         try:
             text = read_text_file(path, "trace CSV", MAX_TRACE_BYTES)
+        except TextFileError as err:
+            raise typer.BadParameter(str(err), param_hint="--trace") from None
+        try:
             series = DemandSeries.from_csv_lines(text.splitlines(), step_seconds)
-        except (TextFileError, DemandError) as err:
+        except DemandError as err:
             raise typer.BadParameter(f"{path}: {err}", param_hint="--trace") from None
         out.append(Workload(f"trace:{path.stem}", trace=series))
     return out

@@ -15,6 +15,7 @@ from cellpilot.cli import (
     eval_autopilot,
     eval_compaction,
     eval_gpa,
+    eval_horizontal,
     eval_lava,
     job,
     output,
@@ -40,7 +41,7 @@ app.add_typer(autopilot_cmd.app, name="autopilot")
 app.add_typer(cell.app, name="cell")
 app.add_typer(certs.app, name="certs")
 app.add_typer(dashboard_cmd.app, name="dashboard")
-for study in (eval_autopilot, eval_gpa, eval_compaction, eval_lava):
+for study in (eval_autopilot, eval_gpa, eval_compaction, eval_lava, eval_horizontal):
     study.register(eval_app)
 app.command("run")(run.run)
 app.command("stop")(run.stop)

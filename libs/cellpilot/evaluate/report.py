@@ -130,3 +130,36 @@ def plot_bars(
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
+
+
+def plot_line_panels(
+    path: Path,
+    panels: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    columns: int = 2,
+) -> Path:
+    """Small multiples sharing their axes: one panel per title, one line per label within it
+    (the same label gets the same colour in every panel), e.g. task count against demand over
+    time per decider."""
+    rows = max(1, -(-len(panels) // columns))
+    fig = Figure(figsize=(6.0 * columns, 2.6 * rows + 0.6))
+    axes = fig.subplots(rows, columns, sharex=True, sharey=True, squeeze=False)
+    palette = colormaps["tab10"]
+    colours: dict[str, Any] = {}
+    for ax, (panel, lines) in zip(axes.flat, panels.items(), strict=False):
+        for label, (xs, ys) in lines.items():
+            colour = colours.setdefault(label, palette(len(colours) % 10))
+            ax.plot(list(xs), list(ys), label=label, color=colour, linewidth=0.9, drawstyle="steps-post")
+        ax.set_title(panel, fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel(xlabel)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(ylabel)
+    axes.flat[0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(title)
+    return _save(fig, path)

@@ -106,6 +106,48 @@ class DemandSeries:
         memory = np.asarray(job.memory_mean, dtype=np.float64)  # type: ignore[attr-defined]
         return cls(window_seconds, np.nansum(cpu, axis=1) * 1000.0, np.nansum(memory, axis=1))
 
+    @classmethod
+    def from_csv_lines(cls, lines: Sequence[str], step_seconds: float | None = None) -> DemandSeries:
+        """A demand from CSV text (lines already read): a header naming ``cpu_millicores`` and
+        optionally ``memory_bytes`` and ``seconds``. With ``seconds`` the points must be evenly
+        spaced and that spacing is the step; without it ``step_seconds`` gives the step. A
+        ``DemandError`` names the line and column of the first bad value."""
+        rows = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+        if not rows:
+            raise DemandError("csv", "no header line (expected cpu_millicores[,memory_bytes][,seconds])")
+        header = [name.strip() for name in rows[0].split(",")]
+        unknown = sorted(set(header) - {"cpu_millicores", "memory_bytes", "seconds"})
+        if "cpu_millicores" not in header or unknown or len(set(header)) != len(header):
+            raise DemandError(
+                "csv",
+                f"header {rows[0]!r}: needs cpu_millicores, optionally memory_bytes and seconds, each once",
+            )
+        values = np.zeros((len(rows) - 1, len(header)))
+        for number, row in enumerate(rows[1:], start=2):
+            cells = row.split(",")
+            if len(cells) != len(header):
+                raise DemandError(
+                    "csv", f"line {number}: {len(cells)} values, the header names {len(header)}"
+                )
+            for column, cell in enumerate(cells):
+                try:
+                    values[number - 2, column] = float(cell)
+                except ValueError:
+                    raise DemandError(
+                        "csv", f"line {number}: {header[column]} {cell.strip()!r} is not a number"
+                    ) from None
+        column_of = {name: i for i, name in enumerate(header)}
+        if "seconds" in column_of:
+            seconds = values[:, column_of["seconds"]]
+            gaps = np.diff(seconds)
+            if seconds.size < 2 or not np.all(gaps > 0) or np.ptp(gaps) > 1e-6 * gaps[0]:
+                raise DemandError("csv", "seconds must increase in equal steps (at least two points)")
+            step_seconds = float(gaps[0])
+        elif step_seconds is None:
+            raise DemandError("step_seconds", "required when the CSV has no seconds column")
+        memory = values[:, column_of["memory_bytes"]] if "memory_bytes" in column_of else np.zeros(0)
+        return cls(step_seconds, values[:, column_of["cpu_millicores"]], memory)
+
 
 def _series_problem(step: float, cpu: FloatArray, memory: FloatArray) -> tuple[str, str] | None:
     if not (math.isfinite(step) and 0 < step <= MAX_STEP_SECONDS):

@@ -1,0 +1,153 @@
+"""The horizontal autoscaling study's setting: its synthetic jobs and its configuration.
+
+See :mod:`cellpilot.evaluate.horizontal_study` for what the study does with them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from cellpilot.recommend.horizontal import raw_task_count
+from cellpilot.workloads.job_demand import DemandSeries, JobDemand
+
+FloatArray = npt.NDArray[np.float64]
+DAY_S = 86_400
+MIB = float(1 << 20)
+DECIDERS = ("autopilot-cpu", "autopilot-target-size", "hpa", "bound", "fixed-peak", "fixed-mean")
+AUTOPILOT = ("autopilot-cpu", "autopilot-target-size")
+BOUND_FACTOR_GOAL = 1.3
+MAX_DAYS = 60
+MAX_SEEDS = 100
+MAX_TASKS = 10_000
+# Each task's own usage (its base, under the job's share): idle, so all CPU is the job's demand.
+TASK_BASE = (
+    "steady",
+    {"cpu_millicores": 0.0, "cpu_noise": 0.0, "memory_bytes": 64 * MIB, "memory_noise": 0.0},
+)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One job's demand: a usage model with parameters, or a replayed series; a step workload
+    also names when its demand steps and to what level (for the time-to-follow metric)."""
+
+    name: str
+    model: str = ""
+    params: Mapping[str, float] = field(default_factory=dict)
+    trace: DemandSeries | None = None
+    step_at_s: float | None = None
+    step_level_millicores: float | None = None
+
+    def demand(self, seed: int) -> JobDemand:
+        return JobDemand.build(self.model, dict(self.params), self.trace, seed=seed)
+
+
+def synthetic_workloads(days: float) -> tuple[Workload, ...]:
+    """The study's synthetic jobs (chosen once, before any result; 1 core = 1000 millicores)."""
+    step_at = days * DAY_S / 2
+    return (
+        Workload(
+            "diurnal", "diurnal", {"cpu_mean_millicores": 8000.0, "cpu_amplitude": 0.6, "cpu_noise": 0.05}
+        ),
+        Workload(
+            "spiky",
+            "spiky",
+            {
+                "cpu_base_millicores": 6000.0,
+                "cpu_noise_sigma": 0.2,
+                "cpu_spike_millicores": 6000.0,
+                "spike_probability": 0.05,
+                "spike_seconds": 600.0,
+            },
+        ),
+        Workload(
+            "growth", "growth", {"cpu_start_millicores": 3000.0, "cpu_growth_per_day": 0.5, "cpu_noise": 0.05}
+        ),
+        Workload(
+            "step",
+            "step",
+            {
+                "cpu_before_millicores": 4000.0,
+                "cpu_after_millicores": 12000.0,
+                "step_after_seconds": step_at,
+                "cpu_noise": 0.05,
+            },
+            step_at_s=step_at,
+            step_level_millicores=12000.0,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class HorizontalStudyConfig:
+    days: float = 7.0
+    seeds: int = 3
+    seed: int = 0
+    step_s: int = 60  # decision step
+    sample_s: int = 30  # world samples within a step
+    startup_s: int = 300  # a new task is ready (takes traffic) this long after it starts
+    target_utilisation: float = 0.6  # r*, of the task's CPU limit, for every decider
+    task_cpu_limit: float = 1000.0  # millicores
+    machine_cpu_millicores: float | None = None  # None: a task gets at most its limit
+    workloads: tuple[Workload, ...] = ()
+    deciders: tuple[str, ...] = DECIDERS
+
+    def __post_init__(self) -> None:
+        problems = [
+            ("days", math.isfinite(self.days) and 0 < self.days <= MAX_DAYS, f"must be in (0, {MAX_DAYS}]"),
+            ("seeds", 1 <= self.seeds <= MAX_SEEDS, f"must be in 1..{MAX_SEEDS}"),
+            ("seed", 0 <= self.seed < 2**32, "must be in 0..2^32-1"),
+            ("step", 10 <= self.step_s <= 3600, "must be in 10..3600 seconds"),
+            (
+                "sample",
+                1 <= self.sample_s <= self.step_s and self.step_s % self.sample_s == 0,
+                "must be 1..step seconds and divide the step",
+            ),
+            ("startup", 0 <= self.startup_s <= 3600, "must be in 0..3600 seconds"),
+            ("target-utilisation", 0 < self.target_utilisation <= 1, "must be in (0, 1]"),
+            ("task-cpu", math.isfinite(self.task_cpu_limit) and self.task_cpu_limit > 0, "must be positive"),
+            (
+                "machine-cpu",
+                self.machine_cpu_millicores is None or self.machine_cpu_millicores >= self.task_cpu_limit,
+                "must be at least the task CPU limit",
+            ),
+            (
+                "deciders",
+                bool(self.deciders) and set(self.deciders) <= set(DECIDERS),
+                f"must be some of {', '.join(DECIDERS)}",
+            ),
+        ]
+        for name, ok, message in problems:
+            if not ok:
+                raise ValueError(f"--{name} {message}, got {getattr(self, _FIELDS.get(name, name), '')}")
+        if self.days * DAY_S < 2 * self.step_s:
+            raise ValueError(f"--days {self.days} is shorter than two decision steps")
+        if not self.workloads:
+            object.__setattr__(self, "workloads", synthetic_workloads(self.days))
+
+    @property
+    def steps(self) -> int:
+        return int(self.days * DAY_S // self.step_s)
+
+    @property
+    def task_capacity(self) -> float:
+        return self.machine_cpu_millicores or self.task_cpu_limit
+
+    def tasks_for(self, load: npt.ArrayLike) -> FloatArray:
+        """The fewest tasks that serve ``load`` at the target utilisation."""
+        return raw_task_count(load, self.target_utilisation, self.task_cpu_limit)
+
+
+_FIELDS = {
+    "step": "step_s",
+    "sample": "sample_s",
+    "startup": "startup_s",
+    "target-utilisation": "target_utilisation",
+    "task-cpu": "task_cpu_limit",
+    "machine-cpu": "machine_cpu_millicores",
+}

@@ -24,6 +24,7 @@ from typing import TypeVar
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.protocol.metadata import MetadataRequest
 from google.protobuf.message import DecodeError, Message
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -31,6 +32,21 @@ from opentelemetry import propagate, trace
 from cellpilot.platform.topics import TOPICS, Topic
 
 log = logging.getLogger(__name__)
+
+
+def _never_create_topics_on_metadata(
+    request: MetadataRequest, topics: list[str] | None = None, allow_auto_topic_creation: bool | None = False
+) -> None:
+    request._topics = topics
+    request._allow_auto_topic_creation = allow_auto_topic_creation
+
+
+# Topics are created only by ensure_topics, with their declared partition counts. aiokafka asks
+# the broker to create every topic a metadata request names (and has no setting against it):
+# after a broker lost its log, the first client to ask (a consumer reconnecting, a check of its
+# positions) would bring a topic back with the broker's default partition count, moving keys to
+# other partitions than the ones their owners (aggregators, recommender workers) are assigned.
+MetadataRequest.__init__ = _never_create_topics_on_metadata  # type: ignore[method-assign,assignment]
 M = TypeVar("M", bound=Message)
 DEADLETTER_TOPIC = "deadletter"
 

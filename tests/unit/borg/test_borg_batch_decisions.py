@@ -56,7 +56,11 @@ def _cell(master: Master) -> tuple[object, ...]:
     state = master.state
     return (
         sorted((j.job_id, j.state.value, j.spec_version, j.spec.task_count) for j in state.jobs.values()),
-        [state.quota_used(u, b) for u in ("alice", "bob") for b in (PriorityBand.PRODUCTION, PriorityBand.BATCH)],
+        [
+            state.quota_used(u, b)
+            for u in ("alice", "bob")
+            for b in (PriorityBand.PRODUCTION, PriorityBand.BATCH)
+        ],
         sorted(state.applied_requests),
     )
 

@@ -167,6 +167,13 @@ class Replica:
             self.process.kill()
             self.process.wait(timeout=10)
 
+    def exited(self) -> str:
+        """Why the process is gone (its exit code and the end of its log), or "" while it runs."""
+        if self.process is None or self.process.poll() is None:
+            return ""
+        tail = self.log.read_text(errors="replace").strip().splitlines()[-5:]
+        return f"replica {self.address} exited with {self.process.returncode}: " + " | ".join(tail)
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -176,9 +183,14 @@ class Replica:
                 self.kill()
 
 
-async def _leader(channels: dict[str, grpc.aio.Channel], within: float = 60.0) -> str:
+async def _leader(
+    channels: dict[str, grpc.aio.Channel], within: float = 60.0, replicas: list[Replica] | None = None
+) -> str:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
+        gone = [r.exited() for r in replicas or ()]
+        if gone and all(gone):  # say why at once rather than after ``within``
+            raise RuntimeError(f"no Borgmaster was elected: {'; '.join(gone)}")
         for address, channel in channels.items():
             try:
                 who = await borgmaster_pb2_grpc.BorgmasterStub(channel).GetLeader(
@@ -211,7 +223,8 @@ async def _raw_append_rate(endpoints: StackEndpoints, count: int) -> float:
     url = await _database(endpoints)
     engine = create_engine(url)
     try:
-        lease = await LeaderLease(engine, "bench", "bench:1", 60).try_acquire()
+        leader_lease = LeaderLease(engine, "bench", "bench:1", 60)
+        lease = await leader_lease.try_acquire()
         assert lease is not None
         log = CheckpointLog(engine)
         records = [
@@ -226,7 +239,9 @@ async def _raw_append_rate(endpoints: StackEndpoints, count: int) -> float:
         started = time.perf_counter()
         for i, record in enumerate(records):
             await log.append(lease.epoch, i + 1, [("job_submitted", record)])
-        return count / (time.perf_counter() - started)
+        rate = count / (time.perf_counter() - started)
+        await leader_lease.release(lease.epoch)  # nobody need wait the 60 s lease out
+        return rate
     finally:
         await engine.dispose()
 
@@ -242,7 +257,7 @@ async def _submit_rate(
     replica.start()
     channel = _admin_channel(replica.address, security)
     try:
-        await _leader({replica.address: channel})
+        await _leader({replica.address: channel}, replicas=[replica])
         stub = borgmaster_pb2_grpc.BorgmasterStub(channel)
         await _grant(stub)
         gate = asyncio.Semaphore(IN_FLIGHT)
@@ -304,7 +319,7 @@ async def _takeover_trials(
     channels = {r.address: _admin_channel(r.address, security) for r in replicas}
     times: dict[str, list[float]] = {"SIGKILL": [], "SIGTERM": []}
     try:
-        leader = await _leader(channels)
+        leader = await _leader(channels, replicas=replicas)
         await _grant(borgmaster_pb2_grpc.BorgmasterStub(channels[leader]))
         for how in ("SIGKILL", "SIGTERM"):
             for trial in range(trials):

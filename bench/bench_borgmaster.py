@@ -2,10 +2,15 @@
 
 * ``submit_jobs_per_s``: SubmitJob through gRPC to one replica process (its log in
   PostgreSQL; every submission appended, fenced by the epoch, before it is acknowledged),
-  32 requests in flight, 2 000 one-task jobs. Baseline in the same run:
+  64 clients with a request each in flight, 2 000 one-task jobs, with group commit
+  (concurrent requests share one fenced append, Borg §3.1). Baselines in the same run:
+  ``submit_one_txn_per_request_jobs_per_s``, the same with ``commit_batch_max = 1`` (one
+  PostgreSQL transaction per request; the same number of jobs, so the pending queue the
+  scheduler walks grows alike), and ``submit_group_commit_vs_one_txn`` the ratio;
   ``raw_append_records_per_s``, the same serialised ``JobSubmitted`` records appended with
-  :class:`CheckpointLog` one transaction each, as the master appends them;
-  ``submit_vs_raw_append`` is the ratio (1.0 = the service costs nothing on top of the log).
+  :class:`CheckpointLog` one transaction each, and ``submit_vs_raw_append`` the ratio of
+  the grouped service to it (above 1: the service outruns one transaction per record).
+  Every gRPC hop runs with mTLS and the security interceptor, as a real stack does.
 * ``failover_s``: three replica processes with the default lease (3 s, renewed every 1 s,
   followers trying every 0.5 s); SIGKILL the master, then time until some replica accepts
   a write. Mean of 3 trials (the killed replica is restarted between trials). Borg §3.1
@@ -48,11 +53,15 @@ from cellpilot.api.v1 import (
 )
 from cellpilot.platform.postgres import apply_migrations, create_engine, ensure_database
 from cellpilot.platform.settings import PlatformSettings
+from cellpilot.security.identity import ADMIN
+from cellpilot.security.tls import SecuritySettings
 from cellpilot.stack import Stack, StackConfig, StackEndpoints
 from cellpilot.stack.config import free_port
 
 FIGURES = [
     "borgmaster.submit_jobs_per_s",
+    "borgmaster.submit_one_txn_per_request_jobs_per_s",
+    "borgmaster.submit_group_commit_vs_one_txn",
     "borgmaster.raw_append_records_per_s",
     "borgmaster.submit_vs_raw_append",
     "borgmaster.failover_s",
@@ -63,7 +72,8 @@ FIGURES = [
     "borgmaster.poll_cycle_vs_raw_fanout",
 ]
 SUBMITS = 2_000
-IN_FLIGHT = 32
+RAW_APPENDS = 1_000
+IN_FLIGHT = 64
 MACHINES = 1_000
 TASKS = 2_000
 GIB = 1 << 30
@@ -96,10 +106,34 @@ async def _database(endpoints: StackEndpoints) -> str:
     return url
 
 
+def _tls_env(security: SecuritySettings) -> dict[str, str]:
+    """What a process the benchmark starts needs to speak mTLS with the stack's certificates."""
+    return {"CELLPILOT_TLS_MODE": security.tls_mode, "CELLPILOT_CERTS_DIR": str(security.certs_dir)}
+
+
+def _admin_channel(address: str, security: SecuritySettings) -> grpc.aio.Channel:
+    """A channel whose calls are made by an admin user (the client certificate plus a token)."""
+    signer = security.token_signer()
+    transport = security.channel_credentials()
+    assert signer is not None, "the stack issued no token secret"
+    assert transport is not None, "the stack issued no certificates"
+    token = signer.issue_for("root", capabilities=[ADMIN], ttl_s=3600)
+    credentials = grpc.composite_channel_credentials(transport, grpc.access_token_call_credentials(token))
+    return grpc.aio.secure_channel(address, credentials)
+
+
 class Replica:
     """A Borgmaster replica process."""
 
-    def __init__(self, url: str, endpoints: StackEndpoints, index: int, log_dir: Path, **env: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        endpoints: StackEndpoints,
+        index: int,
+        log_dir: Path,
+        security: SecuritySettings,
+        **env: str,
+    ) -> None:
         self.address = f"127.0.0.1:{free_port()}"
         self.log = log_dir / f"borgmaster-{index}-{uuid.uuid4().hex[:4]}.log"
         self.env = {
@@ -112,6 +146,7 @@ class Replica:
             "CELLPILOT_BORGMASTER_PORT": self.address.rsplit(":", 1)[1],
             "CELLPILOT_BORGMASTER_APPLY_MIGRATIONS": "false",
             "CELLPILOT_BORGMASTER_PUBLISH_EVENTS": "false",
+            **_tls_env(security),
             **env,
         }
         self.process: subprocess.Popen[bytes] | None = None
@@ -132,6 +167,13 @@ class Replica:
             self.process.kill()
             self.process.wait(timeout=10)
 
+    def exited(self) -> str:
+        """Why the process is gone (its exit code and the end of its log), or "" while it runs."""
+        if self.process is None or self.process.poll() is None:
+            return ""
+        tail = self.log.read_text(errors="replace").strip().splitlines()[-5:]
+        return f"replica {self.address} exited with {self.process.returncode}: " + " | ".join(tail)
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -141,9 +183,14 @@ class Replica:
                 self.kill()
 
 
-async def _leader(channels: dict[str, grpc.aio.Channel], within: float = 60.0) -> str:
+async def _leader(
+    channels: dict[str, grpc.aio.Channel], within: float = 60.0, replicas: list[Replica] | None = None
+) -> str:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
+        gone = [r.exited() for r in replicas or ()]
+        if gone and all(gone):  # say why at once rather than after ``within``
+            raise RuntimeError(f"no Borgmaster was elected: {'; '.join(gone)}")
         for address, channel in channels.items():
             try:
                 who = await borgmaster_pb2_grpc.BorgmasterStub(channel).GetLeader(
@@ -176,7 +223,8 @@ async def _raw_append_rate(endpoints: StackEndpoints, count: int) -> float:
     url = await _database(endpoints)
     engine = create_engine(url)
     try:
-        lease = await LeaderLease(engine, "bench", "bench:1", 60).try_acquire()
+        leader_lease = LeaderLease(engine, "bench", "bench:1", 60)
+        lease = await leader_lease.try_acquire()
         assert lease is not None
         log = CheckpointLog(engine)
         records = [
@@ -191,18 +239,25 @@ async def _raw_append_rate(endpoints: StackEndpoints, count: int) -> float:
         started = time.perf_counter()
         for i, record in enumerate(records):
             await log.append(lease.epoch, i + 1, [("job_submitted", record)])
-        return count / (time.perf_counter() - started)
+        rate = count / (time.perf_counter() - started)
+        await leader_lease.release(lease.epoch)  # nobody need wait the 60 s lease out
+        return rate
     finally:
         await engine.dispose()
 
 
-async def _submit_rate(endpoints: StackEndpoints, log_dir: Path) -> float:
+async def _submit_rate(
+    endpoints: StackEndpoints, log_dir: Path, security: SecuritySettings, count: int, batch_max: int = 0
+) -> float:
+    """SubmitJob rate with ``IN_FLIGHT`` concurrent clients (``batch_max``: the group-commit cap,
+    0 for the default)."""
     url = await _database(endpoints)
-    replica = Replica(url, endpoints, 0, log_dir)
+    env = {"CELLPILOT_BORGMASTER_COMMIT_BATCH_MAX": str(batch_max)} if batch_max else {}
+    replica = Replica(url, endpoints, 0, log_dir, security, **env)
     replica.start()
-    channel = grpc.aio.insecure_channel(replica.address)
+    channel = _admin_channel(replica.address, security)
     try:
-        await _leader({replica.address: channel})
+        await _leader({replica.address: channel}, replicas=[replica])
         stub = borgmaster_pb2_grpc.BorgmasterStub(channel)
         await _grant(stub)
         gate = asyncio.Semaphore(IN_FLIGHT)
@@ -213,8 +268,8 @@ async def _submit_rate(endpoints: StackEndpoints, log_dir: Path) -> float:
 
         await asyncio.gather(*(submit(f"warm-{i}") for i in range(200)))
         started = time.perf_counter()
-        await asyncio.gather(*(submit(f"job-{i}") for i in range(SUBMITS)))
-        return SUBMITS / (time.perf_counter() - started)
+        await asyncio.gather(*(submit(f"job-{i}") for i in range(count)))
+        return count / (time.perf_counter() - started)
     finally:
         await channel.close()
         replica.stop()
@@ -250,7 +305,7 @@ async def _first_write(channels: dict[str, grpc.aio.Channel], skip: str, label: 
 
 
 async def _takeover_trials(
-    endpoints: StackEndpoints, log_dir: Path, trials: int = 3
+    endpoints: StackEndpoints, log_dir: Path, security: SecuritySettings, trials: int = 3
 ) -> tuple[list[float], list[float]]:
     """Seconds from the master's end to the first accepted write: SIGKILL, then SIGTERM.
 
@@ -258,13 +313,13 @@ async def _takeover_trials(
     it, so a follower takes over at its next election attempt — the in-run baseline.
     """
     url = await _database(endpoints)
-    replicas = [Replica(url, endpoints, i, log_dir) for i in range(3)]
+    replicas = [Replica(url, endpoints, i, log_dir, security) for i in range(3)]
     for replica in replicas:
         replica.start()
-    channels = {r.address: grpc.aio.insecure_channel(r.address) for r in replicas}
+    channels = {r.address: _admin_channel(r.address, security) for r in replicas}
     times: dict[str, list[float]] = {"SIGKILL": [], "SIGTERM": []}
     try:
-        leader = await _leader(channels)
+        leader = await _leader(channels, replicas=replicas)
         await _grant(borgmaster_pb2_grpc.BorgmasterStub(channels[leader]))
         for how in ("SIGKILL", "SIGTERM"):
             for trial in range(trials):
@@ -300,7 +355,9 @@ def _start_fleet(env: dict[str, str], log_dir: Path) -> subprocess.Popen[bytes]:
         )
 
 
-async def _poll_cycle(endpoints: StackEndpoints, log_dir: Path) -> tuple[float, float]:
+async def _poll_cycle(
+    endpoints: StackEndpoints, log_dir: Path, security: SecuritySettings
+) -> tuple[float, float]:
     from cellpilot_services.borgmaster.borgmaster_service import Borgmaster
     from cellpilot_services.borgmaster.settings import BorgmasterSettings
 
@@ -309,6 +366,7 @@ async def _poll_cycle(endpoints: StackEndpoints, log_dir: Path) -> tuple[float, 
         platform=PlatformSettings(
             postgres_url=url, kafka_bootstrap=endpoints.kafka_bootstrap, log_level="WARNING"
         ),
+        security=security,
         port=0,
         apply_migrations=False,
         publish_events=False,
@@ -329,9 +387,11 @@ async def _poll_cycle(endpoints: StackEndpoints, log_dir: Path) -> tuple[float, 
         "CELLPILOT_BORGLET_BORGMASTER_ADDRESSES": master.address,
         "CELLPILOT_BORGLET_PUBLISH_SAMPLES": "false",
         "CELLPILOT_BORGLET_CGROUP_ROOT": "none",
+        **_tls_env(security),
     }
     fleet = _start_fleet(env, log_dir)
-    channel = grpc.aio.insecure_channel(fleet_address)
+    # The Polls of the raw fan-out are made as the Borgmaster makes them (its certificate).
+    channel = grpc.aio.secure_channel(fleet_address, security.channel_credentials("borgmaster"))
     try:
         replica = master.replica
         deadline = time.monotonic() + 120
@@ -339,7 +399,7 @@ async def _poll_cycle(endpoints: StackEndpoints, log_dir: Path) -> tuple[float, 
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {len(replica.state.machines)} machines registered")
             await asyncio.sleep(0.2)
-        async with grpc.aio.insecure_channel(master.address) as master_channel:
+        async with _admin_channel(master.address, security) as master_channel:
             stub = borgmaster_pb2_grpc.BorgmasterStub(master_channel)
             await _grant(stub)
             for j in range(TASKS // 40):
@@ -385,21 +445,30 @@ def run(report: Report) -> None:
         stack = Stack(StackConfig(base / "stack"))
         endpoints = stack.up()
         try:
-            raw = asyncio.run(_raw_append_rate(endpoints, SUBMITS))
-            submitted = asyncio.run(_submit_rate(endpoints, base))
-            report("borgmaster.submit_jobs_per_s", submitted, "jobs/s (gRPC SubmitJob, log in PostgreSQL)")
+            raw = asyncio.run(_raw_append_rate(endpoints, RAW_APPENDS))
+            security = SecuritySettings(tls_mode="mtls", certs_dir=stack.config.certs_dir)
+            one_txn = asyncio.run(_submit_rate(endpoints, base, security, SUBMITS, batch_max=1))
+            submitted = asyncio.run(_submit_rate(endpoints, base, security, SUBMITS))
+            where = f"gRPC SubmitJob, {IN_FLIGHT} in flight, log in PostgreSQL"
+            report("borgmaster.submit_jobs_per_s", submitted, f"jobs/s ({where}, group commit)")
+            report(
+                "borgmaster.submit_one_txn_per_request_jobs_per_s",
+                one_txn,
+                f"jobs/s ({where}, commit_batch_max=1)",
+            )
+            report("borgmaster.submit_group_commit_vs_one_txn", submitted / one_txn, "x")
             report(
                 "borgmaster.raw_append_records_per_s", raw, "records/s (CheckpointLog.append, same records)"
             )
             report("borgmaster.submit_vs_raw_append", submitted / raw, "x")
-            killed, stopped = asyncio.run(_takeover_trials(endpoints, base))
+            killed, stopped = asyncio.run(_takeover_trials(endpoints, base, security))
             failover, handover = statistics.mean(killed), statistics.mean(stopped)
             report(
                 "borgmaster.failover_s", failover, "s (SIGKILL master -> first accepted write; Borg ~10 s)"
             )
             report("borgmaster.graceful_handover_s", handover, "s (master SIGTERM, lease released -> write)")
             report("borgmaster.failover_vs_graceful_handover", failover / handover, "x")
-            cycle, fanout = asyncio.run(_poll_cycle(endpoints, base))
+            cycle, fanout = asyncio.run(_poll_cycle(endpoints, base, security))
             where = f"{MACHINES} machines in one Borglet fleet-mode process, {TASKS} tasks"
             report("borgmaster.poll_cycle_1000_machines_s", cycle, f"s ({where}: poll, diff, commit)")
             report("borgmaster.raw_poll_fanout_1000_machines_s", fanout, f"s ({where}: the Poll RPCs alone)")

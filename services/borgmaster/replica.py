@@ -37,13 +37,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from cellpilot.borg.cell_state import CellState, TaskKey
 from cellpilot.borg.changes import Change, TaskChange
-from cellpilot.borg.decisions import Accepted, Command, Result, handle
+from cellpilot.borg.decisions import Command, Result
 from cellpilot.borg.mutations import LeaderElected, LogRecord, Mutation, kind_of, to_records
 from cellpilot.borg.scheduling_view import SchedulingView
 from cellpilot.platform.store_outage import POSTGRES, StoreUnavailable, describe, store_of
 from cellpilot.schedule import SchedulerConfig, default_profile
 from cellpilot_services.borgmaster import checkpoint_codec, convert
 from cellpilot_services.borgmaster.checkpoint_log import CheckpointLog, FencedOut
+from cellpilot_services.borgmaster.group_commit import GroupCommit
 from cellpilot_services.borgmaster.leader_lease import LeaderLease, Leadership
 from cellpilot_services.borgmaster.settings import BorgmasterSettings
 
@@ -123,6 +124,7 @@ class Replica:
         self.records_since_snapshot = 0
         self.loaded_snapshot_seq = 0  # the snapshot the state was last loaded from (0: none)
         self.promoted_at = 0.0
+        self.group_commit = GroupCommit(self, settings.commit_batch_max)
 
     # ------------------------------------------------------------------ state
     async def load(self) -> None:
@@ -181,25 +183,20 @@ class Replica:
         return max(now_ms(), self.soft.latest_event_ms)
 
     # ------------------------------------------------------------------ writes
-    async def commit(
+    def log_records(
         self,
+        first: int,
         mutations: tuple[Mutation, ...] | list[Mutation],
         cause_id: str,
         command: Command | None = None,
         event_time_ms: int | None = None,
-    ) -> int:
-        """Appends (fenced by our epoch), then applies; returns the first record's position.
+    ) -> list[LogRecord]:
+        """The log records of ``mutations`` at ``first``, ``first + 1``, … stamped with our epoch.
 
         ``command`` is the client request the mutations carry out (its id, method and payload
-        digest go on the first record). The caller holds :attr:`lock`. A refused append
-        steps down and raises :class:`NotLeader`; an append that fails (PostgreSQL
-        unreachable) steps down and raises :class:`StoreUnavailable`. Nothing was applied
-        either way, and the log decides what happened.
+        digest go on the first record).
         """
-        if not self.is_leader:
-            raise NotLeader(self.leader_address())
-        first = self.state.last_sequence + 1
-        records = to_records(
+        return to_records(
             first,
             self.epoch,
             event_time_ms or now_ms(),
@@ -209,9 +206,20 @@ class Replica:
             request_method=command.method if command else "",
             request_digest=command.payload_digest if command else "",
         )
+
+    async def commit_records(self, records: list[LogRecord]) -> None:
+        """Appends ``records`` in one transaction (fenced by our epoch), then applies them.
+
+        The caller holds :attr:`lock`, and the records follow the applied position. A refused
+        append steps down and raises :class:`NotLeader`; an append that fails (PostgreSQL
+        unreachable) steps down and raises :class:`StoreUnavailable`. Nothing was applied
+        either way, and the log decides what happened.
+        """
+        if not self.is_leader:
+            raise NotLeader(self.leader_address())
         entries = [(kind_of(r.mutation), checkpoint_codec.record_out(r).SerializeToString()) for r in records]
         try:
-            await self.log.append(self.epoch, first, entries)
+            await self.log.append(self.epoch, records[0].sequence, entries)
         except FencedOut as error:
             await self.step_down(f"append refused: {error}", release=False)
             raise NotLeader(None, str(error)) from error
@@ -222,22 +230,31 @@ class Replica:
             raise StoreUnavailable(CHECKPOINT_STORE, error) from error
         self.note_store_reachable()
         self._apply(records)
+
+    async def commit(
+        self,
+        mutations: tuple[Mutation, ...] | list[Mutation],
+        cause_id: str,
+        command: Command | None = None,
+        event_time_ms: int | None = None,
+    ) -> int:
+        """Appends (fenced by our epoch), then applies; returns the first record's position.
+
+        The caller holds :attr:`lock`; failures are those of :meth:`commit_records`.
+        """
+        if not self.is_leader:
+            raise NotLeader(self.leader_address())
+        first = self.state.last_sequence + 1
+        await self.commit_records(self.log_records(first, mutations, cause_id, command, event_time_ms))
         return first
 
     async def execute(self, command: Command, cause_id: str) -> tuple[Result, int]:
-        """Decide and commit one client command; returns the result and its log position."""
-        async with self.lock:
-            if not self.is_leader:
-                raise NotLeader(self.leader_address())
-            result = handle(self.state, command, now_ms(), self.view)
-            if not isinstance(result, Accepted):
-                return result, 0
-            if result.already_applied is not None:
-                return result, result.already_applied.sequence
-            if not result.mutations:
-                return result, self.state.last_sequence
-            seq = await self.commit(result.mutations, cause_id, command)
-            return result, seq
+        """Decide and commit one client command; returns the result and its log position.
+
+        Concurrent commands share one fenced append (:class:`GroupCommit`); each is answered
+        only once its own records are committed.
+        """
+        return await self.group_commit.execute(command, cause_id)
 
     # ------------------------------------------------------------------ store health
     def note_store_failure(self, error: BaseException) -> None:
@@ -268,6 +285,10 @@ class Replica:
         return f"{CHECKPOINT_STORE} has been unreachable for {since:.1f} s ({self.store_error})"
 
     # ------------------------------------------------------------------ leadership
+    def not_leader(self) -> NotLeader:
+        """What a write gets here while this replica is not the master."""
+        return NotLeader(self.leader_address())
+
     def leader_address(self) -> str | None:
         """The master's address: ours, or the one the lease named within the last lease period
         (an older answer may name a master that is gone, so it is not repeated)."""

@@ -54,7 +54,10 @@ class SchedulerLoop:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=self.settings.schedule_interval_s)
             self.wake.clear()
-            await asyncio.sleep(0.02)  # let a burst of submissions land in one pass
+            # Let a burst of submissions land in one pass; after a long pass, wait as long again
+            # (up to schedule_interval_s): a pass holds the lock, and a stream of writes that
+            # wakes the scheduler every time must still get at least half of the master's time.
+            await asyncio.sleep(max(0.02, min(self.stats.last_pass_s, self.settings.schedule_interval_s)))
             async with self.replica.lock:
                 if not self.replica.is_leader:
                     raise NotLeader(None)

@@ -45,6 +45,10 @@ class BorgmasterSettings(BaseSettings):
     snapshot_every_records: int = Field(default=5_000, ge=1)
     snapshot_interval_s: float = Field(default=60.0, gt=0)
 
+    # Group commit (Borg §3.1): client writes that arrive while an append is in flight share the
+    # next one, at most this many per transaction (1: one transaction per request).
+    commit_batch_max: int = Field(default=256, ge=1)
+
     # Scheduler (Borg §3.2, §3.4).
     schedule_interval_s: float = Field(default=0.25, gt=0)
     force_pass_interval_s: float = Field(default=2.0, gt=0)  # a pass even if nothing changed

@@ -10,8 +10,10 @@ service appends them to the checkpoint log before applying or acknowledging them
   horizontal scaling ON or DRY_RUN (Autopilot §3.1: new jobs wait for the first
   recommendation).
 * Update: a new spec version; scale-down kills the surplus tasks; running tasks change in
-  place when the change needs no restart and still fits their machine, otherwise they
-  are rescheduled, rolling, at most ``max_disruptions`` of the job's tasks down at a time
+  place when the change needs no restart and still fits their machine — or fits once
+  lower-priority neighbours there are preempted (Autopilot §2.3: a resize evicts before
+  it moves; production never preempts production, Borg §2.5) — otherwise they are
+  rescheduled, rolling, at most ``max_disruptions`` of the job's tasks down at a time
   (Borg §2.3: updates are rolling with a cap on disruptions; changes that would exceed it
   wait — :func:`rollout_step` continues them).
 * Kill, machine registration and draining, quotas.
@@ -55,11 +57,12 @@ from cellpilot.schedule import Rejected, Resources
 
 
 class InPlaceFit(Protocol):
-    """Whether a running task still fits its machine with a new spec (the scheduling view)."""
+    """Whether a running task can take a new spec on its machine (the scheduling view): the
+    lower-priority neighbours to preempt for it (none if it fits), or None if it must move."""
 
-    def fits_in_place(
+    def in_place_room(
         self, job: JobRecord, task: TaskRecord, new_spec: JobSpec, scratch: dict[tuple[str, int], np.ndarray]
-    ) -> bool: ...
+    ) -> tuple[tuple[str, int], ...] | None: ...
 
 
 # ---------------------------------------------------------------------- commands
@@ -252,14 +255,18 @@ def _update(state: CellState, cmd: UpdateJob, fit: InPlaceFit | None) -> Result:
         scratch: dict[tuple[str, int], np.ndarray] = {}
         for task in _running(job, below=merged.task_count):
             current = task.spec_version == job.spec_version
-            if current and not restart and fit is not None and fit.fits_in_place(job, task, merged, scratch):
-                mutations.append(
-                    TaskStateChanged(
-                        job.job_id, task.index, task.incarnation, TaskState.RUNNING, TaskEvent.UPDATED
-                    )
-                )
-            else:
+            room = fit.in_place_room(job, task, merged, scratch) if current and not restart and fit else None
+            victims = [state.task(key) for key in room or ()]
+            if room is None or any(v is None or v.state is not TaskState.RUNNING for v in victims):
                 outdated.append(task)
+                continue
+            why = f"preempted to resize {job.job_id}/{task.index} in place (priority {merged.priority})"
+            mutations += [_stop(v, TaskState.PENDING, TaskEvent.PREEMPTED, why) for v in victims if v]
+            mutations.append(
+                TaskStateChanged(
+                    job.job_id, task.index, task.incarnation, TaskState.RUNNING, TaskEvent.UPDATED
+                )
+            )
     else:
         outdated = [t for t in _running(job, below=merged.task_count) if t.spec_version < job.spec_version]
     mutations += _roll(job, outdated, cmd.max_disruptions, version, merged.task_count)

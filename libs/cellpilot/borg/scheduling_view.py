@@ -48,6 +48,7 @@ from cellpilot.schedule import (
 )
 from cellpilot.schedule import MachineSpec as ScheduleMachine
 from cellpilot.schedule.cell import LIMIT, NUM_LEVELS, RESERVATION, placement_basis
+from cellpilot.schedule.plugins import Request
 from cellpilot.schedule.resources import EPSILON, PORTS
 
 SCHEDULABLE = "cellpilot.schedulable"
@@ -380,7 +381,46 @@ class SchedulingView:
         scratch[key] = granted + np.maximum(need - mine, 0.0)
         return True
 
-    # ------------------------------------------------------------------ soft state
+    def in_place_room(
+        self, job: JobRecord, task: TaskRecord, new_spec: JobSpec, scratch: dict[tuple[str, int], np.ndarray]
+    ) -> tuple[tuple[str, int], ...] | None:
+        """The neighbours to preempt so a running task takes ``new_spec`` where it runs
+        (Autopilot §2.3: a resize that no longer fits evicts lower-priority tasks first).
+
+        ``()``: it fits as it is (:meth:`fits_in_place`). Otherwise the profile's preemptor
+        picks victims on the task's machine among the tasks its new priority may preempt
+        (production never preempts production, Borg §2.5), as a scheduling pass would for a
+        new task there; ``None`` when even that leaves no room (the task has to move), when it
+        runs inside an alloc, or when another task of this decision already grew or made room
+        on the machine (conservative: the earlier grant and evictions are not combined).
+        """
+        if self.fits_in_place(job, task, new_spec, scratch):
+            return ()
+        handle = self.cell.task_handle.get(task_id(job.job_id, task.index))
+        if handle is None or int(self.cell.t_alloc[handle]) >= 0:
+            return None
+        machine = int(self.cell.t_machine[handle])
+        name = self.cell.machine_names[machine]
+        if any(key[0] == name for key in scratch):
+            return None
+        shape = self.shape(new_spec)
+        rows = np.array([machine], dtype=np.intp)
+        if not all(self.cell.attributes.satisfies(c, rows)[0] for c in shape.hard_constraints):
+            return None
+        req = Request.compile(shape)
+        own = self.cell.t_amount[handle]
+        profile = self.scheduler.profile
+
+        def fits_without_the_task(capacity: np.ndarray, used: np.ndarray, r: Request) -> np.ndarray:
+            return profile.fits(capacity, used - own, r)
+
+        victims = profile.preemptor.victims(self.cell, req, machine, fits_without_the_task)
+        if victims is None:
+            return None
+        basis = placement_basis(shape.priority)
+        scratch[(name, int(basis.start or 0))] = np.maximum(req.amount[basis] - own[basis], 0.0)
+        return tuple((spec.job, spec.index) for spec in (self.cell.spec(int(v)) for v in victims))
+
     def update_usage(self, usage: Mapping[tuple[str, int], Resources], now_ms: int) -> None:
         """Reservations follow measured usage (Borg §5.5); ports stay held while a task runs."""
         handles, rows = [], []

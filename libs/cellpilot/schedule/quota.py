@@ -111,7 +111,16 @@ class QuotaBook:
         entry = self._jobs.pop(job_name, None)
         if entry is not None:
             user, band, demand = entry
-            self._used[(user, band)] -= demand
+            self._used[(user, band)] = self._used[(user, band)] - demand  # never in place: see copy()
+
+    def copy(self) -> QuotaBook:
+        """An independent book with the same quotas and charges (the arrays are never changed in
+        place, so they are shared)."""
+        other = QuotaBook()
+        other._quota = dict(self._quota)
+        other._used = dict(self._used)
+        other._jobs = dict(self._jobs)
+        return other
 
     def _charge(self, job: JobSpec) -> None:
         band = band_of(job.priority)

@@ -7,6 +7,10 @@ PY          := $(VENV)/bin/python
 STACK_DIR   ?= .cellpilot/stack
 BENCH       ?=
 PYTEST_ARGS ?=
+# The suite runs in this many worker processes (pytest-xdist), each with its own embedded stack;
+# tests that need `cellpilot run`'s fixed ports share one worker (xdist_group "fixed-ports").
+TEST_WORKERS ?= 2
+XDIST        := -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: help install proto proto-check lint format typecheck importlint check test test-unit \
         test-integration test-containers browser bench run stop stack-up stack-down stack-status images lock clean
@@ -59,13 +63,13 @@ browser:
 	@infra/scripts/ensure_chromium.sh
 
 test: check browser
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest $(XDIST) $(PYTEST_ARGS)
 
 test-unit: install
-	$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/unit $(XDIST) $(PYTEST_ARGS)
 
 test-integration: install browser
-	$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
+	$(VENV)/bin/pytest tests/integration $(XDIST) $(PYTEST_ARGS)
 
 test-containers: install
 	$(VENV)/bin/pytest tests/containers -m containers $(PYTEST_ARGS)

@@ -31,7 +31,8 @@ from cellpilot.client import RetryPolicy, SyncCellpilotClient
 from cellpilot.security.tls import SecuritySettings
 from cellpilot.stack.config import port_in_use
 
-pytestmark = pytest.mark.slow
+# The fixed ports: every test that uses them runs in one worker, one after the other.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fixed-ports")]
 RUN_PORTS = (7100, 7101, 7102, 7300, 7301, 7400, 7401, 7600, 8080, 8600)
 ACTUATOR_METRICS = "http://127.0.0.1:8600/metrics"
 GIB = 1 << 30

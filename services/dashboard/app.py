@@ -80,7 +80,7 @@ def create_app(
     settings: DashboardSettings, history: StreamHistory | None = None, metrics: CellpilotMetrics | None = None
 ) -> FastAPI:
     state: dict[str, DashboardSources] = {}
-    ledger = SignInLedger(settings.platform.redis_url)
+    ledger = SignInLedger(settings.platform.redis_url_for("dashboard"))
     auth = DashboardAuth(settings.security, ledger, int(settings.session_hours * 3600))
     refresh_s = settings.refresh_s
 

@@ -49,7 +49,7 @@ def use_stack_certificates(monkeypatch: pytest.MonkeyPatch, stack: Stack) -> Non
 
 async def fresh_database(stack: Stack) -> str:
     """A new, migrated database on the stack's PostgreSQL (the stack goes away with the session)."""
-    url = str(make_url(stack.endpoints.postgres_url).set(database=f"outage_{uuid.uuid4().hex[:10]}"))
+    url = str(make_url(stack.admin_endpoints.postgres_url).set(database=f"outage_{uuid.uuid4().hex[:10]}"))
     await ensure_database(url)
     await apply_migrations(url)
     return url

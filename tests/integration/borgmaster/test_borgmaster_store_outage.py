@@ -40,7 +40,7 @@ async def test_a_write_during_a_postgres_outage_is_unavailable_and_a_patient_cli
 ) -> None:
     use_stack_certificates(monkeypatch, outage_stack)
     database_url = await fresh_database(outage_stack)
-    async with replicas(database_url, outage_stack.endpoints, 1) as masters:
+    async with replicas(database_url, outage_stack.admin_endpoints, 1) as masters:
         master = await leader_of(masters)
         channel, raw = stub(master.address)
         policy = RetryPolicy(budget_s=60.0, initial_backoff_s=0.1, max_backoff_s=0.5, call_timeout_s=5.0)

@@ -124,7 +124,7 @@ class Actuator:
         self.metrics = metrics
         self.replica_id = settings.resolved_replica_id
         self.results = ActuationResults(
-            settings.platform.redis_url, settings.redis_prefix, settings.result_ttl_s
+            settings.platform.redis_url_for("actuator"), settings.redis_prefix, settings.result_ttl_s
         )
         self.client = CellpilotClient(
             borgmaster=settings.borgmaster_addresses,

@@ -91,8 +91,8 @@ class Aggregator:
     async def start(self) -> int:
         platform = self.settings.platform
         if self.settings.apply_migrations:
-            await apply_migrations(platform.postgres_url)
-        self.store = await HistoryStore.connect(platform.postgres_url)
+            await apply_migrations(platform.postgres_url_for("aggregator"))
+        self.store = await HistoryStore.connect(platform.postgres_url_for("aggregator"))
         await self.store.ensure_partitions(self.settings.samples_topic, self.settings.sample_partitions)
         self.producer = MessageProducer(platform.kafka_bootstrap, client_id=self.replica_id)
         await self.producer.start()

@@ -44,7 +44,7 @@ class AutopilotMaster:
     def __init__(self, settings: AutopilotSettings, metrics: CellpilotMetrics | None = None) -> None:
         self.settings = settings
         self.replica_id = settings.resolved_replica_id
-        self.redis = connect_redis(settings.platform.redis_url)
+        self.redis = connect_redis(settings.platform.redis_url_for("autopilot"))
         self.lock = LeaderLock(self.redis, settings.redis_prefix, self.replica_id, "", settings.lock_ttl_s)
         self.store = StateStore(self.redis, settings.redis_prefix, self.lock.lock_key)
         self.client = CellpilotClient(

@@ -29,7 +29,7 @@ SERVICE_NAME = "cellpilot.api.v1.Borgmaster"
 class Borgmaster:
     def __init__(self, settings: BorgmasterSettings) -> None:
         self.settings = settings
-        self.engine = create_engine(settings.platform.postgres_url, pool_size=4)
+        self.engine = create_engine(settings.platform.postgres_url_for("borgmaster"), pool_size=4)
         self.replica = Replica(settings, self.engine, address="")
         self.scheduler = SchedulerLoop(self.replica, settings)
         self.poller = BorgletPoller(self.replica, settings)
@@ -66,7 +66,7 @@ class Borgmaster:
 
     async def start(self) -> str:
         if self.settings.apply_migrations:
-            await apply_migrations(self.settings.platform.postgres_url)
+            await apply_migrations(self.settings.platform.postgres_url_for("borgmaster"))
         port = await self.server.start()
         self.address = f"{self.settings.advertise_host}:{port}"
         self.replica.address = self.address

@@ -36,6 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cellpilot.platform.metrics import CellpilotMetrics, prometheus_text
 from cellpilot.platform.telemetry import Telemetry
+from cellpilot.security.http_auth import bearer_principal
 from cellpilot_services.dashboard import charts, models, pages, trend_charts
 from cellpilot_services.dashboard.auth import DashboardAuth, SignInRequiredError
 from cellpilot_services.dashboard.page_layout import Viewer, escape, layout
@@ -80,7 +81,7 @@ def create_app(
     settings: DashboardSettings, history: StreamHistory | None = None, metrics: CellpilotMetrics | None = None
 ) -> FastAPI:
     state: dict[str, DashboardSources] = {}
-    ledger = SignInLedger(settings.platform.redis_url)
+    ledger = SignInLedger(settings.platform.redis_url_for("dashboard"))
     auth = DashboardAuth(settings.security, ledger, int(settings.session_hours * 3600))
     refresh_s = settings.refresh_s
 
@@ -114,8 +115,8 @@ def create_app(
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     library = ReportLibrary(settings.results_dir, settings.eval_out_dirs)
-    # Every page and API call needs a session or a bearer token; /healthz, /metrics (probes,
-    # the Prometheus scraper), /openapi.json, /static and the sign-in pages are open.
+    # Every page and API call needs a session or a bearer token, /metrics a bearer token;
+    # /healthz (probes), /openapi.json, /static and the sign-in pages are open.
     routes = APIRouter(dependencies=[Depends(auth.viewer)])
     signed_in = Depends(auth.viewer)  # a default value, not an annotation: it names a local
 
@@ -304,7 +305,10 @@ def create_app(
 
     # ------------------------------------------------------------------ operations
     @app.get("/metrics", include_in_schema=False)
-    async def prometheus_metrics() -> Response:
+    async def prometheus_metrics(request: Request) -> Response:
+        """Prometheus text, for a bearer token of this stack only (the scraper's: Prometheus's
+        ``authorization.credentials_file``); 401 without one. Browser sessions do not count."""
+        bearer_principal(auth.authenticator, request)
         body, content_type = prometheus_text()
         return Response(body, media_type=content_type)
 

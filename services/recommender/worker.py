@@ -89,7 +89,7 @@ class RecommenderWorker:
             unmet_demand=RaiseForUnmetDemand() if settings.raise_cpu_for_unmet_demand else None
         )
         self.metrics = CellpilotMetrics.on(telemetry.meter) if telemetry is not None else None
-        self.redis = connect_redis(settings.platform.redis_url)
+        self.redis = connect_redis(settings.platform.redis_url_for("recommender"))
         self.store = StateStore(self.redis, settings.state_prefix, settings.consumer_group)
         bootstrap = settings.platform.kafka_bootstrap
         self.producer = MessageProducer(bootstrap, client_id=self.replica_id)

@@ -72,7 +72,11 @@ def outage_stack() -> Iterator[Stack]:
 
 @pytest.fixture(scope="session")
 def endpoints(embedded_stack: Stack) -> StackEndpoints:
-    return embedded_stack.endpoints
+    """The administrator's connections (the PostgreSQL superuser over the stack's socket, Redis
+    as ``admin``): tests make databases and key prefixes of their own, and a service given a URL
+    that names a user uses it as given. What services of a real stack get (their own accounts,
+    from ``stack.env`` and their password files) is tested in tests/integration/security."""
+    return embedded_stack.admin_endpoints
 
 
 @pytest.fixture

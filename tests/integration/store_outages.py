@@ -42,14 +42,17 @@ async def start_stores(stack: Stack) -> None:
 
 
 def use_stack_certificates(monkeypatch: pytest.MonkeyPatch, stack: Stack) -> None:
-    """Services and clients of this test use the outage stack's CA and certificates."""
+    """Services and clients of this test use the outage stack's CA, certificates and store passwords."""
     monkeypatch.setenv("CELLPILOT_CERTS_DIR", str(stack.config.certs_dir))
     monkeypatch.setenv("CELLPILOT_TLS_MODE", "mtls")
 
 
 async def fresh_database(stack: Stack) -> str:
-    """A new, migrated database on the stack's PostgreSQL (the stack goes away with the session)."""
-    url = str(make_url(stack.endpoints.postgres_url).set(database=f"outage_{uuid.uuid4().hex[:10]}"))
-    await ensure_database(url)
-    await apply_migrations(url)
-    return url
+    """A new database on the stack's PostgreSQL (the stack goes away with the session), migrated by
+    the administrator; the URL names no user, so each service connects over TCP as its own role,
+    as in a real stack (``use_stack_certificates`` points them at the stack's password files)."""
+    name = f"outage_{uuid.uuid4().hex[:10]}"
+    admin_url = str(make_url(stack.admin_endpoints.postgres_url).set(database=name))
+    await ensure_database(admin_url)
+    await apply_migrations(admin_url)
+    return str(make_url(stack.endpoints.postgres_url).set(database=name))

@@ -36,6 +36,7 @@ from cellpilot.cli.text_file import TextFileError, read_text_file
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.platform.store_outage import POSTGRES, describe, store_of
 from cellpilot.schedule import GIB, default_profile
+from cellpilot.security.store_secrets import FAUXMASTER_ACCOUNT, StoreSecretError
 
 app = typer.Typer(
     help="The Borgmaster's checkpoint: replay it, query it, schedule offline.", no_args_is_help=True
@@ -249,7 +250,12 @@ def replay(
             read_text_file(stack_env, "env", MAX_ENV_FILE_BYTES)
         except TextFileError as error:
             raise typer.BadParameter(str(error), param_hint="--stack-env") from None
-    url = database_url or PlatformSettings.load(stack_env).postgres_url
+    try:
+        # Read-only: the stack's `fauxmaster` role may only SELECT the checkpoint tables.
+        url = database_url or PlatformSettings.load(stack_env).postgres_url_for(FAUXMASTER_ACCOUNT)
+    except StoreSecretError as error:
+        errors.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     try:
         state, snapshot_seq, head = asyncio.run(load_state(url, to))
     except Exception as error:

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from cellpilot.platform.store_accounts import write_redis_acl
 from cellpilot.security.certificates import (
     DEFAULT_IDENTITIES,
     CertificateError,
@@ -16,6 +17,7 @@ from cellpilot.security.certificates import (
     parse_identity_requests,
 )
 from cellpilot.security.identity import ADMIN
+from cellpilot.security.store_secrets import ensure_store_passwords, password_path
 from cellpilot.security.tokens import (
     TokenClaims,
     TokenError,
@@ -75,7 +77,8 @@ def issue(
     ] = False,
     days: Annotated[int, typer.Option(min=1, max=3650, help="Validity of the service certificates.")] = 825,
 ) -> None:
-    """Create the CA (kept if it exists) and one certificate per service; create the token secret."""
+    """Create the CA (kept if it exists) and one certificate per service; create the token secret
+    and one store password per service account (kept if they exist), and the Redis ACL file."""
     try:
         requests = parse_identity_requests([services], machines or [], hostnames or [])
         if not requests:
@@ -94,10 +97,17 @@ def issue(
         console.print(f"[red]cannot issue certificates:[/red] {error}")
         raise typer.Exit(2) from None
     load_or_create_secret(out)
+    passwords = ensure_store_passwords(out)
+    acl = write_redis_acl(out)
     for request, path in zip(requests, paths, strict=True):
         scope = f" (machines {', '.join(request.machine_globs)})" if request.machine_globs else ""
         typer.echo(f"{path}{scope}")
-    console.print(f"[green]CA, {len(paths)} certificates and the token secret are in {out}[/green]")
+    for account in passwords:
+        typer.echo(f"{password_path(out, account)} (store password, mode 0600)")
+    typer.echo(f"{acl} (Redis users: password hashes only)")
+    console.print(
+        f"[green]CA, {len(paths)} certificates, the token secret and the store passwords are in {out}[/green]"
+    )
 
 
 @app.command()

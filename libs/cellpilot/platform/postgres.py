@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sqlalchemy import make_url, text
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 MIGRATIONS_DIR = REPO_ROOT / "infra" / "migrations"
@@ -51,11 +51,27 @@ def migration_files(directory: Path = MIGRATIONS_DIR) -> list[Path]:
     return sorted(directory.glob("*.sql"))
 
 
+async def _applied_versions(conn: AsyncConnection) -> set[str] | None:
+    """The recorded migrations, or None before the first one (no ``schema_migrations`` yet)."""
+    if await conn.scalar(text("SELECT to_regclass('schema_migrations')")) is None:
+        return None
+    return set((await conn.scalars(text("SELECT version FROM schema_migrations"))).all())
+
+
 async def apply_migrations(url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
-    """Apply pending migrations; returns the names applied by this call."""
+    """Apply pending migrations; returns the names applied by this call.
+
+    A database with nothing pending is only read, so a service's role (which may create
+    nothing: 0013_service_roles.sql) starts on a migrated database; with migrations pending
+    it fails with PostgreSQL's "permission denied", and the administrator applies them
+    (``cellpilot stack up``, compose's ``postgres-setup``)."""
     engine = create_async_engine(url)
     applied_now: list[str] = []
     try:
+        async with engine.connect() as conn:
+            done = await _applied_versions(conn)
+        if done is not None and {p.name for p in migration_files(directory)} <= done:
+            return []
         async with engine.begin() as conn:
             await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
             await conn.execute(

@@ -23,8 +23,13 @@ class PlatformSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CELLPILOT_", extra="ignore")
 
     kafka_bootstrap: str = "127.0.0.1:9092"
-    postgres_url: str = "postgresql+asyncpg://postgres@127.0.0.1:5432/cellpilot"
+    # Store URLs without a user: each service connects as its own account (postgres_url_for,
+    # redis_url_for). A URL that names a user is used as given (an operator's explicit credential).
+    postgres_url: str = "postgresql+asyncpg://127.0.0.1:5432/cellpilot"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # Where `cellpilot certs issue` wrote the certificates and each account's store password
+    # (<account>.password, mode 0600): the same CELLPILOT_CERTS_DIR as SecuritySettings.
+    certs_dir: Path = Path(".cellpilot/certs")
     # OTLP/gRPC collector endpoint (e.g. http://127.0.0.1:4317); unset means no export.
     otlp_endpoint: str | None = None
     log_level: str = "INFO"
@@ -33,6 +38,18 @@ class PlatformSettings(BaseSettings):
     log_check_interval_s: float = Field(default=5.0, gt=0)
     # JSON log lines (for machines) or plain text (for people at a terminal).
     log_json: bool = True
+
+    def postgres_url_for(self, account: str) -> str:
+        """The PostgreSQL URL as ``account``'s role (cellpilot.platform.store_accounts)."""
+        from cellpilot.platform.store_accounts import service_postgres_url
+
+        return service_postgres_url(self.postgres_url, account, self.certs_dir)
+
+    def redis_url_for(self, account: str) -> str:
+        """The Redis URL as ``account``'s ACL user (cellpilot.platform.store_accounts)."""
+        from cellpilot.platform.store_accounts import service_redis_url
+
+        return service_redis_url(self.redis_url, account, self.certs_dir)
 
     @classmethod
     def load(cls, env_file: Path | None = None) -> PlatformSettings:

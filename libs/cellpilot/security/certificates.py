@@ -104,7 +104,8 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` readable and writable by its owner only (mode 0600)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
@@ -151,7 +152,7 @@ def create_ca(
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
-    _write_private(out_dir / CA_KEY, _key_pem(key))
+    write_private_file(out_dir / CA_KEY, _key_pem(key))
     (out_dir / CA_CERT).write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     return CertificateAuthority(certificate, key)
 
@@ -216,7 +217,7 @@ def issue_certificate(
         .sign(ca.key, hashes.SHA256())
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_private(out_dir / f"{request.identity}.key", _key_pem(key))
+    write_private_file(out_dir / f"{request.identity}.key", _key_pem(key))
     path = out_dir / f"{request.identity}.crt"
     path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     return path

@@ -34,6 +34,7 @@ from cellpilot.security.certificates import (
 from cellpilot.security.interceptor import SecurityInterceptor
 from cellpilot.security.policy import JobOwnerLookup, RecommenderOwnerLookup
 from cellpilot.security.request_limits import DEFAULT_LIMITS, RequestLimits
+from cellpilot.security.store_secrets import ensure_store_passwords
 from cellpilot.security.tokens import TokenError, TokenSigner, load_or_create_secret, load_signer
 
 log = logging.getLogger(__name__)
@@ -194,8 +195,8 @@ class SecuritySettings(BaseSettings):
 
 def ensure_stack_credentials(certs_dir: Path, identities: Sequence[str] = DEFAULT_IDENTITIES) -> list[Path]:
     """Issue what is missing for a local stack (``cellpilot run`` can call this on start):
-    the CA and token secret if absent, and each identity's certificate if absent. Returns the
-    certificates issued now."""
+    the CA, token secret and store passwords if absent, and each identity's certificate if
+    absent. Returns the certificates issued now."""
     missing = [
         i
         for i in identities
@@ -203,4 +204,5 @@ def ensure_stack_credentials(certs_dir: Path, identities: Sequence[str] = DEFAUL
     ]
     issued = issue_all(certs_dir, parse_identity_requests([",".join(missing)], [])) if missing else []
     load_or_create_secret(certs_dir)
+    ensure_store_passwords(certs_dir)
     return issued

@@ -18,7 +18,6 @@ import binascii
 import hashlib
 import hmac
 import json
-import os
 import re
 import secrets
 import time
@@ -26,6 +25,8 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from cellpilot.security.certificates import write_private_file
 
 TOKEN_SECRET_FILE = "token-secret.key"
 REVOKED_TOKENS_FILE = "revoked-tokens"
@@ -177,11 +178,7 @@ def create_secret(certs_dir: Path) -> bytes:
     """Write a fresh random secret (mode 0600); returns it. Rotating it voids every token."""
     certs_dir.mkdir(parents=True, exist_ok=True)
     secret = secrets.token_bytes(SECRET_BYTES)
-    path = certs_dir / TOKEN_SECRET_FILE
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(secret.hex() + "\n")
-    path.chmod(0o600)
+    write_private_file(certs_dir / TOKEN_SECRET_FILE, (secret.hex() + "\n").encode())
     return secret
 
 

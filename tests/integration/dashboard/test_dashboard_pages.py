@@ -10,7 +10,7 @@ test-artifacts/), watches a page update itself without a reload, and signs out, 
 pages send them to sign in again. A one-time link from `cellpilot dashboard login` signs a
 browser in once and is refused the second time. No page breaks its Content-Security-Policy.
 Every page has its JSON endpoint in the OpenAPI schema, bad input is answered 422, requests
-without credentials 401, and /metrics serves the named metrics.
+without credentials 401, and /metrics serves the named metrics to a bearer token only (401 anonymous).
 """
 
 from __future__ import annotations
@@ -63,6 +63,14 @@ def get(url: str, user: str | None = "alice") -> tuple[int, Any]:
             return response.status, json.loads(body) if "json" in kind else body.decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
+
+
+def serving(url: str) -> bool:
+    """True once ``url`` answers 200; False while the server is still starting (refused)."""
+    try:
+        return get(url)[0] == 200
+    except urllib.error.URLError:
+        return False
 
 
 def wait_until(check: Any, timeout_s: float, what: str) -> Any:
@@ -181,7 +189,7 @@ def cell(
             with SyncCellpilotClient([borgmaster], **actuator) as client:
                 client.borgmaster.update_job(JOB, spec, [], release_hold=True)
             base = f"https://127.0.0.1:{dashboard_port}"
-            wait_until(lambda: get(f"{base}/healthz")[0] == 200, 30, f"the dashboard ({web.log_tail()})")
+            wait_until(lambda: serving(f"{base}/healthz"), 30, f"the dashboard ({web.log_tail()})")
             yield base, borgmaster, recommendations
         finally:
             web.stop()
@@ -449,6 +457,9 @@ def test_json_endpoints_openapi_metrics_and_bad_input(dashboard: str) -> None:
     for anonymous in ("/api/jobs", f"/jobs/{JOB}", "/api/cell", "/api/cell/utilisation", "/charts/cell.svg"):
         status, body = get(dashboard + anonymous, user=None)
         assert status == 401, (anonymous, body)
-    status, metrics = get(f"{dashboard}/metrics", user=None)
+    # /metrics is for a bearer token of this stack (the scraper's), never anonymous.
+    status, body = get(f"{dashboard}/metrics", user=None)
+    assert status == 401, body
+    status, metrics = get(f"{dashboard}/metrics", user="metrics-scraper")
     assert status == 200
     assert "cellpilot_pending_tasks" in metrics

@@ -94,7 +94,7 @@ def postgres(config: StackConfig) -> Component:
             "-h",
             config.host,
             "-k",
-            str(data / "socket"),
+            str(config.postgres_socket_dir),
             "-c",
             "max_connections=200",
             "-c",
@@ -137,10 +137,13 @@ def initialise_postgres(config: StackConfig, run_as: RunAs) -> None:
     data = root / "data"
     run_as.allow_traversal_to(root)
     run_as.allow_traversal_to(postgres_bin_dir())
-    for path in (root, root / "socket"):
+    socket_dir = config.postgres_socket_dir
+    for path in (root, socket_dir):
         path.mkdir(parents=True, exist_ok=True)
         run_as.chown(path)
-    (root / "socket").chmod(0o700)  # the superuser's way in: only the server's account (and root)
+    if socket_dir.stat().st_uid not in {os.getuid(), run_as.uid}:
+        raise RuntimeError(f"{socket_dir} belongs to another user: remove it or use another data directory")
+    socket_dir.chmod(0o700)  # the superuser's way in: only the server's account (and root)
     if not (data / "PG_VERSION").exists():
         subprocess.run(
             [str(postgres_bin_dir() / "initdb"), "-D", str(data), "-U", POSTGRES_SUPERUSER,

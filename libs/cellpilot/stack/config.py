@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
+import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from urllib.parse import quote
+
+# sockaddr_un holds 107 characters; PostgreSQL adds "/.s.PGSQL.<port>" (up to 15) to the directory.
+MAX_SOCKET_DIR_CHARS = 90
 
 DEFAULT_DATA_DIR = Path(".cellpilot/stack")
 STATE_FILE = "stack.json"
@@ -74,8 +79,17 @@ class StackConfig:
 
     @property
     def postgres_socket_dir(self) -> Path:
-        """The Unix socket directory of the embedded PostgreSQL (the superuser's only way in)."""
-        return self.data_dir / "postgres" / "socket"
+        """The Unix socket directory of the embedded PostgreSQL (the superuser's only way in).
+
+        Inside the data directory when the socket's path fits a Unix socket address (108 bytes
+        with the file name ``.s.PGSQL.<port>``); a deeply nested data directory gets a short
+        private directory under the system's temporary directory instead, named after it.
+        """
+        local = self.data_dir.absolute() / "postgres" / "socket"
+        if len(str(local)) <= MAX_SOCKET_DIR_CHARS:
+            return local
+        digest = hashlib.sha256(str(self.data_dir.absolute()).encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"cellpilot-pg-{digest}"
 
     def endpoints(self) -> StackEndpoints:
         """What services read: store URLs without a user, so each service connects as its own

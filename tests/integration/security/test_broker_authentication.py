@@ -17,6 +17,8 @@ from contextlib import contextmanager
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from cellpilot.platform.kafka import ensure_topics
+from cellpilot.platform.topics import Topic
 from cellpilot.stack.components import tansu_binary
 from cellpilot.stack.config import free_port, port_in_use
 
@@ -45,6 +47,8 @@ def tansu(*flags: str) -> Iterator[str]:
 async def _produces(bootstrap: str, **security: str) -> bool:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=3000, **security)  # type: ignore[arg-type]
     try:
+        if not security:  # Cellpilot's clients never create a topic by naming it: create it first
+            await asyncio.wait_for(ensure_topics(bootstrap, [Topic("probe", 1, "none", "a probe")]), 10)
         await asyncio.wait_for(producer.start(), 10)
         await asyncio.wait_for(producer.send_and_wait("probe", b"x"), 10)
     except Exception:  # refused: disconnected, or aiokafka failing on the server's SCRAM error

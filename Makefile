@@ -7,9 +7,10 @@ PY          := $(VENV)/bin/python
 STACK_DIR   ?= .cellpilot/stack
 BENCH       ?=
 PYTEST_ARGS ?=
+CHAOS_ARGS  ?=
 
 .PHONY: help install proto proto-check lint format typecheck importlint check test test-unit \
-        test-integration test-containers browser bench run stop stack-up stack-down stack-status images lock clean
+        test-integration test-containers browser bench chaos run stop stack-up stack-down stack-status images lock clean
 
 help:
 	@echo "make install          create $(VENV) and install pinned dependencies (requirements.lock)"
@@ -19,6 +20,7 @@ help:
 	@echo "make browser          install Chromium (the dashboard browser tests) when it is missing"
 	@echo "make test-containers  the compose stack's tests (needs Docker)"
 	@echo "make bench [BENCH=prefix]  run benchmarks, write bench-results.json"
+	@echo "make chaos            one chaos run: faults in turn under make run's system, invariants as figures"
 	@echo "make proto            regenerate libs/cellpilot/api from proto/"
 	@echo "make images           build every image docker-compose.yml needs, with no registry"
 	@echo "make lock             regenerate requirements.lock and requirements-dev.lock"
@@ -73,6 +75,11 @@ test-containers: install
 bench: install
 	$(PY) -m bench.run --prefix '$(BENCH)'
 
+# Kills and restarts every kind of process while the demo runs; prints CHAOS lines, writes
+# chaos-results.json, exits 1 if an invariant failed (python -m cellpilot.chaos --help).
+chaos: install
+	$(PY) -m cellpilot.chaos --out chaos-results.json $(CHAOS_ARGS)
+
 run: install
 	$(VENV)/bin/cellpilot run --data-dir $(STACK_DIR)
 
@@ -101,4 +108,4 @@ lock:
 	  > requirements-dev.lock
 
 clean:
-	rm -rf build *.egg-info .pytest_cache .mypy_cache .ruff_cache bench-results.json
+	rm -rf build *.egg-info .pytest_cache .mypy_cache .ruff_cache bench-results.json chaos-results.json

@@ -186,7 +186,9 @@ class Actuator:
             except Exception:
                 if time.monotonic() - began > self.settings.max_backoff_s:
                     backoff = self.settings.initial_backoff_s  # it had been running fine
-                log.exception("actuator loop failed; resuming from the saved positions", extra={"retry_in_s": backoff})
+                log.exception(
+                    "actuator loop failed; resuming from the saved positions", extra={"retry_in_s": backoff}
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self.settings.max_backoff_s)
 

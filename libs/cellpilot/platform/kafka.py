@@ -93,7 +93,11 @@ async def ensure_topic_layout(bootstrap: str, topics: Iterable[Topic] = TOPICS) 
             return recreated
         log.warning(
             "topics created with the broker's default partition count; creating them again",
-            extra={"topics": {name: f"{counts[name]} partitions, not {wanted[name].partitions}" for name in wrong}},
+            extra={
+                "topics": {
+                    name: f"{counts[name]} partitions, not {wanted[name].partitions}" for name in wrong
+                }
+            },
         )
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
         await admin.start()

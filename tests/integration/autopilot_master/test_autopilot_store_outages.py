@@ -30,8 +30,8 @@ from store_outages import fresh_database, start_stores, stop_store, use_stack_ce
 from cellpilot.api.v1 import (
     actuation_pb2,
     autopilot_pb2,
-    job_pb2,
     autopilot_pb2_grpc,
+    job_pb2,
     monitoring_pb2,
     monitoring_pb2_grpc,
     resources_pb2,
@@ -153,7 +153,11 @@ async def test_the_actuator_applies_actuations_again_once_its_redis_is_back(
     async with borgmaster(database_url, scenario) as bm, Publisher(scenario) as publish:
         client = api_client([bm.address])
         await grant(client, scenario.user)
-        job = (await client.borgmaster.submit_job(job_spec("web", scenario.user, cpu_mode=job_pb2.SCALING_MODE_ON))).job_id
+        job = (
+            await client.borgmaster.submit_job(
+                job_spec("web", scenario.user, cpu_mode=job_pb2.SCALING_MODE_ON)
+            )
+        ).job_id
         settings = scenario.actuator_settings([bm.address], max_backoff_s=0.5)
         async with actuator(settings) as act:
             await publish.actuation(actuation(job, "before", 700))
@@ -164,7 +168,9 @@ async def test_the_actuator_applies_actuations_again_once_its_redis_is_back(
                 await asyncio.sleep(OUTAGE_S)
             finally:
                 await start_stores(outage_stack)
-            during = await eventually(lambda: act.results.result("during"), 30, "the actuation applied after the outage")
+            during = await eventually(
+                lambda: act.results.result("during"), 30, "the actuation applied after the outage"
+            )
             assert during.outcome == actuation_pb2.ACTUATION_OUTCOME_APPLIED
             await publish.actuation(actuation(job, "after", 900))
             after = await eventually(lambda: act.results.result("after"), 15, "a new actuation applied")

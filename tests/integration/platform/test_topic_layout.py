@@ -37,7 +37,10 @@ async def test_a_topic_the_broker_created_with_its_default_count_is_created_agai
         assert await ensure_topics(bootstrap, [early, declared]) == [], "ensure_topics sees it exists"
 
         assert await ensure_topic_layout(bootstrap, [early, declared]) == [early.name]
-        assert await partition_counts(bootstrap, [early.name, declared.name]) == {early.name: 2, declared.name: 3}
+        assert await partition_counts(bootstrap, [early.name, declared.name]) == {
+            early.name: 2,
+            declared.name: 3,
+        }
         assert await ensure_topic_layout(bootstrap, [early, declared]) == [], "a right layout is left alone"
         offset = await producer.send(declared.name, "k", StringValue(value="after"))
         assert offset == 1, "the topic with its declared count kept its records"

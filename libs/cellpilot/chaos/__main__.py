@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in [k for k in os.environ if k.startswith("CELLPILOT_")]:
         del os.environ[name]
     # On a terminal a live progress bar; in a file (the test suite) one unwrapped line per event.
-    console = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
+    console = Console(stderr=True, soft_wrap=not sys.stderr.isatty(), log_path=False)
     if args.data_dir is not None and args.data_dir.exists() and any(args.data_dir.iterdir()):
         console.print(f"[red]{args.data_dir} is not empty[/red]: a chaos run needs a fresh data directory")
         return 2

@@ -159,6 +159,3 @@ class ChaosRun:
                 return time.monotonic() - began
             await asyncio.sleep(0.2)
         return None
-
-    def service_logs(self, service: str) -> list[Path]:
-        return sorted(self.logs.glob(f"{service}-*.log"))

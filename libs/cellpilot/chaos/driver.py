@@ -78,7 +78,7 @@ class ChaosDriver:
         assert self._endpoints is not None, "the run is not started"
         return self._endpoints
 
-    async def execute(self, keep_running: bool = False) -> ChaosResult:
+    async def execute(self) -> ChaosResult:
         began = time.monotonic()
         observer: StreamObserver | None = None
         try:
@@ -111,7 +111,7 @@ class ChaosDriver:
                 with contextlib.suppress(Exception):
                     await observer.stop()
             await self.cell.close()
-            stopped = "left running" if keep_running else await self._stop()
+            stopped = await self._stop()
         return ChaosResult(figures, facts, stopped)
 
     async def _stop(self) -> str:

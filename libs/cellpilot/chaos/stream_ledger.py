@@ -163,7 +163,6 @@ class StreamObserver:
         self.read_in_generation: dict[tuple[str, int], int] = defaultdict(int)
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.caught_up_at = 0.0  # monotonic time of the last batch read
 
     async def start(self) -> None:
         consumer = AssignedConsumer(
@@ -200,7 +199,6 @@ class StreamObserver:
                         take_record(self.ledger, record, self.generation[key])
                     except PoisonRecordError:
                         self.ledger.undecodable += 1
-                self.caught_up_at = time.monotonic()
         finally:
             await consumer.stop()
 

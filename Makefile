@@ -11,9 +11,10 @@ PYTEST_ARGS ?=
 # tests that need `cellpilot run`'s fixed ports share one worker (xdist_group "fixed-ports").
 TEST_WORKERS ?= 2
 XDIST        := -n $(TEST_WORKERS) --dist loadgroup
+CHAOS_ARGS  ?=
 
 .PHONY: help install proto proto-check lint format typecheck importlint check test test-unit \
-        test-integration test-containers browser bench run stop stack-up stack-down stack-status images lock clean
+        test-integration test-containers browser bench chaos run stop stack-up stack-down stack-status images lock clean
 
 help:
 	@echo "make install          create $(VENV) and install pinned dependencies (requirements.lock)"
@@ -23,6 +24,7 @@ help:
 	@echo "make browser          install Chromium (the dashboard browser tests) when it is missing"
 	@echo "make test-containers  the compose stack's tests (needs Docker)"
 	@echo "make bench [BENCH=prefix]  run benchmarks, write bench-results.json"
+	@echo "make chaos            one chaos run: faults in turn under make run's system, invariants as figures"
 	@echo "make proto            regenerate libs/cellpilot/api from proto/"
 	@echo "make images           build every image docker-compose.yml needs, with no registry"
 	@echo "make lock             regenerate requirements.lock and requirements-dev.lock"
@@ -77,6 +79,11 @@ test-containers: install
 bench: install
 	$(PY) -m bench.run --prefix '$(BENCH)'
 
+# Kills and restarts every kind of process while the demo runs; prints CHAOS lines, writes
+# chaos-results.json, exits 1 if an invariant failed (python -m cellpilot.chaos --help).
+chaos: install
+	$(PY) -m cellpilot.chaos --out chaos-results.json $(CHAOS_ARGS)
+
 run: install
 	$(VENV)/bin/cellpilot run --data-dir $(STACK_DIR)
 
@@ -105,4 +112,4 @@ lock:
 	  > requirements-dev.lock
 
 clean:
-	rm -rf build *.egg-info .pytest_cache .mypy_cache .ruff_cache bench-results.json
+	rm -rf build *.egg-info .pytest_cache .mypy_cache .ruff_cache bench-results.json chaos-results.json

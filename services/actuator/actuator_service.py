@@ -172,6 +172,27 @@ class Actuator:
         await self.results.close()
 
     async def _run(self) -> None:
+        """Consume until stopped. A failure of a store or the broker under it (Redis restarting:
+        the outcome of a record cannot be saved) ends one pass, never the loop: the next pass
+        resumes from the positions saved in Redis, once it answers again (a record whose outcome
+        was not saved is read again; its idempotency key keeps it from being applied twice)."""
+        backoff = self.settings.initial_backoff_s
+        while True:
+            began = time.monotonic()
+            try:
+                await self._consume()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                if time.monotonic() - began > self.settings.max_backoff_s:
+                    backoff = self.settings.initial_backoff_s  # it had been running fine
+                log.exception(
+                    "actuator loop failed; resuming from the saved positions", extra={"retry_in_s": backoff}
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.settings.max_backoff_s)
+
+    async def _consume(self) -> None:
         offsets, highest = await self.results.load()
         self.guard.accept_token(highest)
         consumer = AssignedConsumer(
@@ -218,9 +239,11 @@ class Actuator:
             span.set_attribute("cellpilot.job_id", actuation.job_id)
             result = await self.apply(actuation)
             span.set_attribute("cellpilot.outcome", OUTCOME.Name(result.outcome))
-        self.guard.settle(key, OUTCOME.Name(result.outcome))
         offsets.mark(record)
         await self.results.save(record, offsets, self.guard.highest_token, result)
+        # Settled only once saved: a record whose outcome could not be saved is applied again
+        # when read again, under the same request id (the Borgmaster answers as the first time).
+        self.guard.settle(key, OUTCOME.Name(result.outcome))
 
     async def apply(self, actuation: actuation_pb2.Actuation) -> actuation_pb2.ActuationResult:
         result = actuation_pb2.ActuationResult(

@@ -73,6 +73,58 @@ async def ensure_topics(bootstrap: str, topics: Iterable[Topic] = TOPICS) -> lis
         await admin.close()
 
 
+LAYOUT_ATTEMPTS = 5
+
+
+async def partition_counts(bootstrap: str, names: Collection[str]) -> dict[str, int]:
+    """How many partitions each of the (existing) topics ``names`` has now."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    await admin.start()
+    try:
+        described = await admin.describe_topics(list(names))
+    finally:
+        await admin.close()
+    return {str(t["topic"]): len(t["partitions"]) for t in described if not t.get("error_code")}
+
+
+async def ensure_topic_layout(bootstrap: str, topics: Iterable[Topic] = TOPICS) -> list[str]:
+    """Every topic exists with its declared partition count, on a broker that just lost its log.
+
+    A restarted broker knows no topic, and a client's first metadata request or record creates
+    the topic it names with the broker's default partition count (4 for the embedded broker)
+    before :func:`ensure_topics` can create it with its own. A wrong count breaks keyed
+    partitioning (a job's histograms would reach another recommender partition than its state)
+    and leaves consumers holding positions for partitions that no longer exist. So a topic
+    whose count is not the declared one is deleted and created again (it holds only what was
+    sent since the restart); the check repeats until the layout holds. Returns the names of
+    the topics created again.
+    """
+    wanted = {t.name: t for t in topics}
+    recreated: list[str] = []
+    for _ in range(LAYOUT_ATTEMPTS):
+        await ensure_topics(bootstrap, wanted.values())
+        counts = await partition_counts(bootstrap, wanted)
+        wrong = sorted(name for name, t in wanted.items() if counts.get(name, t.partitions) != t.partitions)
+        if not wrong:
+            return recreated
+        log.warning(
+            "topics created with the broker's default partition count; creating them again",
+            extra={
+                "topics": {
+                    name: f"{counts[name]} partitions, not {wanted[name].partitions}" for name in wrong
+                }
+            },
+        )
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+        await admin.start()
+        try:
+            await admin.delete_topics(wrong)
+        finally:
+            await admin.close()
+        recreated += [name for name in wrong if name not in recreated]
+    raise RuntimeError(f"topics keep another partition count than declared after {LAYOUT_ATTEMPTS} attempts")
+
+
 def inject_trace_headers(headers: Headers | None = None) -> Headers:
     """The current trace context as Kafka headers (appended to ``headers``)."""
     carrier: dict[str, str] = {}

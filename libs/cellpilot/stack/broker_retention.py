@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from cellpilot.platform.kafka import ensure_topics
+from cellpilot.platform.kafka import ensure_topic_layout
 from cellpilot.platform.topics import TOPICS, Topic
 
 RETRY_AFTER_S = 60.0  # a rotation that failed (the broker away) is tried again this much later
@@ -150,7 +150,8 @@ async def rotate_topic(bootstrap: str, topic: Topic) -> Rotation:
         await admin.delete_topics([topic.name])
     finally:
         await admin.close()
-    await ensure_topics(bootstrap, [topic])
+    # Producers may make the broker create it again first, with its default partition count.
+    await ensure_topic_layout(bootstrap, [topic])
     return Rotation(sum(ends.values()), {group: unapplied(ends, c) for group, c in groups.items()})
 
 

@@ -3,8 +3,10 @@
 Each entry is one deployed service (``python -m cellpilot_services.<module>``) with its
 replica count; replica ``i`` gets ``CELLPILOT_REPLICA_INDEX=i`` and the stack's connection
 settings through ``CELLPILOT_STACK_ENV``; ``{data_dir}`` and ``{replica}`` in an environment
-value name the stack's data directory and the replica index. Services register here as they
-are built.
+value name the stack's data directory and the replica index. A spec's environment holds
+defaults: a variable already set in ``cellpilot run``'s environment wins (so a run can be moved
+to other ports, e.g. ``CELLPILOT_BORGLET_BORGMASTER_ADDRESSES`` with
+``CELLPILOT_BORGMASTER_BASE_PORT``). Services register here as they are built.
 """
 
 from __future__ import annotations
@@ -136,8 +138,8 @@ class ServiceSupervisor:
 
     def _spawn(self, spec: ServiceSpec, replica: int) -> ProcessHandle:
         env = {
-            **os.environ,
             **{k: v.format(data_dir=self.data_dir, replica=replica) for k, v in spec.env.items()},
+            **os.environ,
             "CELLPILOT_STACK_ENV": str(self.env_file),
             "CELLPILOT_REPLICA_INDEX": str(replica),
         }

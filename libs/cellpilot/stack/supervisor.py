@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from cellpilot.platform.kafka import ensure_topics
+from cellpilot.platform.kafka import ensure_topic_layout, ensure_topics
 from cellpilot.platform.postgres import apply_migrations, ensure_database
 from cellpilot.platform.redis_client import ping_redis
 from cellpilot.platform.store_accounts import provision_postgres_roles, write_redis_acl
@@ -176,12 +176,16 @@ class Stack:
         """Start component ``name`` again after it died; the broker gets its topics back.
 
         The embedded broker keeps its log in memory, so a restarted broker is empty: the
-        topics are created again before anyone is told it is back.
+        topics are created again before anyone is told it is back, each with its declared
+        partition count (services reconnecting at once may have made the broker create some
+        with its default count: those are created again, see ``ensure_topic_layout``).
         """
         handle = self._start(self.component(name), self._pids(), progress)
         if name == "kafka":
             progress("kafka: creating topics")
-            asyncio.run(ensure_topics(self.config.endpoints().kafka_bootstrap))
+            recreated = asyncio.run(ensure_topic_layout(self.config.endpoints().kafka_bootstrap))
+            if recreated:
+                progress(f"kafka: created again with their declared partition counts: {', '.join(recreated)}")
         return handle
 
     def _start(

@@ -1,7 +1,9 @@
 """Autopilot's Redis and the Monitoring API's PostgreSQL down under running services: calls fail
 with UNAVAILABLE naming the store (retryable) — not UNKNOWN with a driver traceback, nor "not the
 elected master" — and a client whose deadline outlasts the outage gets its answer when the
-store is back."""
+store is back. The actuator goes on applying actuations once its Redis is back (the chaos run
+found it consuming nothing ever again after a Redis restart: its loop had ended on the error
+while the process, still serving health, looked fine to its supervisor)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,26 @@ import uuid
 
 import grpc
 import pytest
-from autopilot_master_harness import Scenario, autopilot, eventually
+from autopilot_master_harness import (
+    Publisher,
+    Scenario,
+    actuator,
+    api_client,
+    autopilot,
+    borgmaster,
+    eventually,
+    grant,
+    job_spec,
+    job_status,
+)
 from stack_security import client_options, user_channel
 from store_outages import fresh_database, start_stores, stop_store, use_stack_certificates
 
 from cellpilot.api.v1 import (
+    actuation_pb2,
     autopilot_pb2,
     autopilot_pb2_grpc,
+    job_pb2,
     monitoring_pb2,
     monitoring_pb2_grpc,
     resources_pb2,
@@ -119,3 +134,48 @@ async def test_monitoring_is_unavailable_naming_postgresql_while_it_is_down(
             assert await asyncio.wait_for(patient, timeout=60) == []
     finally:
         await aggregator.stop()
+
+
+@pytest.mark.slow
+async def test_the_actuator_applies_actuations_again_once_its_redis_is_back(
+    outage_stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_stack_certificates(monkeypatch, outage_stack)
+    scenario = Scenario(outage_stack.endpoints)
+    await scenario.create_topics()
+    database_url = await fresh_database(outage_stack)
+
+    def actuation(job_id: str, key: str, cpu: int) -> actuation_pb2.Actuation:
+        return actuation_pb2.Actuation(
+            idempotency_key=key, job_id=job_id, cpu_limit_millicores=cpu, fencing_token=1, leader_id="test"
+        )
+
+    async with borgmaster(database_url, scenario) as bm, Publisher(scenario) as publish:
+        client = api_client([bm.address])
+        await grant(client, scenario.user)
+        job = (
+            await client.borgmaster.submit_job(
+                job_spec("web", scenario.user, cpu_mode=job_pb2.SCALING_MODE_ON)
+            )
+        ).job_id
+        settings = scenario.actuator_settings([bm.address], max_backoff_s=0.5)
+        async with actuator(settings) as act:
+            await publish.actuation(actuation(job, "before", 700))
+            await eventually(lambda: act.results.result("before"), 15, "the first actuation applied")
+            stop_store(outage_stack, "redis")
+            try:
+                await publish.actuation(actuation(job, "during", 800))  # its outcome cannot be saved
+                await asyncio.sleep(OUTAGE_S)
+            finally:
+                await start_stores(outage_stack)
+            during = await eventually(
+                lambda: act.results.result("during"), 30, "the actuation applied after the outage"
+            )
+            assert during.outcome == actuation_pb2.ACTUATION_OUTCOME_APPLIED
+            await publish.actuation(actuation(job, "after", 900))
+            after = await eventually(lambda: act.results.result("after"), 15, "a new actuation applied")
+            assert after.outcome == actuation_pb2.ACTUATION_OUTCOME_APPLIED
+            status = await job_status(client, job)
+            assert status.spec.task.limits.cpu_millicores == 900
+            assert status.spec_version == 4, "submitted, then three updates: none applied twice"
+        await client.close()

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cellpilot.stack import StackEndpoints
+from cellpilot.stack import StackConfig, StackEndpoints
 from cellpilot.stack.config import free_port, port_in_use
 from cellpilot.stack.supervision import stack_status
 from cellpilot.stack.supervision_state import UnitStatus
@@ -123,7 +123,9 @@ class ChaosRun:
         )
         if code != 0:
             raise RuntimeError(f"cellpilot run did not start:\n{output[-3000:]}")
-        self.endpoints = StackEndpoints.read_env_file(self.env_path)
+        # The chaos run inspects every store as the stack's administrator (the operating-system
+        # account that runs it): the services' own roles each see only their part.
+        self.endpoints = StackConfig(self.data_dir).with_ports_resolved().admin_endpoints()
         return self.endpoints
 
     async def stop(self) -> str:

@@ -427,6 +427,7 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
         self, request: borgmaster_pb2.GetCellStatusRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.GetCellStatusResponse:
         """The GPA fit test's rho next to the overflow the master's polls observed (GPA §4, §5)."""
+        self._name_the_master(context)  # the counts are the master's soft state
         replica = self.replica
         view = replica.view
         counts = view.cpu_overflow.counts()

@@ -122,8 +122,8 @@ async def test_gpa_colocates_more_batch_tasks_at_an_overflow_near_rho(
     fresh_database_url: str, second_database_url: str, endpoints: StackEndpoints
 ) -> None:
     limits, gpa = await asyncio.gather(
-        _run_cell(fresh_database_url, endpoints, 0.0, settle_s=14.0, measure_s=14.0),
-        _run_cell(second_database_url, endpoints, RHO, settle_s=14.0, measure_s=14.0),
+        _run_cell(fresh_database_url, endpoints, 0.0, settle_s=12.0, measure_s=24.0),
+        _run_cell(second_database_url, endpoints, RHO, settle_s=12.0, measure_s=24.0),
     )
     print(f"\nlimit-based: {limits}\nGPA rho={RHO}: {gpa}")
     assert limits["gpa_rho"] == 0.0

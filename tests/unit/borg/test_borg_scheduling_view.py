@@ -216,6 +216,8 @@ def test_gpa_places_non_prod_tasks_by_learned_cpu_moments_and_limits_without_it(
     # mean 250 m, std 60 m: n tasks fit while 250 n + 1.645 * 60 * sqrt(n) <= 8000, i.e. 29 per machine.
     assert 50 <= placed <= 60, placed
     status = master.view.cpu_overflow.counts()
-    assert status.machine_samples > 0 and status.recent_rate <= 0.2
+    assert status.machine_samples > 0
+    assert status.recent_rate <= 0.2
     master.view.forget_cpu()  # a master stepping down: soft state gone
-    assert master.view.cpu_stats() == {} and master.view.cpu_overflow.counts().machine_samples == 0
+    assert master.view.cpu_stats() == {}
+    assert master.view.cpu_overflow.counts().machine_samples == 0

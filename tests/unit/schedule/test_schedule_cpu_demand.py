@@ -48,7 +48,8 @@ def test_moments_per_task_need_min_samples_and_forget_stopped_tasks() -> None:
     known = moments.known()
     assert known[("a/j", 7)] == pytest.approx((8.0, np.sqrt(2 / 3)))
     moments.retain(keys[:10])
-    assert len(moments) == 10 and set(moments.known()) == set(keys[:10])
+    assert len(moments) == 10
+    assert set(moments.known()) == set(keys[:10])
     moments.observe([("a/j", 99)], [5.0])  # a returning task starts afresh
     assert ("a/j", 99) not in moments.known()
     with pytest.raises(ValueError, match="finite"):
@@ -72,4 +73,5 @@ def test_overflow_meter_counts_machine_samples_over_capacity_in_a_recent_window(
     assert (counts.machine_samples, counts.overflowed_samples) == (6, 1)
     assert (counts.recent_samples, counts.recent_overflowed) == (4, 0)
     meter.clear()
-    assert meter.counts().machine_samples == 0 and meter.counts().recent_rate == 0.0
+    assert meter.counts().machine_samples == 0
+    assert meter.counts().recent_rate == 0.0

@@ -118,6 +118,7 @@ async def _run_cell(
                 }
 
 
+@pytest.mark.slow
 async def test_gpa_colocates_more_batch_tasks_at_an_overflow_near_rho(
     fresh_database_url: str, second_database_url: str, endpoints: StackEndpoints
 ) -> None:

@@ -281,6 +281,7 @@ def task_report(record: TaskRecord, now_ms: int) -> borglet_pb2.TaskReport:
             cpu_millicores=round(record.cpu_millicores), memory_bytes=record.memory_bytes
         ),
         cpu_throttled=record.cpu_throttled,
+        cpu_unmet_millicores=round(record.cpu_unmet_millicores),
         ready=task_ready(record, now_ms),
         restarts=record.restarts,
         started_ms=record.started_ms,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+from pydantic import ValidationError
+
 from cellpilot.platform.service import run_service
 from cellpilot.platform.telemetry import Telemetry
 from cellpilot_services.borgmaster.borgmaster_service import serve
@@ -16,7 +18,11 @@ from cellpilot_services.borgmaster.settings import BorgmasterSettings
 
 
 def main() -> None:
-    settings = BorgmasterSettings.load()
+    try:
+        settings = BorgmasterSettings.load()
+    except ValidationError as error:  # one line naming each bad setting, no traceback
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise SystemExit(f"invalid Borgmaster settings: {problems}") from None
 
     async def run(stop: asyncio.Event, telemetry: Telemetry) -> None:
         await serve(settings, stop, telemetry)

@@ -197,11 +197,18 @@ class BorgletPoller:
                     mutations, cause_id=f"poll-{int(started * 1000)}", event_time_ms=event_time
                 )
             usage: dict[tuple[str, int], Resources] = {}
+            cpu_samples = []
             for machine_id, response, diff in diffs:
                 self.reported_version[machine_id] = response.desired_version
                 if response.events:
                     self.acked_event[machine_id] = max(e.sequence for e in response.events)
                 soft = self.replica.soft
+                # A report of a new event-second is a fresh CPU demand sample of the machine
+                # and its tasks (GPA §4: cellpilot.schedule.cpu_demand); a repeat is not.
+                machine = state.machines.get(machine_id)
+                fresh = response.event_time_ms // 1000 > soft.last_contact_ms.get(machine_id, 0) // 1000
+                if fresh and machine is not None:
+                    cpu_samples.append((diff.cpu_demand, machine.spec.capacity.cpu))
                 soft.last_contact_ms[machine_id] = response.event_time_ms
                 soft.latest_event_ms = max(soft.latest_event_ms, response.event_time_ms)
                 soft.machine_usage[machine_id] = convert.resources_in(response.usage, "poll.usage")
@@ -210,6 +217,7 @@ class BorgletPoller:
                 soft.task_ready.update(diff.ready)
                 usage.update(diff.usage)
             self.replica.view.update_usage(usage, now_ms())
+            self.replica.view.observe_cpu(cpu_samples)
         stats = CycleStats(len(ids), len(answered), len(mutations), duplicates, time.monotonic() - started)
         if count_misses:
             log.debug("poll cycle", extra=vars(stats))

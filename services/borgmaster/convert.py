@@ -595,6 +595,7 @@ def report_in(response: borglet_pb2.PollResponse) -> MachineReport:
                 usage,
                 t.ready,
                 t.started_ms,
+                float(max(t.cpu_unmet_millicores, 0)),
             )
         )
     events = []

@@ -106,7 +106,7 @@ class Replica:
         self.lease = LeaderLease(engine, self.replica_id, address, settings.lease_s)
         self.state = CellState()
         profile = default_profile(settings.packing, settings.gpa_rho)
-        self.view = SchedulingView(profile, SchedulerConfig(), settings.scheduler_seed)
+        self.view = SchedulingView(profile, SchedulerConfig(), settings.scheduler_seed, settings.cpu_learning)
         self.soft = convert.SoftState()
         self.lock = asyncio.Lock()
         self.epoch = 0
@@ -398,6 +398,7 @@ class Replica:
         self._leader_tasks = []
         self.known_leader = None
         self.view.rebuild(self.state)
+        self.view.forget_cpu()  # soft state: the next master re-learns CPU moments from its polls
         if release:
             with contextlib.suppress(Exception):
                 await self.lease.release(self.epoch)

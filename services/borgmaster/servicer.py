@@ -422,3 +422,24 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
         if response.HasField("leader"):
             response.leader.log_sequence = replica.state.last_sequence
         return response
+
+    async def GetCellStatus(  # noqa: N802
+        self, request: borgmaster_pb2.GetCellStatusRequest, context: grpc.aio.ServicerContext
+    ) -> borgmaster_pb2.GetCellStatusResponse:
+        """The GPA fit test's rho next to the overflow the master's polls observed (GPA §4, §5)."""
+        self._name_the_master(context)  # the counts are the master's soft state
+        replica = self.replica
+        view = replica.view
+        counts = view.cpu_overflow.counts()
+        return borgmaster_pb2.GetCellStatusResponse(
+            replica_id=replica.replica_id,
+            is_leader=replica.is_leader,
+            gpa_rho=view.profile.resource_fit.gpa_rho,
+            tasks_running=view.tasks_running(),
+            tasks_with_cpu_stats=len(view.cpu_stats()),
+            machines_in_use=view.machines_in_use(),
+            machine_samples=counts.machine_samples,
+            overflowed_samples=counts.overflowed_samples,
+            recent_overflow_rate=counts.recent_rate,
+            recent_samples=counts.recent_samples,
+        )

@@ -7,11 +7,12 @@ Built once in ``__main__`` and passed down. Replica ``i`` of ``cellpilot run`` l
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cellpilot.borg.restart_backoff import RestartPolicy
 from cellpilot.platform.settings import PlatformSettings
+from cellpilot.schedule.cpu_demand import CpuLearning
 from cellpilot.security.tls import SecuritySettings
 
 
@@ -54,7 +55,12 @@ class BorgmasterSettings(BaseSettings):
     force_pass_interval_s: float = Field(default=2.0, gt=0)  # a pass even if nothing changed
     max_tasks_per_pass: int = Field(default=10_000, ge=1)
     packing: str = "hybrid"  # scorer of the last level: best-fit, worst-fit or hybrid
-    gpa_rho: float = Field(default=0.0, ge=0, lt=1)
+    # GPA §4: non-prod tasks' CPU fits when P(machine CPU demand > capacity) <= gpa_rho under a
+    # Gaussian of the tasks' learned moments (CELLPILOT_BORGMASTER_GPA_RHO; 0 = limits only).
+    gpa_rho: float = 0.0
+    gpa_window_samples: int = Field(default=100, ge=2)  # effective window of each task's moments
+    gpa_min_samples: int = Field(default=20, ge=2)  # poll samples before a task's moments count
+    overflow_window_samples: int = Field(default=20_000, ge=1)  # machine samples behind the rate
     scheduler_seed: int = 0
     drain_evictions_per_pass: int = Field(default=10, ge=1)
 
@@ -81,6 +87,20 @@ class BorgmasterSettings(BaseSettings):
     events_topic: str = "borg.events"
     recent_changes: int = Field(default=200_000, ge=1_000)  # log records whose events are kept in memory
     recent_task_events: int = Field(default=10, ge=1)  # per task, for GetTask
+
+    @field_validator("gpa_rho")
+    @classmethod
+    def _overflow_probability(cls, value: float) -> float:
+        if not (value == 0.0 or 0.0 < value < 0.5):
+            raise ValueError(
+                f"gpa_rho (CELLPILOT_BORGMASTER_GPA_RHO) is the GPA overflow probability: 0 turns "
+                f"the GPA fit test off, otherwise it must be in (0, 0.5); got {value}"
+            )
+        return value
+
+    @property
+    def cpu_learning(self) -> CpuLearning:
+        return CpuLearning(self.gpa_window_samples, self.gpa_min_samples, self.overflow_window_samples)
 
     @property
     def restart_policy(self) -> RestartPolicy:

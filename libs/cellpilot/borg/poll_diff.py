@@ -21,7 +21,7 @@ not its fault, so it is rescheduled at once.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cellpilot.borg.cell_state import CellState, JobRecord, TaskRecord
 from cellpilot.borg.lifecycle import MachineState, TaskEvent, TaskState
@@ -33,6 +33,8 @@ from cellpilot.schedule import Resources
 # A task that exits with an error more often than this in a row is given up (FAILED -> DEAD).
 DEFAULT_MAX_FAILURES = 10
 DEFAULT_RESTART_POLICY = RestartPolicy()
+# A task's CPU is a demand sample only once it ran this long (before its first sample it reads 0).
+FIRST_SAMPLE_MS = 2_000
 # Exit reasons a Borglet reports for a task its master still wants running there.
 EXIT_TRANSITIONS: dict[TaskEvent, tuple[TaskState, TaskEvent]] = {
     TaskEvent.FINISHED: (TaskState.DEAD, TaskEvent.FINISHED),
@@ -55,6 +57,7 @@ class ReportedTask:
     usage: Resources | None = None
     ready: bool = False
     started_ms: int = 0  # event time the incarnation started on the Borglet (0: unknown)
+    cpu_unmet_millicores: float = 0.0  # demand not served at the latest sample (machine full)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -97,6 +100,8 @@ class PollDiff:
     duplicates: tuple[Duplicate, ...]
     usage: Mapping[tuple[str, int], Resources]  # soft state: latest usage of its current tasks
     ready: Mapping[tuple[str, int], bool]
+    # The latest CPU demand sample of its current tasks: usage served + unmet (GPA §4).
+    cpu_demand: Mapping[tuple[str, int], float] = field(default_factory=dict)
 
 
 def desired_tasks(state: CellState, machine_id: str) -> list[tuple[JobRecord, TaskRecord]]:
@@ -146,6 +151,7 @@ def diff_report(
     duplicates: list[Duplicate] = []
     usage: dict[tuple[str, int], Resources] = {}
     ready: dict[tuple[str, int], bool] = {}
+    cpu_demand: dict[tuple[str, int], float] = {}
     seen: set[tuple[str, int]] = set()
     for reported in report.tasks:
         task = None if was_down else _is_current(state, report.machine_id, reported)
@@ -157,6 +163,8 @@ def diff_report(
         if reported.state is TaskState.RUNNING:
             if reported.usage is not None:
                 usage[task.key] = reported.usage
+                if report.event_time_ms - reported.started_ms >= FIRST_SAMPLE_MS or not reported.started_ms:
+                    cpu_demand[task.key] = reported.usage.cpu + reported.cpu_unmet_millicores
             ready[task.key] = reported.ready
             if not task.started:
                 mutations.append(
@@ -198,7 +206,7 @@ def diff_report(
                         f"missing from machine {report.machine_id}'s report",
                     )
                 )
-    return PollDiff(tuple(mutations), tuple(duplicates), usage, ready)
+    return PollDiff(tuple(mutations), tuple(duplicates), usage, ready, cpu_demand)
 
 
 def machines_down(state: CellState, missed: Mapping[str, int], threshold: int) -> list[Mutation]:

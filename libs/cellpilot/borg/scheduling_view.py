@@ -17,6 +17,13 @@ excludes with a hard constraint. Every machine also carries its id as
 ``cellpilot.machine_id``: a task that crashed repeatedly on a machine gets a hard
 ``not-in`` constraint on it until its avoidance expires (Borg §4, :mod:`restart_backoff`),
 and a task still backing off after a failure is not offered to the scheduler at all.
+
+With the GPA fit test on (a profile with ``gpa_rho > 0``), the view also learns each running
+task's CPU demand moments from the master's poll samples (:meth:`observe_cpu`,
+:mod:`cellpilot.schedule.cpu_demand`) and hands them to the cell before every pass
+(``Cell.set_cpu_stats``); a pending non-prod task of a job with measured tasks is offered with
+its job's pooled moments (GPA §2, §4). Like reservations, the moments are soft state: a new
+master starts without them (tasks count at their CPU limits) and re-learns them.
 """
 
 from __future__ import annotations
@@ -47,13 +54,15 @@ from cellpilot.schedule import (
     pending_order,
 )
 from cellpilot.schedule import MachineSpec as ScheduleMachine
-from cellpilot.schedule.cell import LIMIT, NUM_LEVELS, RESERVATION, placement_basis
+from cellpilot.schedule.cell import COUNT, LIMIT, NUM_LEVELS, RESERVATION, placement_basis
+from cellpilot.schedule.cpu_demand import CpuDemandMoments, CpuLearning, OverflowMeter, pooled_moments
 from cellpilot.schedule.plugins import Request
 from cellpilot.schedule.resources import EPSILON, PORTS
 
 SCHEDULABLE = "cellpilot.schedulable"
 ONLY_SCHEDULABLE = Constraint(SCHEDULABLE, "!=", "0", hard=True)
 MACHINE_ID = "cellpilot.machine_id"
+CPU_STATS_QUANTUM = 5.0  # millicores: pooled job moments are rounded up to this (stable shapes, §3.4)
 
 
 def schedule_constraint(c: BorgConstraint) -> Constraint:
@@ -152,7 +161,11 @@ class SchedulingView:
     """A :class:`Cell` mirroring the running tasks, plus the scheduler and its caches."""
 
     def __init__(
-        self, profile: Profile | None = None, config: SchedulerConfig | None = None, seed: int = 0
+        self,
+        profile: Profile | None = None,
+        config: SchedulerConfig | None = None,
+        seed: int = 0,
+        cpu_learning: CpuLearning | None = None,
     ) -> None:
         self.profile = profile or default_profile()
         self.config = config or SchedulerConfig()
@@ -162,6 +175,9 @@ class SchedulingView:
         self._specs: dict[str, MachineSpec] = {}
         self.cell = Cell()
         self.scheduler = Scheduler(self.profile, self.config, np.random.default_rng(seed))
+        self.cpu_moments: CpuDemandMoments[tuple[str, int]] = CpuDemandMoments(cpu_learning)
+        self.cpu_overflow = OverflowMeter(self.cpu_moments.learning.overflow_window)
+        self._job_cpu: dict[str, tuple[float, float]] = {}  # pooled (mean, std) per job
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -211,7 +227,12 @@ class SchedulingView:
         return replace(shape, constraints=(*shape.constraints, off))
 
     def _task_spec(self, job: JobRecord, task: TaskRecord, now_ms: int) -> TaskSpec:
-        return TaskSpec(job.job_id, task.index, job.spec.user, self.task_shape(job, task, now_ms))
+        shape = self.task_shape(job, task, now_ms)
+        pooled = self._job_cpu.get(job.job_id)
+        if pooled is not None and not shape.prod and not shape.is_alloc:
+            mean, std = (float(np.ceil(v / CPU_STATS_QUANTUM) * CPU_STATS_QUANTUM) for v in pooled)
+            shape = replace(shape, cpu_mean=mean, cpu_std=std)
+        return TaskSpec(job.job_id, task.index, job.spec.user, shape)
 
     def _bind(self, job: JobRecord, task: TaskRecord, now: float) -> None:
         machine = self.cell.machine_index.get(task.machine_id)
@@ -269,7 +290,13 @@ class SchedulingView:
         elif change.kind is TaskEvent.UPDATED and change.state is TaskState.RUNNING:
             job = state.jobs[change.job_id]
             task = job.tasks[change.task_index]
-            if handle is not None and self.cell.spec(handle).shape != self.shape(job.spec):
+            # Learned CPU moments (GPA) are not part of the job's shape: only a new shape rebinds.
+            unmeasured = (
+                replace(self.cell.spec(handle).shape, cpu_mean=None, cpu_std=None)
+                if handle is not None
+                else None
+            )
+            if handle is not None and unmeasured != self.shape(job.spec):
                 for member in self.cell.unbind(handle)[:-1]:  # tasks inside a resized alloc
                     member_job = state.jobs[member.job]
                     self._bind(member_job, member_job.tasks[member.index], now)
@@ -288,6 +315,8 @@ class SchedulingView:
         """
         if self.stale:
             self.rebuild(state)
+        if self.uses_gpa:
+            self._feed_cpu_stats()
         event_now = now_ms if event_now_ms is None else event_now_ms
         candidates = [
             self._task_spec(job, task, event_now) for job, task in state.schedulable_pending(event_now)
@@ -434,6 +463,74 @@ class SchedulingView:
             rows.append(row)
         if handles:
             self.cell.update_usage(np.array(handles, dtype=np.intp), np.array(rows), now_ms / 1000.0)
+
+    @property
+    def uses_gpa(self) -> bool:
+        return self.profile.resource_fit.gpa_rho > 0
+
+    def observe_cpu(self, machines: Iterable[tuple[Mapping[tuple[str, int], float], float]]) -> None:
+        """One poll cycle's fresh machine samples: per machine, its running tasks' CPU demand
+        (served + unmet, millicores) and its CPU capacity (GPA §4; module docstring)."""
+        keys: list[tuple[str, int]] = []
+        demand: list[float] = []
+        sums: list[float] = []
+        capacities: list[float] = []
+        for tasks, capacity in machines:
+            if not tasks:
+                continue
+            keys.extend(tasks)
+            demand.extend(tasks.values())
+            sums.append(sum(tasks.values()))
+            capacities.append(capacity)
+        if keys:
+            self.cpu_moments.observe(keys, np.maximum(np.array(demand), 0.0))
+            self.cpu_overflow.observe(sums, capacities)
+        # Tasks that stopped running (or moved without being sampled yet) are forgotten.
+        self.cpu_moments.retain(k for k in self.cpu_moments.tasks() if task_id(*k) in self.cell.task_handle)
+
+    def forget_cpu(self) -> None:
+        """Drops the learned moments and overflow counts (a master stepping down)."""
+        self.cpu_moments.clear()
+        self.cpu_overflow.clear()
+        self._job_cpu = {}
+
+    def cpu_stats(self) -> dict[tuple[str, int], tuple[float, float]]:
+        """(mean, std) of CPU demand of every running task measured often enough."""
+        known = self.cpu_moments.known()
+        return {k: v for k, v in known.items() if task_id(*k) in self.cell.task_handle}
+
+    def tasks_running(self) -> int:
+        return int(np.count_nonzero(self.cell.t_alive))
+
+    def machines_in_use(self) -> int:
+        """Machines holding at least one running task or alloc."""
+        return int(np.count_nonzero(self.cell.below[: self.cell.n_machines, NUM_LEVELS, COUNT] > 0))
+
+    def _feed_cpu_stats(self) -> None:
+        """Running tasks' learned moments into the cell, their jobs' pooled moments for the
+        running tasks not measured yet and for pending ones (GPA §2, §4)."""
+        known = self.cpu_stats()
+        by_job: dict[str, list[tuple[float, float]]] = {}
+        for (job_id, _), task_moments in known.items():
+            by_job.setdefault(job_id, []).append(task_moments)
+        self._job_cpu = {}
+        for job_id, tasks in by_job.items():
+            mean, var = pooled_moments([m for m, _ in tasks], [s * s for _, s in tasks])
+            self._job_cpu[job_id] = (mean, float(np.sqrt(var)))
+        handles: list[int] = []
+        means: list[float] = []
+        stds: list[float] = []
+        for handle in self.cell.running_tasks().tolist():
+            spec = self.cell.spec(handle)
+            if spec.shape.is_alloc:
+                continue
+            stats = known.get((spec.job, spec.index)) or self._job_cpu.get(spec.job)
+            if stats is not None:
+                handles.append(handle)
+                means.append(stats[0])
+                stds.append(stats[1])
+        if handles:
+            self.cell.set_cpu_stats(np.array(handles, dtype=np.intp), means, stds)
 
     def reservation(self, job_id: str, index: int) -> Resources | None:
         handle = self.cell.task_handle.get(task_id(job_id, index))

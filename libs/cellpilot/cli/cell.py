@@ -1,7 +1,8 @@
-"""``cellpilot cell machines|quota``: the cell's machines and the users' quotas (Borg §2.5, §5.5).
+"""``cellpilot cell machines|quota|status``: machines, quotas (Borg §2.5, §5.5), CPU overflow (GPA §4).
 
 cellpilot cell machines [--state up] [--json]
 cellpilot cell quota [--user alice] [--json]
+cellpilot cell status [--json]
 """
 
 from __future__ import annotations
@@ -102,3 +103,28 @@ def quota(
             f"{gib(q.used.memory_bytes)} / {gib(q.limit.memory_bytes)}",
         )
     console.print(table)
+
+
+@app.command()
+def status(
+    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
+    as_json: JsonOption = False,
+    timeout: TimeoutOption = 10.0,
+) -> None:
+    """The GPA fit test's overflow probability rho next to the CPU overflow the polls observed."""
+    with connect(borgmaster, timeout_s=timeout) as client:
+        answer: borgmaster_pb2.GetCellStatusResponse = client.borgmaster.get_cell_status()
+    if as_json:
+        print_json(answer)
+        return
+    fit = f"GPA, rho {answer.gpa_rho:g}" if answer.gpa_rho > 0 else "CPU limits (GPA off)"
+    overall = f"{answer.overflowed_samples / answer.machine_samples:.4f}" if answer.machine_samples else "-"
+    role = "master" if answer.is_leader else "follower (no master known; it does not poll)"
+    console.print(
+        f"{role} {answer.replica_id}: non-prod CPU fit by {fit}; {answer.tasks_running} tasks running "
+        f"on {answer.machines_in_use} machines, {answer.tasks_with_cpu_stats} with learned CPU moments\n"
+        f"CPU overflow (machine demand > capacity): {answer.recent_overflow_rate:.4f} of the last "
+        f"{answer.recent_samples} machine samples; {answer.overflowed_samples} of {answer.machine_samples} "
+        f"(= {overall}) since it took over",
+        highlight=False,
+    )

@@ -186,6 +186,17 @@ class BorgmasterClient(_ServiceClient):
             "GetLeader", borgmaster_pb2.GetLeaderRequest(), borgmaster_pb2.GetLeaderResponse
         )
 
+    async def get_cell_status(self) -> borgmaster_pb2.GetCellStatusResponse:
+        """GPA's rho and the CPU overflow observed (the master's soft state: asked of the master)."""
+        answer = await self._bm(
+            "GetCellStatus", borgmaster_pb2.GetCellStatusRequest(), borgmaster_pb2.GetCellStatusResponse
+        )
+        if not answer.is_leader:  # a follower named the master: ask it
+            answer = await self._bm(
+                "GetCellStatus", borgmaster_pb2.GetCellStatusRequest(), borgmaster_pb2.GetCellStatusResponse
+            )
+        return answer
+
 
 class AutopilotClient(_ServiceClient):
     """Recommendations and per-job Autopilot configuration (Autopilot §3.1)."""

@@ -266,6 +266,7 @@ RULES: Mapping[str, Rule] = {
     BORGMASTER + "GetQuota": authenticated,
     BORGMASTER + "SetQuota": admin_only,
     BORGMASTER + "GetLeader": authenticated,
+    BORGMASTER + "GetCellStatus": authenticated,
     AUTOPILOT + "GetRecommendation": authenticated,
     AUTOPILOT + "ListRecommendations": authenticated,
     AUTOPILOT + "SetAutopilotConfig": set_autopilot_config,

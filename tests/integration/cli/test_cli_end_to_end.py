@@ -252,3 +252,13 @@ def test_commands_need_a_token_and_act_only_as_its_user(cell: str, tmp_path: Pat
     assert "mallory" in intruder.output
     assert cli_json("job", "show", f"{USER}/guarded", "--borgmaster", cell)["state"] != "JOB_STATE_DEAD"
     assert cli("job", "kill", f"{USER}/guarded", "--borgmaster", cell).exit_code == 0
+
+
+def test_cell_status_reports_the_fit_test_and_the_observed_cpu_overflow(cell: str) -> None:
+    status = cli_json("cell", "status", "--borgmaster", cell)
+    assert status.get("is_leader") is True, "asked of the master, where the poll samples are"
+    assert status.get("gpa_rho", 0) == 0
+    human = cli("cell", "status", "--borgmaster", cell)
+    assert human.exit_code == 0, human.output
+    assert "non-prod CPU fit by CPU limits (GPA off)" in human.output
+    assert "CPU overflow (machine demand > capacity)" in human.output

@@ -163,3 +163,23 @@ def test_a_machine_missing_polls_goes_down_its_tasks_are_rescheduled_and_return_
     assert diff.duplicates == (Duplicate("alice/web", 0, incarnation),)
     master.commit(diff.mutations)
     assert master.state.machines[machine].availability is MachineAvailability.UP
+
+
+@pytest.mark.parametrize(("started_ms", "sampled"), [(1_990_000, True), (1_999_000, False), (0, True)])
+def test_a_running_task_reports_a_cpu_demand_sample_of_served_plus_unmet(
+    started_ms: int, sampled: bool
+) -> None:
+    master, machine, incarnation = _one_running_task()
+    version = master.state.machines[machine].desired_version
+    reported = ReportedTask(
+        "alice/web",
+        0,
+        incarnation,
+        TaskState.RUNNING,
+        usage=Resources(700, GIB // 2),
+        started_ms=started_ms,
+        cpu_unmet_millicores=300.0,
+    )
+    diff = diff_report(master.state, _report(machine, version, reported))
+    # Before its first full sample (2 s after the start at the report's 2_000_000 ms) a task reads 0.
+    assert diff.cpu_demand == ({("alice/web", 0): 1000.0} if sampled else {})

@@ -163,3 +163,61 @@ def test_scheduled_tasks_get_distinct_ports_on_a_machine() -> None:
     master.schedule()
     ports = [p for t in master.state.jobs["alice/web"].tasks.values() for p in t.ports]
     assert sorted(ports) == list(range(20000, 20006))
+
+
+def _gpa_master(rho: float) -> Master:
+    from cellpilot.borg.scheduling_view import SchedulingView
+    from cellpilot.schedule import default_profile
+    from cellpilot.schedule.cpu_demand import CpuLearning
+
+    master = Master(
+        view=SchedulingView(default_profile("best-fit", rho), cpu_learning=CpuLearning(min_samples=5))
+    )
+    master.add_machines(machine_spec("m0", cpu=8000, ram_gib=64), machine_spec("m1", cpu=8000, ram_gib=64))
+    master.grant("bob", PriorityBand.BATCH)
+    master.accept(SubmitJob("b", job_spec("batch", user="bob", priority=3, task_count=80, cpu=1000)))
+    return master
+
+
+def _running(master: Master) -> list[tuple[str, int]]:
+    job = master.state.jobs["bob/batch"]
+    return [("bob/batch", t.index) for t in job.tasks.values() if t.state is TaskState.RUNNING]
+
+
+def _poll(master: Master, rng: object, cycles: int) -> None:
+    import numpy as np
+
+    assert isinstance(rng, np.random.Generator)
+    for _ in range(cycles):
+        by_machine: dict[str, dict[tuple[str, int], float]] = {}
+        for key in _running(master):
+            machine = master.state.jobs[key[0]].tasks[key[1]].machine_id
+            by_machine.setdefault(machine, {})[key] = max(float(rng.normal(250.0, 60.0)), 0.0)
+        master.view.observe_cpu((tasks, 8000.0) for tasks in by_machine.values())
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.05])
+def test_gpa_places_non_prod_tasks_by_learned_cpu_moments_and_limits_without_it(rho: float) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    master = _gpa_master(rho)
+    master.schedule()
+    assert len(_running(master)) == 16, "by limits: 8 one-core tasks per 8-core machine"
+    _poll(master, rng, 30)
+    assert len(master.view.cpu_stats()) == 16
+    for _ in range(4):
+        master.schedule()
+        _poll(master, rng, 10)
+    placed = len(_running(master))
+    if rho == 0.0:
+        assert placed == 16
+        return
+    # mean 250 m, std 60 m: n tasks fit while 250 n + 1.645 * 60 * sqrt(n) <= 8000, i.e. 29 per machine.
+    assert 50 <= placed <= 60, placed
+    status = master.view.cpu_overflow.counts()
+    assert status.machine_samples > 0
+    assert status.recent_rate <= 0.2
+    master.view.forget_cpu()  # a master stepping down: soft state gone
+    assert master.view.cpu_stats() == {}
+    assert master.view.cpu_overflow.counts().machine_samples == 0

@@ -169,6 +169,7 @@ class TaskReport(_message.Message):
     RESTARTS_FIELD_NUMBER: _builtins.int
     STARTED_MS_FIELD_NUMBER: _builtins.int
     SPEC_VERSION_FIELD_NUMBER: _builtins.int
+    CPU_UNMET_MILLICORES_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     task_index: _builtins.int
     incarnation: _builtins.int
@@ -188,6 +189,10 @@ class TaskReport(_message.Message):
     """event time the current run started, ms since epoch"""
     spec_version: _builtins.int
     """spec version applied"""
+    cpu_unmet_millicores: _builtins.int
+    """CPU demand not served at the latest sample because the machine was full (millicores);
+    usage + this is the task's CPU demand (the GPA fit test learns its moments, GPA §4).
+    """
     @_builtins.property
     def limits(self) -> _resources_pb2.Resources:
         """limits in force: CPU millicores, memory bytes, disk bytes, port count"""
@@ -212,10 +217,11 @@ class TaskReport(_message.Message):
         restarts: _builtins.int = ...,
         started_ms: _builtins.int = ...,
         spec_version: _builtins.int = ...,
+        cpu_unmet_millicores: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_throttled", b"cpu_throttled", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "incarnation", b"incarnation", "job_id", b"job_id", "limits", b"limits", "ready", b"ready", "restarts", b"restarts", "spec_version", b"spec_version", "started_ms", b"started_ms", "state", b"state", "task_index", b"task_index", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_throttled", b"cpu_throttled", "cpu_unmet_millicores", b"cpu_unmet_millicores", "exit_code", b"exit_code", "exit_reason", b"exit_reason", "incarnation", b"incarnation", "job_id", b"job_id", "limits", b"limits", "ready", b"ready", "restarts", b"restarts", "spec_version", b"spec_version", "started_ms", b"started_ms", "state", b"state", "task_index", b"task_index", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

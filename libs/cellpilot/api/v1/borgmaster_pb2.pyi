@@ -840,3 +840,78 @@ class GetLeaderResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetLeaderResponse: _TypeAlias = GetLeaderResponse  # noqa: Y015
+
+@_typing.final
+class GetCellStatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCellStatusRequest: _TypeAlias = GetCellStatusRequest  # noqa: Y015
+
+@_typing.final
+class GetCellStatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
+    IS_LEADER_FIELD_NUMBER: _builtins.int
+    GPA_RHO_FIELD_NUMBER: _builtins.int
+    TASKS_RUNNING_FIELD_NUMBER: _builtins.int
+    TASKS_WITH_CPU_STATS_FIELD_NUMBER: _builtins.int
+    MACHINES_IN_USE_FIELD_NUMBER: _builtins.int
+    MACHINE_SAMPLES_FIELD_NUMBER: _builtins.int
+    OVERFLOWED_SAMPLES_FIELD_NUMBER: _builtins.int
+    RECENT_OVERFLOW_RATE_FIELD_NUMBER: _builtins.int
+    RECENT_SAMPLES_FIELD_NUMBER: _builtins.int
+    replica_id: _builtins.str
+    """the replica that answered"""
+    is_leader: _builtins.bool
+    """only the master polls Borglets: a follower's counts are 0"""
+    gpa_rho: _builtins.float
+    """Overflow probability of the GPA fit test for non-prod CPU (GPA §4); 0 = off (limits)."""
+    tasks_running: _builtins.int
+    tasks_with_cpu_stats: _builtins.int
+    """Running tasks whose CPU mean and standard deviation were learned from poll samples
+    (soft state: re-learned after a failover).
+    """
+    machines_in_use: _builtins.int
+    """machines UP with at least one running task"""
+    machine_samples: _builtins.int
+    """Machine samples: one per machine with running tasks per poll that brought a new
+    event-second. Overflowed: the machine's CPU demand exceeded its capacity (some task
+    was throttled because the machine was full). Cumulative since this replica took over.
+    """
+    overflowed_samples: _builtins.int
+    recent_overflow_rate: _builtins.float
+    """overflowed / machine samples over the most recent samples only (window below): the
+    observed overflow rate to compare with gpa_rho.
+    """
+    recent_samples: _builtins.int
+    def __init__(
+        self,
+        *,
+        replica_id: _builtins.str = ...,
+        is_leader: _builtins.bool = ...,
+        gpa_rho: _builtins.float = ...,
+        tasks_running: _builtins.int = ...,
+        tasks_with_cpu_stats: _builtins.int = ...,
+        machines_in_use: _builtins.int = ...,
+        machine_samples: _builtins.int = ...,
+        overflowed_samples: _builtins.int = ...,
+        recent_overflow_rate: _builtins.float = ...,
+        recent_samples: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpa_rho", b"gpa_rho", "is_leader", b"is_leader", "machine_samples", b"machine_samples", "machines_in_use", b"machines_in_use", "overflowed_samples", b"overflowed_samples", "recent_overflow_rate", b"recent_overflow_rate", "recent_samples", b"recent_samples", "replica_id", b"replica_id", "tasks_running", b"tasks_running", "tasks_with_cpu_stats", b"tasks_with_cpu_stats"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetCellStatusResponse: _TypeAlias = GetCellStatusResponse  # noqa: Y015

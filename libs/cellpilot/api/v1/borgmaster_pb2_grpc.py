@@ -111,6 +111,11 @@ class BorgmasterStub:
                 request_serializer=cellpilot_dot_api_dot_v1_dot_borgmaster__pb2.GetLeaderRequest.SerializeToString,
                 response_deserializer=cellpilot_dot_api_dot_v1_dot_borgmaster__pb2.GetLeaderResponse.FromString,
                 _registered_method=True)
+        self.GetCellStatus = channel.unary_unary(
+                '/cellpilot.api.v1.Borgmaster/GetCellStatus',
+                request_serializer=cellpilot_dot_api_dot_v1_dot_borgmaster__pb2.GetCellStatusRequest.SerializeToString,
+                response_deserializer=cellpilot_dot_api_dot_v1_dot_borgmaster__pb2.GetCellStatusResponse.FromString,
+                _registered_method=True)
 
 
 class BorgmasterServicer:
@@ -208,6 +213,15 @@ class BorgmasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCellStatus(self, request, context):
+        """The master's soft view of the cell's CPU: the GPA fit test's overflow probability and the
+        overflow the Borglets' throttling shows (GPA §4). Answered by every replica; only the
+        master polls, so a follower reports no samples.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BorgmasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -275,6 +289,11 @@ def add_BorgmasterServicer_to_server(servicer, server):
                     servicer.GetLeader,
                     request_deserializer=cellpilot_dot_api_dot_v1_dot_borgmaster__pb2.GetLeaderRequest.FromString,
                     response_serializer=cellpilot_dot_api_dot_v1_dot_borgmaster__pb2.GetLeaderResponse.SerializeToString,
+            ),
+            'GetCellStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCellStatus,
+                    request_deserializer=cellpilot_dot_api_dot_v1_dot_borgmaster__pb2.GetCellStatusRequest.FromString,
+                    response_serializer=cellpilot_dot_api_dot_v1_dot_borgmaster__pb2.GetCellStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -639,6 +658,33 @@ class Borgmaster:
             '/cellpilot.api.v1.Borgmaster/GetLeader',
             cellpilot_dot_api_dot_v1_dot_borgmaster__pb2.GetLeaderRequest.SerializeToString,
             cellpilot_dot_api_dot_v1_dot_borgmaster__pb2.GetLeaderResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCellStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cellpilot.api.v1.Borgmaster/GetCellStatus',
+            cellpilot_dot_api_dot_v1_dot_borgmaster__pb2.GetCellStatusRequest.SerializeToString,
+            cellpilot_dot_api_dot_v1_dot_borgmaster__pb2.GetCellStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -61,6 +61,11 @@ class BorgmasterStub:
     SetQuota: _grpc.UnaryUnaryMultiCallable[_borgmaster_pb2.SetQuotaRequest, _borgmaster_pb2.SetQuotaResponse]
     GetLeader: _grpc.UnaryUnaryMultiCallable[_borgmaster_pb2.GetLeaderRequest, _borgmaster_pb2.GetLeaderResponse]
     """Who is master; answered by every replica."""
+    GetCellStatus: _grpc.UnaryUnaryMultiCallable[_borgmaster_pb2.GetCellStatusRequest, _borgmaster_pb2.GetCellStatusResponse]
+    """The master's soft view of the cell's CPU: the GPA fit test's overflow probability and the
+    overflow the Borglets' throttling shows (GPA §4). Answered by every replica; only the
+    master polls, so a follower reports no samples.
+    """
 
 @_typing.type_check_only
 class BorgmasterAsyncStub(BorgmasterStub):
@@ -94,6 +99,11 @@ class BorgmasterAsyncStub(BorgmasterStub):
     SetQuota: _aio.UnaryUnaryMultiCallable[_borgmaster_pb2.SetQuotaRequest, _borgmaster_pb2.SetQuotaResponse]  # type: ignore[assignment]
     GetLeader: _aio.UnaryUnaryMultiCallable[_borgmaster_pb2.GetLeaderRequest, _borgmaster_pb2.GetLeaderResponse]  # type: ignore[assignment]
     """Who is master; answered by every replica."""
+    GetCellStatus: _aio.UnaryUnaryMultiCallable[_borgmaster_pb2.GetCellStatusRequest, _borgmaster_pb2.GetCellStatusResponse]  # type: ignore[assignment]
+    """The master's soft view of the cell's CPU: the GPA fit test's overflow probability and the
+    overflow the Borglets' throttling shows (GPA §4). Answered by every replica; only the
+    master polls, so a follower reports no samples.
+    """
 
 class BorgmasterServicer(metaclass=_abc_1.ABCMeta):
     """The Borgmaster (Borg §3.1). Every replica answers reads; mutating calls on a replica that
@@ -202,5 +212,16 @@ class BorgmasterServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_borgmaster_pb2.GetLeaderResponse, _abc.Awaitable[_borgmaster_pb2.GetLeaderResponse]]:
         """Who is master; answered by every replica."""
+
+    @_abc_1.abstractmethod
+    def GetCellStatus(
+        self,
+        request: _borgmaster_pb2.GetCellStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_borgmaster_pb2.GetCellStatusResponse, _abc.Awaitable[_borgmaster_pb2.GetCellStatusResponse]]:
+        """The master's soft view of the cell's CPU: the GPA fit test's overflow probability and the
+        overflow the Borglets' throttling shows (GPA §4). Answered by every replica; only the
+        master polls, so a follower reports no samples.
+        """
 
 def add_BorgmasterServicer_to_server(servicer: BorgmasterServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -37,7 +37,10 @@ def three_free_ports() -> int:
 
 
 def run_env(base_port: int) -> dict[str, str]:
-    return {**os.environ, "CELLPILOT_BORGMASTER_BASE_PORT": str(base_port)}
+    # The suite's own stack settings (its store URLs, certificates) must not leak into this run:
+    # `cellpilot run` lets its environment override the services' defaults.
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CELLPILOT_")}
+    return {**clean, "CELLPILOT_BORGMASTER_BASE_PORT": str(base_port)}
 
 
 def cellpilot(

@@ -141,7 +141,7 @@ async def test_the_actuator_applies_actuations_again_once_its_redis_is_back(
     outage_stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     use_stack_certificates(monkeypatch, outage_stack)
-    scenario = Scenario(outage_stack.endpoints)
+    scenario = Scenario(outage_stack.admin_endpoints)
     await scenario.create_topics()
     database_url = await fresh_database(outage_stack)
 

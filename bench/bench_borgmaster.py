@@ -19,9 +19,10 @@
   ratio — what waiting out a dead master's lease costs.
 * ``poll_cycle_1000_machines_s``: one Borglet process in fleet mode hosting 1 000 simulated
   machines (2 000 running tasks), registered with an in-process master; one full poll
-  cycle — 1 000 concurrent Poll RPCs, every report diffed against the state, the result
-  committed — median of 3. Baseline: ``raw_poll_fanout_1000_machines_s``, the same 1 000
-  Poll RPCs with nothing done with the answers; ``poll_cycle_vs_raw_fanout`` is the ratio.
+  cycle — the 1 000 polls (in ``PollMachines`` batches of ``poll_batch_max``, as the master
+  polls a fleet-mode Borglet), every report diffed against the state, the result committed —
+  median of 3. Baseline: ``raw_poll_fanout_1000_machines_s``, the same batched polls with
+  nothing done with the answers; ``poll_cycle_vs_raw_fanout`` is the ratio.
 """
 
 from __future__ import annotations
@@ -34,13 +35,22 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import grpc
-from sqlalchemy import make_url
 
+from bench.borgmaster_processes import (
+    BenchEndpoints,
+    Replica,
+    admin_channel,
+    database,
+    elected_leader,
+    grant,
+    job_spec,
+    polling_master,
+    tls_env,
+)
 from bench.harness import Report
 from cellpilot.api.v1 import (
     borglet_pb2,
@@ -48,14 +58,11 @@ from cellpilot.api.v1 import (
     borgmaster_pb2,
     borgmaster_pb2_grpc,
     checkpoint_pb2,
-    job_pb2,
-    resources_pb2,
 )
-from cellpilot.platform.postgres import apply_migrations, create_engine, ensure_database
+from cellpilot.platform.postgres import create_engine
 from cellpilot.platform.settings import PlatformSettings
-from cellpilot.security.identity import ADMIN
 from cellpilot.security.tls import SecuritySettings
-from cellpilot.stack import Stack, StackConfig, StackEndpoints
+from cellpilot.stack import Stack, StackConfig
 from cellpilot.stack.config import free_port
 
 FIGURES = [
@@ -76,152 +83,18 @@ RAW_APPENDS = 1_000
 IN_FLIGHT = 64
 MACHINES = 1_000
 TASKS = 2_000
-GIB = 1 << 30
-
-
-def _spec(name: str, tasks: int = 1) -> job_pb2.JobSpec:
-    return job_pb2.JobSpec(
-        name=name,
-        user="bench",
-        priority=9,
-        app_class=job_pb2.APP_CLASS_LATENCY_SENSITIVE,
-        task_count=tasks,
-        task=job_pb2.TaskSpec(
-            limits=resources_pb2.Resources(cpu_millicores=100, memory_bytes=GIB // 4),
-            # Usage well inside the limits: the "steady" model's defaults (500 millicores,
-            # 256 MiB) would hit the 256 MiB hard limit and OOM-loop the tasks.
-            runtime=job_pb2.RuntimeSpec(
-                simulated=job_pb2.SimulatedRuntime(
-                    usage_model="steady", params={"cpu_millicores": 50.0, "memory_bytes": 64.0 * (1 << 20)}
-                )
-            ),
-        ),
-    )
-
-
-async def _database(endpoints: StackEndpoints) -> str:
-    url = str(make_url(endpoints.postgres_url).set(database=f"bench_{uuid.uuid4().hex[:10]}"))
-    await ensure_database(url)
-    await apply_migrations(url)
-    return url
-
-
-def _tls_env(security: SecuritySettings) -> dict[str, str]:
-    """What a process the benchmark starts needs to speak mTLS with the stack's certificates."""
-    return {"CELLPILOT_TLS_MODE": security.tls_mode, "CELLPILOT_CERTS_DIR": str(security.certs_dir)}
-
-
-def _admin_channel(address: str, security: SecuritySettings) -> grpc.aio.Channel:
-    """A channel whose calls are made by an admin user (the client certificate plus a token)."""
-    signer = security.token_signer()
-    transport = security.channel_credentials()
-    assert signer is not None, "the stack issued no token secret"
-    assert transport is not None, "the stack issued no certificates"
-    token = signer.issue_for("root", capabilities=[ADMIN], ttl_s=3600)
-    credentials = grpc.composite_channel_credentials(transport, grpc.access_token_call_credentials(token))
-    return grpc.aio.secure_channel(address, credentials)
-
-
-class Replica:
-    """A Borgmaster replica process."""
-
-    def __init__(
-        self,
-        url: str,
-        endpoints: StackEndpoints,
-        index: int,
-        log_dir: Path,
-        security: SecuritySettings,
-        **env: str,
-    ) -> None:
-        self.address = f"127.0.0.1:{free_port()}"
-        self.log = log_dir / f"borgmaster-{index}-{uuid.uuid4().hex[:4]}.log"
-        self.env = {
-            **os.environ,
-            "CELLPILOT_STACK_ENV": str(log_dir / "none.env"),
-            "CELLPILOT_POSTGRES_URL": url,
-            "CELLPILOT_KAFKA_BOOTSTRAP": endpoints.kafka_bootstrap,
-            "CELLPILOT_LOG_LEVEL": "WARNING",
-            "CELLPILOT_REPLICA_INDEX": str(index),
-            "CELLPILOT_BORGMASTER_PORT": self.address.rsplit(":", 1)[1],
-            "CELLPILOT_BORGMASTER_APPLY_MIGRATIONS": "false",
-            "CELLPILOT_BORGMASTER_PUBLISH_EVENTS": "false",
-            **_tls_env(security),
-            **env,
-        }
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with open(self.log, "ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "cellpilot_services.borgmaster"],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.env,
-                start_new_session=True,
-            )
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
-    def exited(self) -> str:
-        """Why the process is gone (its exit code and the end of its log), or "" while it runs."""
-        if self.process is None or self.process.poll() is None:
-            return ""
-        tail = self.log.read_text(errors="replace").strip().splitlines()[-5:]
-        return f"replica {self.address} exited with {self.process.returncode}: " + " | ".join(tail)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-async def _leader(
-    channels: dict[str, grpc.aio.Channel], within: float = 60.0, replicas: list[Replica] | None = None
-) -> str:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        gone = [r.exited() for r in replicas or ()]
-        if gone and all(gone):  # say why at once rather than after ``within``
-            raise RuntimeError(f"no Borgmaster was elected: {'; '.join(gone)}")
-        for address, channel in channels.items():
-            try:
-                who = await borgmaster_pb2_grpc.BorgmasterStub(channel).GetLeader(
-                    borgmaster_pb2.GetLeaderRequest(), timeout=1.0
-                )
-            except grpc.aio.AioRpcError:
-                continue
-            if who.is_leader:
-                return address
-        await asyncio.sleep(0.1)
-    raise TimeoutError("no Borgmaster was elected")
-
-
-async def _grant(stub: borgmaster_pb2_grpc.BorgmasterStub) -> None:
-    limit = resources_pb2.Resources(
-        cpu_millicores=1 << 40, memory_bytes=1 << 60, disk_bytes=1 << 60, ports=1 << 20
-    )
-    await stub.SetQuota(
-        borgmaster_pb2.SetQuotaRequest(
-            request_id=uuid.uuid4().hex, user="bench", band=job_pb2.PRIORITY_BAND_PRODUCTION, limit=limit
-        )
-    )
 
 
 # ---------------------------------------------------------------------- submit throughput
-async def _raw_append_rate(endpoints: StackEndpoints, count: int) -> float:
+async def _raw_append_rate(endpoints: BenchEndpoints, count: int) -> float:
     from cellpilot_services.borgmaster.checkpoint_log import CheckpointLog
     from cellpilot_services.borgmaster.leader_lease import LeaderLease
 
-    url = await _database(endpoints)
-    engine = create_engine(url)
+    url = await database(endpoints)
+    # As the Borgmaster's own account, which is what appends to the log.
+    engine = create_engine(
+        PlatformSettings(postgres_url=url, certs_dir=Path(endpoints.certs_dir)).postgres_url_for("borgmaster")
+    )
     try:
         leader_lease = LeaderLease(engine, "bench", "bench:1", 60)
         lease = await leader_lease.try_acquire()
@@ -232,7 +105,7 @@ async def _raw_append_rate(endpoints: StackEndpoints, count: int) -> float:
                 sequence=i + 1,
                 epoch=lease.epoch,
                 request_id=f"raw-{i}",
-                job_submitted=checkpoint_pb2.JobSubmitted(job_id=f"bench/raw-{i}", spec=_spec(f"raw-{i}")),
+                job_submitted=checkpoint_pb2.JobSubmitted(job_id=f"bench/raw-{i}", spec=job_spec(f"raw-{i}")),
             ).SerializeToString()
             for i in range(count)
         ]
@@ -247,24 +120,24 @@ async def _raw_append_rate(endpoints: StackEndpoints, count: int) -> float:
 
 
 async def _submit_rate(
-    endpoints: StackEndpoints, log_dir: Path, security: SecuritySettings, count: int, batch_max: int = 0
+    endpoints: BenchEndpoints, log_dir: Path, security: SecuritySettings, count: int, batch_max: int = 0
 ) -> float:
     """SubmitJob rate with ``IN_FLIGHT`` concurrent clients (``batch_max``: the group-commit cap,
     0 for the default)."""
-    url = await _database(endpoints)
+    url = await database(endpoints)
     env = {"CELLPILOT_BORGMASTER_COMMIT_BATCH_MAX": str(batch_max)} if batch_max else {}
     replica = Replica(url, endpoints, 0, log_dir, security, **env)
     replica.start()
-    channel = _admin_channel(replica.address, security)
+    channel = admin_channel(replica.address, security)
     try:
-        await _leader({replica.address: channel}, replicas=[replica])
+        await elected_leader({replica.address: channel}, replicas=[replica])
         stub = borgmaster_pb2_grpc.BorgmasterStub(channel)
-        await _grant(stub)
+        await grant(stub)
         gate = asyncio.Semaphore(IN_FLIGHT)
 
         async def submit(name: str) -> None:
             async with gate:
-                await stub.SubmitJob(borgmaster_pb2.SubmitJobRequest(request_id=name, spec=_spec(name)))
+                await stub.SubmitJob(borgmaster_pb2.SubmitJobRequest(request_id=name, spec=job_spec(name)))
 
         await asyncio.gather(*(submit(f"warm-{i}") for i in range(200)))
         started = time.perf_counter()
@@ -293,7 +166,7 @@ async def _first_write(channels: dict[str, grpc.aio.Channel], skip: str, label: 
                 continue
             n += 1
             name = f"{label}-{n}"
-            request = borgmaster_pb2.SubmitJobRequest(request_id=name, spec=_spec(name))
+            request = borgmaster_pb2.SubmitJobRequest(request_id=name, spec=job_spec(name))
             try:
                 await borgmaster_pb2_grpc.BorgmasterStub(channel).SubmitJob(request, timeout=1.0)
             except grpc.aio.AioRpcError as error:
@@ -305,25 +178,25 @@ async def _first_write(channels: dict[str, grpc.aio.Channel], skip: str, label: 
 
 
 async def _takeover_trials(
-    endpoints: StackEndpoints, log_dir: Path, security: SecuritySettings, trials: int = 3
+    endpoints: BenchEndpoints, log_dir: Path, security: SecuritySettings, trials: int = 3
 ) -> tuple[list[float], list[float]]:
     """Seconds from the master's end to the first accepted write: SIGKILL, then SIGTERM.
 
     A killed master's lease has to expire (``lease_s``); one stopped with SIGTERM releases
     it, so a follower takes over at its next election attempt — the in-run baseline.
     """
-    url = await _database(endpoints)
+    url = await database(endpoints)
     replicas = [Replica(url, endpoints, i, log_dir, security) for i in range(3)]
     for replica in replicas:
         replica.start()
-    channels = {r.address: _admin_channel(r.address, security) for r in replicas}
+    channels = {r.address: admin_channel(r.address, security) for r in replicas}
     times: dict[str, list[float]] = {"SIGKILL": [], "SIGTERM": []}
     try:
-        leader = await _leader(channels, replicas=replicas)
-        await _grant(borgmaster_pb2_grpc.BorgmasterStub(channels[leader]))
+        leader = await elected_leader(channels, replicas=replicas)
+        await grant(borgmaster_pb2_grpc.BorgmasterStub(channels[leader]))
         for how in ("SIGKILL", "SIGTERM"):
             for trial in range(trials):
-                leader = await _leader(channels)
+                leader = await elected_leader(channels)
                 victim = next(r for r in replicas if r.address == leader)
                 assert victim.process is not None
                 victim.process.send_signal(signal.SIGKILL if how == "SIGKILL" else signal.SIGTERM)
@@ -356,26 +229,10 @@ def _start_fleet(env: dict[str, str], log_dir: Path) -> subprocess.Popen[bytes]:
 
 
 async def _poll_cycle(
-    endpoints: StackEndpoints, log_dir: Path, security: SecuritySettings
+    endpoints: BenchEndpoints, log_dir: Path, security: SecuritySettings
 ) -> tuple[float, float]:
-    from cellpilot_services.borgmaster.borgmaster_service import Borgmaster
-    from cellpilot_services.borgmaster.settings import BorgmasterSettings
-
-    url = await _database(endpoints)
-    settings = BorgmasterSettings(
-        platform=PlatformSettings(
-            postgres_url=url, kafka_bootstrap=endpoints.kafka_bootstrap, log_level="WARNING"
-        ),
-        security=security,
-        port=0,
-        apply_migrations=False,
-        publish_events=False,
-        poll_interval_s=3600,
-        poll_timeout_s=30,
-        lease_s=30,
-        renew_interval_s=2,
-    )
-    master = Borgmaster(settings)
+    url = await database(endpoints)
+    master = polling_master(url, endpoints, security, poll_timeout_s=30)
     await master.start()
     fleet_address = f"127.0.0.1:{free_port()}"
     env = {
@@ -387,7 +244,7 @@ async def _poll_cycle(
         "CELLPILOT_BORGLET_BORGMASTER_ADDRESSES": master.address,
         "CELLPILOT_BORGLET_PUBLISH_SAMPLES": "false",
         "CELLPILOT_BORGLET_CGROUP_ROOT": "none",
-        **_tls_env(security),
+        **tls_env(security),
     }
     fleet = _start_fleet(env, log_dir)
     # The Polls of the raw fan-out are made as the Borgmaster makes them (its certificate).
@@ -399,12 +256,12 @@ async def _poll_cycle(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {len(replica.state.machines)} machines registered")
             await asyncio.sleep(0.2)
-        async with _admin_channel(master.address, security) as master_channel:
+        async with admin_channel(master.address, security) as master_channel:
             stub = borgmaster_pb2_grpc.BorgmasterStub(master_channel)
-            await _grant(stub)
+            await grant(stub)
             for j in range(TASKS // 40):
                 await stub.SubmitJob(
-                    borgmaster_pb2.SubmitJobRequest(request_id=f"fleet-{j}", spec=_spec(f"f{j}", 40))
+                    borgmaster_pb2.SubmitJobRequest(request_id=f"fleet-{j}", spec=job_spec(f"f{j}", 40))
                 )
         deadline = time.monotonic() + 180
         while (running := sum(1 for _, t in replica.state.iter_tasks() if t.started)) < TASKS:
@@ -416,17 +273,20 @@ async def _poll_cycle(
         for _ in range(3):
             cycles.append((await master.poller.cycle(machines)).seconds)
         borglet = borglet_pb2_grpc.BorgletStub(channel)
-        gate = asyncio.Semaphore(settings.poll_concurrency)
+        gate = asyncio.Semaphore(master.settings.poll_concurrency)
 
-        async def poll(machine_id: str) -> Any:
+        async def poll(batch: list[str]) -> Any:
             async with gate:
-                request = borglet_pb2.PollRequest(machine_id=machine_id, master_epoch=replica.epoch)
-                return await borglet.Poll(request, timeout=30)
+                polls = [borglet_pb2.PollRequest(machine_id=m, master_epoch=replica.epoch) for m in batch]
+                return await borglet.PollMachines(borglet_pb2.PollMachinesRequest(polls=polls), timeout=30)
 
+        # The same transport as the cycle: the fleet's machines in PollMachines batches.
+        size = master.settings.poll_batch_max
+        batches = [machines[i : i + size] for i in range(0, len(machines), size)]
         raw = []
         for _ in range(3):
             started = time.perf_counter()
-            await asyncio.gather(*(poll(m) for m in machines))
+            await asyncio.gather(*(poll(b) for b in batches))
             raw.append(time.perf_counter() - started)
         return statistics.median(cycles), statistics.median(raw)
     finally:
@@ -443,7 +303,7 @@ def run(report: Report) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-borgmaster-") as tmp:
         base = Path(tmp)
         stack = Stack(StackConfig(base / "stack"))
-        endpoints = stack.up()
+        endpoints = BenchEndpoints.of(stack, stack.up())
         try:
             raw = asyncio.run(_raw_append_rate(endpoints, RAW_APPENDS))
             security = SecuritySettings(tls_mode="mtls", certs_dir=stack.config.certs_dir)
@@ -471,7 +331,7 @@ def run(report: Report) -> None:
             cycle, fanout = asyncio.run(_poll_cycle(endpoints, base, security))
             where = f"{MACHINES} machines in one Borglet fleet-mode process, {TASKS} tasks"
             report("borgmaster.poll_cycle_1000_machines_s", cycle, f"s ({where}: poll, diff, commit)")
-            report("borgmaster.raw_poll_fanout_1000_machines_s", fanout, f"s ({where}: the Poll RPCs alone)")
+            report("borgmaster.raw_poll_fanout_1000_machines_s", fanout, f"s ({where}: the polls alone)")
             report("borgmaster.poll_cycle_vs_raw_fanout", cycle / fanout, "x")
         finally:
             stack.down()

@@ -3,8 +3,9 @@
 Both paths run the same maths on the same inputs in the same run (the loop's results are
 checked against the batch's before anything is reported):
 
-* moving window (§3.2.2): decayed histogram, S_max ring, S_avg, load-adjusted S_pj, the
-  policy's statistic per job, safety margin, max over the last hour, user bounds;
+* moving window (§3.2.2): the recommender worker's candidates (decayed histogram, S_max
+  ring, S_avg, load-adjusted S_pj, safety margin, max over the last hour per statistic),
+  then the master's choice of statistic per job and its user bounds;
 * ML ensemble (§3.2.3, eqs. 4-9): the default grid of 100 models (10 decay rates x 10
   margins) over the 400 CPU buckets.
 
@@ -26,10 +27,23 @@ import numpy as np
 import numpy.typing as npt
 
 from bench.harness import Report, best_of
-from cellpilot.recommend.explanation import JobSettings
-from cellpilot.recommend.ml_ensemble import EnsembleConfig, EnsembleState
+from cellpilot.autopilot.candidates import (
+    KINDS,
+    WINDOW_KINDS,
+    WINDOW_STATISTICS,
+    CandidateConfig,
+    CandidateState,
+    initial_candidate_state,
+    update_candidates,
+)
+from cellpilot.autopilot.vertical_targets import bound_limits, chosen_values
+from cellpilot.recommend.ml_ensemble import (
+    EnsembleConfig,
+    EnsembleState,
+    initial_ensemble_state,
+    update_ensemble,
+)
 from cellpilot.recommend.moving_window import WindowState
-from cellpilot.recommend.pipeline import RecommenderState, ml_recommender, moving_window_recommender
 from cellpilot.recommend.policy import Statistic
 from cellpilot.recommend.post_processing import EMPTY_SLOT, WindowMaxState
 from cellpilot.usage.buckets import CPU_SCHEME, Resource
@@ -79,7 +93,7 @@ def window_loop_update(
     statistic: int,
     upper: float,
 ) -> float:
-    """One job's moving-window update, the same maths as the batched pipeline, on this job's rows."""
+    """One job's moving-window update, the same maths as the batched candidates, on this job's rows."""
     half_life, slot_ms = 12 * 3_600_000, FIVE_MIN
     factor = 2.0 ** (-(t - int(est.last_ms[job])) / half_life) if est.updates[job] > 0 else 0.0
     decayed = est.decayed[job] * factor + counts
@@ -226,28 +240,34 @@ def _bench_window(
     times: list[npt.NDArray[np.int64]],
 ) -> None:
     """Moving window with mixed policies and user bounds across the jobs."""
-    window = moving_window_recommender(Resource.CPU)
-    statistic = rng.integers(0, len(Statistic), size=JOBS).astype(np.int8)
+    config = CandidateConfig.for_resource(Resource.CPU)
+    config = CandidateConfig(config.resource, config.scheme, config.window, config.margin, with_ml=False)
+    column = rng.integers(0, len(WINDOW_KINDS), size=JOBS)
+    statistic = np.asarray([WINDOW_STATISTICS[KINDS[c]] for c in column], dtype=np.int8)
     upper = np.where(rng.random(JOBS) < 0.2, B[levels], np.inf)
-    settings = JobSettings(statistic=statistic, upper=upper)
-    state: RecommenderState = window.initial_state(JOBS)
+    state: CandidateState = initial_candidate_state(config, JOBS)
     for step in range(3):  # warm up: a history to decay, a ring to fill
-        state, _ = window.update_batch(state, histograms[step], times[step], settings)
+        state, _ = update_candidates(config, state, histograms[step], times[step])
     last, last_t = histograms[3], times[3]
-    seconds = best_of(3, lambda: window.update_batch(state, last, last_t, settings))
-    _, batch = window.update_batch(state, last, last_t, settings)
-    est, hour = state.estimator, state.steps[1]
-    if not isinstance(est, WindowState) or not isinstance(hour, WindowMaxState):
-        raise TypeError("unexpected moving-window pipeline layout")
+
+    def batched() -> FloatArray:
+        _, batch = update_candidates(config, state, last, last_t)
+        chosen, _ = chosen_values(batch.value, batch.raised_by_window_max, column)
+        return bound_limits(chosen, max_limit=upper)[0]
+
+    seconds = best_of(3, batched)
+    est, rings = state.window, state.hour_max
 
     def loop() -> list[float]:
         return [
-            window_loop_update(j, est, hour, last[j], int(last_t[j]), int(statistic[j]), float(upper[j]))
+            window_loop_update(
+                j, est, rings[column[j]], last[j], int(last_t[j]), int(statistic[j]), float(upper[j])
+            )
             for j in range(WINDOW_LOOP_JOBS)
         ]
 
     loop_seconds = best_of(3, loop)
-    _check(batch.value[:WINDOW_LOOP_JOBS], loop(), "moving window")
+    _check(batched()[:WINDOW_LOOP_JOBS], loop(), "moving window")
     rate, loop_rate = JOBS / seconds, WINDOW_LOOP_JOBS / loop_seconds
     report("recommend.window.job_updates_per_s", rate, "job-updates/s")
     report("recommend.window.loop_job_updates_per_s", loop_rate, "job-updates/s")
@@ -256,24 +276,21 @@ def _bench_window(
 
 def _bench_ml(report: Report, histograms: list[FloatArray], times: list[npt.NDArray[np.int64]]) -> None:
     """ML ensemble with the default grid (100 models) over the 400 CPU buckets."""
-    ml = ml_recommender(Resource.CPU)
     config = EnsembleConfig()
-    state: RecommenderState = ml.initial_state(JOBS)
+    state: EnsembleState = initial_ensemble_state(JOBS, B.size, config)
     for step in range(3):
-        state, _ = ml.update_batch(state, histograms[step], times[step])
+        state, _ = update_ensemble(config, B, state, histograms[step], times[step])
     last, last_t = histograms[3], times[3]
-    seconds = best_of(3, lambda: ml.update_batch(state, last, last_t))
-    _, batch = ml.update_batch(state, last, last_t)
-    ens = state.estimator
-    if not isinstance(ens, EnsembleState):
-        raise TypeError("unexpected ML pipeline layout")
+    seconds = best_of(3, lambda: update_ensemble(config, B, state, last, last_t))
+    _, batch = update_ensemble(config, B, state, last, last_t)
+    ens = state
     subset = range(ML_LOOP_JOBS)
 
     def loop() -> list[float]:
         return [ml_loop_update(j, ens, last[j], config) for j in subset]
 
     loop_seconds = best_of(3, loop)
-    _check(batch.value[:ML_LOOP_JOBS], loop(), "ML")
+    _check(batch.limit[:ML_LOOP_JOBS], loop(), "ML")
     rate, loop_rate = JOBS / seconds, ML_LOOP_JOBS / loop_seconds
     report("recommend.ml.job_updates_per_s", rate, "job-updates/s")
     report("recommend.ml.loop_job_updates_per_s", loop_rate, "job-updates/s")
@@ -287,7 +304,7 @@ def _bench_ml(report: Report, histograms: list[FloatArray], times: list[npt.NDAr
 
     literal_seconds = best_of(3, literal_loop)
     # Sums in a different order may break an exact tie differently in a rare job.
-    agree = np.isclose(np.asarray(literal_loop()), batch.value[:ML_LOOP_JOBS], rtol=1e-9)
+    agree = np.isclose(np.asarray(literal_loop()), batch.limit[:ML_LOOP_JOBS], rtol=1e-9)
     if agree.mean() < 0.99:
         raise AssertionError("ML: the literal per-model loop disagrees with the batched update")
     literal_rate = ML_LOOP_JOBS / literal_seconds

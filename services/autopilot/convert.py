@@ -33,6 +33,7 @@ from cellpilot.autopilot.decisions import (
 from cellpilot.autopilot.selection import (
     AUTO,
     CUSTOM,
+    AutoMl,
     ClampReason,
     JobTraits,
     RecommenderRef,
@@ -327,7 +328,7 @@ def job_view_in(
 
 
 def effective_config_out(
-    config: job_pb2.AutopilotConfig, traits: JobTraits, registered: Sequence[str], auto_uses_ml: bool
+    config: job_pb2.AutopilotConfig, traits: JobTraits, registered: Sequence[str], auto_ml: AutoMl
 ) -> job_pb2.AutopilotConfig:
     """``config`` with defaults filled in and AUTO (or an unregistered custom) resolved."""
     from cellpilot.autopilot.selection import select_recommender
@@ -340,7 +341,7 @@ def effective_config_out(
     ):
         core = vertical_config_in(pb, field)
         pb.mode = _MODE_OUT[core.mode]
-        selection = select_recommender(resource, core, traits, registered, auto_uses_ml)
+        selection = select_recommender(resource, core, traits, registered, auto_ml)
         pb.recommender.CopyFrom(ref_out(selection.ref))
     h = horizontal_config_in(out.horizontal, "config.horizontal")
     hp = out.horizontal

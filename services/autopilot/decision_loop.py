@@ -81,7 +81,7 @@ def policy_of(settings: AutopilotSettings) -> DecisionPolicy:
         resend_after_ms=int(settings.resend_after_s * 1000),
         machine_cpu_millicores=settings.machine_cpu_millicores,
         machine_memory_bytes=settings.machine_memory_bytes,
-        auto_uses_ml=settings.auto_uses_ml,
+        auto_ml=settings.auto_ml,
     )
 
 

@@ -24,7 +24,7 @@ from cellpilot.api.v1 import autopilot_pb2, autopilot_pb2_grpc, job_pb2, recomme
 from cellpilot.autopilot.candidates import KINDS, STATISTIC_NAMES, CandidateKind
 from cellpilot.client.async_client import BorgmasterClient
 from cellpilot.client.errors import CellpilotError
-from cellpilot.platform.error_reasons import NO_MASTER, reason_metadata
+from cellpilot.platform.error_reasons import LEADER_METADATA_KEY, NO_MASTER, reason_metadata
 from cellpilot.platform.kafka import MessageProducer
 from cellpilot.security.authentication import AUTHORIZATION_HEADER
 from cellpilot_services.autopilot import convert
@@ -33,7 +33,6 @@ from cellpilot_services.autopilot.settings import AutopilotSettings
 from cellpilot_services.autopilot.state_store import StateStore, StateWrites
 
 log = logging.getLogger(__name__)
-LEADER_METADATA_KEY = "cellpilot-leader"
 DEFAULT_PAGE = 100
 MAX_PAGE = 5_000
 NAME_PATTERN = re.compile(r"^[a-z0-9_.-]+$")
@@ -188,7 +187,7 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
     ) -> job_pb2.AutopilotConfig:
         traits = convert.traits_in(spec, self.settings.reference_machine_memory_bytes)
         registered = sorted(await self.store.recommenders())
-        return convert.effective_config_out(config, traits, registered, self.settings.auto_uses_ml)
+        return convert.effective_config_out(config, traits, registered, self.settings.auto_ml)
 
     async def SetAutopilotConfig(  # noqa: N802
         self, request: autopilot_pb2.SetAutopilotConfigRequest, context: grpc.aio.ServicerContext

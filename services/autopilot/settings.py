@@ -12,6 +12,7 @@ from typing import Annotated
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from cellpilot.autopilot.selection import AutoMl
 from cellpilot.platform.metrics import DEFAULT_METRICS_PORT_OFFSET
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.security.tls import SecuritySettings
@@ -63,7 +64,8 @@ class AutopilotSettings(BaseSettings):
     resend_after_s: float = Field(default=900.0, ge=0)  # event time
     machine_cpu_millicores: float | None = None  # the largest machine caps recommendations
     machine_memory_bytes: float | None = None
-    auto_uses_ml: bool = False
+    # When AUTO picks ML over the §3.2.2 table (Autopilot §4.2): never / serving_memory / always.
+    auto_ml: AutoMl = AutoMl.SERVING_MEMORY
     # What a "machine" is when sizing a job for the default OOM tolerance (§3.2.2).
     reference_machine_memory_bytes: float = Field(default=64.0 * GIB, gt=0)
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import grpc
 
 from cellpilot.api.v1 import borgmaster_pb2, state_pb2
-from cellpilot_services.borglet.registration import CALL_TIMEOUT_S, BorgmasterLocator, leader_from_metadata
+from cellpilot.platform.error_reasons import leader_named
+from cellpilot_services.borglet.registration import CALL_TIMEOUT_S, BorgmasterLocator
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class LoadBalancerView:
                     request, timeout=CALL_TIMEOUT_S, metadata=self.locator.metadata
                 )
                 response = await call
-                leader = leader_from_metadata(await call.trailing_metadata())
+                leader = leader_named(await call.trailing_metadata())
             except grpc.aio.AioRpcError as error:
                 if error.code() == grpc.StatusCode.NOT_FOUND:
                     return None

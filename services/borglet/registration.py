@@ -20,24 +20,16 @@ from collections.abc import Sequence
 import grpc
 
 from cellpilot.api.v1 import borgmaster_pb2, borgmaster_pb2_grpc, machine_pb2
+from cellpilot.platform.error_reasons import leader_named
 
 log = logging.getLogger(__name__)
 
-LEADER_METADATA_KEY = "cellpilot-leader"
 CALL_TIMEOUT_S = 5.0
 _GIVE_UP = {
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.UNAUTHENTICATED,
 }
-
-
-def leader_from_metadata(metadata: object) -> str | None:
-    for item in metadata or ():  # type: ignore[attr-defined]
-        key, value = item[0], item[1]
-        if key == LEADER_METADATA_KEY and value:
-            return value.decode() if isinstance(value, bytes) else str(value)
-    return None
 
 
 class BorgmasterLocator:
@@ -104,7 +96,7 @@ async def register_machine(
             except grpc.aio.AioRpcError as error:
                 code = error.code()
                 if code == grpc.StatusCode.FAILED_PRECONDITION:
-                    leader = leader_from_metadata(error.trailing_metadata())
+                    leader = leader_named(error.trailing_metadata())
                     if leader and leader not in tried:
                         queue.appendleft(leader)
                     continue

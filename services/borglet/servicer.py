@@ -11,6 +11,7 @@ reason) and the poll answers for the rest of the machine.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
@@ -39,24 +40,37 @@ async def _abort(context: Any, code: grpc.StatusCode, message: str) -> NoReturn:
     raise AssertionError("unreachable")  # context.abort raises
 
 
+@dataclass(frozen=True)
+class _Refused:
+    code: grpc.StatusCode
+    message: str
+
+
 class BorgletServicer(borglet_pb2_grpc.BorgletServicer):
     def __init__(self, fleet: Fleet, defaults: RuntimeDefaults) -> None:
         self.fleet = fleet
         self.defaults = defaults
 
-    async def _machine(self, machine_id: str, epoch: int, context: Any) -> MachineAgent:
+    def _admit(self, machine_id: str, epoch: int) -> MachineAgent | _Refused:
+        """The hosted machine, if the call may command it; else why not (the status to fail with)."""
         machine = self.fleet.machines.get(machine_id)
         if machine is None:
             if not machine_id:
-                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "machine_id: must not be empty")
-            await _abort(context, grpc.StatusCode.NOT_FOUND, f"machine_id: {machine_id!r} is not hosted here")
+                return _Refused(grpc.StatusCode.INVALID_ARGUMENT, "machine_id: must not be empty")
+            return _Refused(grpc.StatusCode.NOT_FOUND, f"machine_id: {machine_id!r} is not hosted here")
         refusal = machine.admit_epoch(epoch)
         if refusal is not None:
             log.warning(
                 "refused a call from a deposed master", extra={"machine_id": machine_id, "epoch": epoch}
             )
-            await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"master_epoch: {refusal}")
+            return _Refused(grpc.StatusCode.FAILED_PRECONDITION, f"master_epoch: {refusal}")
         return machine
+
+    async def _machine(self, machine_id: str, epoch: int, context: Any) -> MachineAgent:
+        admitted = self._admit(machine_id, epoch)
+        if isinstance(admitted, _Refused):
+            await _abort(context, admitted.code, admitted.message)
+        return admitted
 
     def _report(self, record: TaskRecord) -> borglet_pb2.TaskReport:
         return convert.task_report(record, self.fleet.clock.now_ms())
@@ -68,11 +82,49 @@ class BorgletServicer(borglet_pb2_grpc.BorgletServicer):
         with _traced("Poll", request.machine_id, cause):
             return await self._poll(request, context, cause)
 
+    async def PollMachines(  # noqa: N802
+        self, request: borglet_pb2.PollMachinesRequest, context: Any
+    ) -> borglet_pb2.PollMachinesResponse:
+        """Every poll of the batch answered as Poll answers it alone; a refused one does not
+        stop the others (Borg §3.3: one machine's trouble never hides another's report)."""
+        response = borglet_pb2.PollMachinesResponse()
+        with tracer.start_as_current_span(
+            "Borglet.PollMachines", attributes={"cellpilot.machines": len(request.polls)}
+        ):
+            for poll in request.polls:
+                cause = f"poll:{poll.master_replica_id}:{poll.master_epoch}:{poll.desired.version}"
+                admitted = self._admit(poll.machine_id, poll.master_epoch)
+                if isinstance(admitted, _Refused):
+                    response.refusals.append(
+                        borglet_pb2.PollRefusal(
+                            machine_id=poll.machine_id, code=admitted.code.value[0], message=admitted.message
+                        )
+                    )
+                    continue
+                response.responses.append(await self._answer(admitted, poll, cause))
+        return response
+
     async def _poll(
         self, request: borglet_pb2.PollRequest, context: Any, cause: str
     ) -> borglet_pb2.PollResponse:
         machine = await self._machine(request.machine_id, request.master_epoch, context)
-        if request.HasField("desired"):
+        return await self._answer(machine, request, cause)
+
+    async def _answer(
+        self, machine: MachineAgent, request: borglet_pb2.PollRequest, cause: str
+    ) -> borglet_pb2.PollResponse:
+        if request.HasField("desired") and request.desired.version < machine.desired_version:
+            # Versions are log positions, so they only grow: an older set comes from a link
+            # shard whose copy of the state lags behind the one that sent ours (Borg §3.3).
+            log.debug(
+                "ignored an older desired set",
+                extra={
+                    "cause_id": cause,
+                    "machine_id": machine.machine_id,
+                    "version": request.desired.version,
+                },
+            )
+        elif request.HasField("desired"):
             # A task that cannot be read fails alone (reported FAILED); the poll still answers,
             # so one bad task never makes its machine look down (Borg §3.3).
             desired = convert.desired_plans(request.desired, self.defaults)

@@ -18,15 +18,13 @@ import logging
 import time
 from dataclasses import dataclass
 
-import grpc
-
-from cellpilot.api.v1 import borglet_pb2, borglet_pb2_grpc
+from cellpilot.api.v1 import borglet_pb2
 from cellpilot.borg.changes import Change, MachineChange, TaskChange
-from cellpilot.borg.mutations import Mutation
-from cellpilot.borg.poll_diff import desired_tasks, diff_report, machines_down
-from cellpilot.schedule import Resources
+from cellpilot.borg.poll_diff import desired_tasks
 from cellpilot_services.borgmaster import convert
-from cellpilot_services.borgmaster.replica import NotLeader, Replica, now_ms
+from cellpilot_services.borgmaster.borglet_fanout import BorgletFanout, PollFailure
+from cellpilot_services.borgmaster.poll_reports import apply_reports
+from cellpilot_services.borgmaster.replica import Replica, now_ms
 from cellpilot_services.borgmaster.settings import BorgmasterSettings
 
 log = logging.getLogger(__name__)
@@ -44,13 +42,18 @@ class CycleStats:
 
 
 class BorgletPoller:
+    """Polls machines and keeps what each poll needs: the desired-set version each Borglet
+    reported, the events acknowledged, the machines to resend the set to, missed polls.
+
+    The master's own work without link shards (:meth:`run`: every machine every
+    ``poll_interval_s``), and the polling half of every replica's link shard
+    (:mod:`link_shard`), which uses :meth:`poll` and :meth:`acknowledge` only.
+    """
+
     def __init__(self, replica: Replica, settings: BorgmasterSettings) -> None:
         self.replica = replica
         self.settings = settings
-        self.channels: dict[str, grpc.aio.Channel] = {}
-        # The master calls Borglets as itself: its certificate (mTLS) or a service token.
-        self.credentials = settings.security.channel_credentials("borgmaster")
-        self.metadata = settings.security.service_metadata("borgmaster")
+        self.fanout = BorgletFanout(settings)
         self.missed: dict[str, int] = {}
         self.reported_version: dict[str, int] = {}
         self.acked_event: dict[str, int] = {}
@@ -58,11 +61,12 @@ class BorgletPoller:
         self.urgent: set[str] = set()
         self.wake = asyncio.Event()
         self.last_cycle: CycleStats | None = None
-        self.policy = settings.restart_policy
         replica.listeners.append(self._on_applied)
 
     def _on_applied(self, _seq: int, changes: list[Change]) -> None:
-        if not self.replica.is_leader:
+        """A desired set changed: poll that machine at once (on any replica: a standby's
+        link shard sees the change when it applies the log)."""
+        if not self.replica.is_leader and not self.settings.link_shards:
             return
         for change in changes:
             if (isinstance(change, TaskChange) and change.machine_id) or isinstance(change, MachineChange):
@@ -70,23 +74,11 @@ class BorgletPoller:
         if self.urgent:
             self.wake.set()
 
-    def _stub(self, address: str) -> borglet_pb2_grpc.BorgletStub:
-        channel = self.channels.get(address)
-        if channel is None:
-            channel = self.channels[address] = (
-                grpc.aio.insecure_channel(address)
-                if self.credentials is None
-                else grpc.aio.secure_channel(address, self.credentials)
-            )
-        return borglet_pb2_grpc.BorgletStub(channel)
-
     async def close(self) -> None:
-        for channel in self.channels.values():
-            with contextlib.suppress(Exception):
-                await channel.close()
-        self.channels.clear()
+        await self.fanout.close()
 
     async def run(self) -> None:
+        """Leader work without link shards: every machine every ``poll_interval_s``."""
         next_full = time.monotonic()
         try:
             while True:
@@ -104,7 +96,7 @@ class BorgletPoller:
         finally:
             await self.close()
 
-    def _request(self, machine_id: str) -> tuple[str, borglet_pb2.PollRequest] | None:
+    def _request(self, machine_id: str, epoch: int) -> tuple[str, borglet_pb2.PollRequest] | None:
         state = self.replica.state
         machine = state.machines.get(machine_id)
         if machine is None:
@@ -112,113 +104,81 @@ class BorgletPoller:
         request = borglet_pb2.PollRequest(
             machine_id=machine_id,
             master_replica_id=self.replica.replica_id,
-            master_epoch=self.replica.epoch,
+            master_epoch=epoch,
             event_time_ms=now_ms(),
             ack_event_sequence=self.acked_event.get(machine_id, 0),
         )
-        if self.reported_version.get(machine_id) != machine.desired_version or machine_id in self.resend:
+        reported = self.reported_version.get(machine_id)
+        # Never an older set than the Borglet applied (a standby's copy of the state may lag).
+        if reported is None or reported < machine.desired_version or machine_id in self.resend:
             request.desired.CopyFrom(
                 convert.desired_out(machine.desired_version, desired_tasks(state, machine_id))
             )
         return machine.spec.borglet_address, request
 
+    async def poll(
+        self, machine_ids: list[str], epoch: int, count_misses: bool = True
+    ) -> tuple[list[borglet_pb2.PollResponse], list[str]]:
+        """Polls the machines concurrently (for the master of ``epoch``); returns the reports
+        and the machines that answered after missing polls. Counts the misses."""
+        requests = {m: req for m in machine_ids if (req := self._request(m, epoch)) is not None}
+        outcomes = await self.fanout.poll(requests)
+        answered: list[borglet_pb2.PollResponse] = []
+        again: list[str] = []
+        for machine_id in requests:
+            outcome = outcomes[machine_id]
+            if isinstance(outcome, PollFailure):
+                self._failed(machine_id, outcome, count_misses)
+                continue
+            answered.append(outcome)
+            if self.missed.pop(machine_id, None) is not None:
+                again.append(machine_id)
+        return answered, again
+
+    def _failed(self, machine_id: str, failure: PollFailure, count_misses: bool) -> None:
+        if failure.code == "FAILED_PRECONDITION":
+            log.warning(
+                "a Borglet refused our epoch", extra={"machine_id": machine_id, "error": failure.message}
+            )
+        elif count_misses and self.missed.get(machine_id, 0) in _LOGGED_MISSES:
+            # The first failed poll of a run, and a few after it: a machine heading for DOWN
+            # says why (Borg §3.3).
+            log.warning(
+                "poll failed",
+                extra={
+                    "machine_id": machine_id,
+                    "missed_before": self.missed.get(machine_id, 0),
+                    "code": failure.code,
+                    "error": failure.message,
+                },
+            )
+        if count_misses:
+            self.missed[machine_id] = self.missed.get(machine_id, 0) + 1
+
+    def acknowledge(self, responses: list[borglet_pb2.PollResponse], resend: set[str]) -> None:
+        """The master has recorded these reports: remember the desired-set version each
+        Borglet applied and the events it may forget; resend the set to machines running
+        duplicates."""
+        for response in responses:
+            self.reported_version[response.machine_id] = response.desired_version
+            if response.events:
+                self.acked_event[response.machine_id] = max(e.sequence for e in response.events)
+            if response.machine_id in resend:
+                self.resend.add(response.machine_id)
+            else:
+                self.resend.discard(response.machine_id)
+
     async def cycle(self, machine_ids: list[str], count_misses: bool = True) -> CycleStats:
         """Polls the machines concurrently, then diffs and commits their reports at once."""
         started = time.monotonic()
-        gate = asyncio.Semaphore(self.settings.poll_concurrency)
-        requests = {m: req for m in machine_ids if (req := self._request(m)) is not None}
-
-        async def poll(address: str, request: borglet_pb2.PollRequest) -> borglet_pb2.PollResponse | None:
-            async with gate:
-                try:
-                    return await self._stub(address).Poll(
-                        request, timeout=self.settings.poll_timeout_s, metadata=self.metadata
-                    )
-                except grpc.aio.AioRpcError as error:
-                    if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                        log.warning(
-                            "a Borglet refused our epoch",
-                            extra={"machine_id": request.machine_id, "error": error.details()},
-                        )
-                    elif count_misses and self.missed.get(request.machine_id, 0) in _LOGGED_MISSES:
-                        # The first failed poll of a run, and a few after it: a machine heading
-                        # for DOWN says why (Borg §3.3).
-                        log.warning(
-                            "poll failed",
-                            extra={
-                                "machine_id": request.machine_id,
-                                "missed_before": self.missed.get(request.machine_id, 0),
-                                "code": error.code().name,
-                                "error": error.details(),
-                            },
-                        )
-                    return None
-
-        ids = list(requests)
-        responses = await asyncio.gather(*(poll(*requests[m]) for m in ids))
-        answered = [(m, r) for m, r in zip(ids, responses, strict=True) if r is not None]
-        for m, r in zip(ids, responses, strict=True):
-            if r is None and count_misses:
-                self.missed[m] = self.missed.get(m, 0) + 1
-            elif r is not None:
-                self.missed.pop(m, None)
-        mutations: list[Mutation] = []
-        duplicates = 0
-        async with self.replica.lock:
-            if not self.replica.is_leader:
-                raise NotLeader(None)
-            state = self.replica.state
-            diffs = []
-            for machine_id, response in answered:
-                try:
-                    report = convert.report_in(response)
-                except convert.InvalidField as error:
-                    log.warning(
-                        "malformed poll response", extra={"machine_id": machine_id, "error": str(error)}
-                    )
-                    continue
-                diff = diff_report(state, report, self.settings.max_task_failures, self.policy)
-                diffs.append((machine_id, response, diff))
-                mutations += diff.mutations
-                duplicates += len(diff.duplicates)
-                if diff.duplicates:
-                    self.resend.add(machine_id)
-                    log.info(
-                        "duplicates on a returning machine; telling it to kill them",
-                        extra={"machine_id": machine_id, "duplicates": len(diff.duplicates)},
-                    )
-                else:
-                    self.resend.discard(machine_id)
-            if count_misses:
-                mutations += machines_down(state, self.missed, self.settings.missed_polls_down)
-            if mutations:
-                event_time = max((r.event_time_ms for _, r in answered), default=0) or now_ms()
-                await self.replica.commit(
-                    mutations, cause_id=f"poll-{int(started * 1000)}", event_time_ms=event_time
-                )
-            usage: dict[tuple[str, int], Resources] = {}
-            cpu_samples = []
-            for machine_id, response, diff in diffs:
-                self.reported_version[machine_id] = response.desired_version
-                if response.events:
-                    self.acked_event[machine_id] = max(e.sequence for e in response.events)
-                soft = self.replica.soft
-                # A report of a new event-second is a fresh CPU demand sample of the machine
-                # and its tasks (GPA §4: cellpilot.schedule.cpu_demand); a repeat is not.
-                machine = state.machines.get(machine_id)
-                fresh = response.event_time_ms // 1000 > soft.last_contact_ms.get(machine_id, 0) // 1000
-                if fresh and machine is not None:
-                    cpu_samples.append((diff.cpu_demand, machine.spec.capacity.cpu))
-                soft.last_contact_ms[machine_id] = response.event_time_ms
-                soft.latest_event_ms = max(soft.latest_event_ms, response.event_time_ms)
-                soft.machine_usage[machine_id] = convert.resources_in(response.usage, "poll.usage")
-                soft.cached_packages[machine_id] = tuple(response.cached_package_ids)
-                soft.task_usage.update(diff.usage)
-                soft.task_ready.update(diff.ready)
-                usage.update(diff.usage)
-            self.replica.view.update_usage(usage, now_ms())
-            self.replica.view.observe_cpu(cpu_samples)
-        stats = CycleStats(len(ids), len(answered), len(mutations), duplicates, time.monotonic() - started)
+        answered, _ = await self.poll(machine_ids, self.replica.epoch, count_misses)
+        applied = await apply_reports(
+            self.replica, answered, self.missed if count_misses else None, f"poll-{int(started * 1000)}"
+        )
+        self.acknowledge([r for r in answered if r.machine_id in applied.applied], applied.resend)
+        stats = CycleStats(
+            len(machine_ids), len(answered), applied.mutations, applied.duplicates, time.monotonic() - started
+        )
         if count_misses:
             log.debug("poll cycle", extra=vars(stats))
         return stats

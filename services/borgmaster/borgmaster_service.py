@@ -10,13 +10,16 @@ import asyncio
 import contextlib
 import logging
 
-from cellpilot.api.v1 import borgmaster_pb2_grpc
+from cellpilot.api.v1 import borgmaster_pb2_grpc, link_shard_pb2_grpc
 from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
 from cellpilot.platform.postgres import apply_migrations, create_engine
 from cellpilot.platform.telemetry import Telemetry
 from cellpilot.security.policy import JobFacts
 from cellpilot_services.borgmaster.borglet_poller import BorgletPoller
 from cellpilot_services.borgmaster.event_publisher import EventPublisher
+from cellpilot_services.borgmaster.lifetime_keeper import LifetimeKeeper
+from cellpilot_services.borgmaster.link_shard import LinkShard
+from cellpilot_services.borgmaster.link_shard_master import LinkShardsServicer, ShardRegistry
 from cellpilot_services.borgmaster.replica import Replica
 from cellpilot_services.borgmaster.scheduler_loop import SchedulerLoop
 from cellpilot_services.borgmaster.servicer import BorgmasterServicer
@@ -24,6 +27,7 @@ from cellpilot_services.borgmaster.settings import BorgmasterSettings
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "cellpilot.api.v1.Borgmaster"
+LINK_SHARDS_SERVICE_NAME = "cellpilot.api.v1.LinkShards"
 
 
 class Borgmaster:
@@ -31,10 +35,20 @@ class Borgmaster:
         self.settings = settings
         self.engine = create_engine(settings.platform.postgres_url_for("borgmaster"), pool_size=4)
         self.replica = Replica(settings, self.engine, address="")
-        self.scheduler = SchedulerLoop(self.replica, settings)
-        self.poller = BorgletPoller(self.replica, settings)
+        self.lifetimes = LifetimeKeeper(self.replica, settings)
+        self.scheduler = SchedulerLoop(self.replica, settings, self.lifetimes)
+        # Link shards (Borg §3.3): every replica polls its share and the master takes the
+        # differences; without them the master polls every machine itself.
+        self.registry = ShardRegistry(self.replica)
+        self.link_shard: LinkShard | None = None
+        work = [self.scheduler.run, self.replica.snapshot_loop, self.lifetimes.run]
+        if settings.link_shards:
+            self.link_shard = LinkShard(self.replica, settings, self.registry)
+            self.poller = self.link_shard.poller
+        else:
+            self.poller = BorgletPoller(self.replica, settings)
+            work.append(self.poller.run)
         self.publisher: EventPublisher | None = None
-        work = [self.scheduler.run, self.poller.run, self.replica.snapshot_loop]
         if settings.publish_events:
             self.publisher = EventPublisher(
                 self.replica,
@@ -49,8 +63,13 @@ class Borgmaster:
                 ServiceBinding(
                     SERVICE_NAME,
                     borgmaster_pb2_grpc.add_BorgmasterServicer_to_server,
-                    BorgmasterServicer(self.replica),
-                )
+                    BorgmasterServicer(self.replica, self.lifetimes),
+                ),
+                ServiceBinding(
+                    LINK_SHARDS_SERVICE_NAME,
+                    link_shard_pb2_grpc.add_LinkShardsServicer_to_server,
+                    LinkShardsServicer(self.replica, self.registry),
+                ),
             ],
             address=f"{settings.listen_host}:{settings.resolved_port}",
             **settings.security.server_options("borgmaster", job_owner_lookup=self.job_facts),
@@ -58,6 +77,7 @@ class Borgmaster:
         self.address = ""
         self._stop = asyncio.Event()
         self._election: asyncio.Task[None] | None = None
+        self._shard: asyncio.Task[None] | None = None
 
     def job_facts(self, job_id: str) -> JobFacts | None:
         """Owner and Autopilot modes of a stored job, for authorising calls on it (Borg §2.5)."""
@@ -73,6 +93,8 @@ class Borgmaster:
         self.replica.lease.address = self.address
         await self.replica.load()
         self._election = asyncio.create_task(self.replica.run(self._stop))
+        if self.link_shard is not None:
+            self._shard = asyncio.create_task(self.link_shard.run(self._stop))
         log.info(
             "borgmaster replica serving",
             extra={"replica_id": self.replica.replica_id, "address": self.address},
@@ -84,6 +106,10 @@ class Borgmaster:
         if self._election is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._election
+        if self._shard is not None:
+            self._shard.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._shard
         await self.replica.shutdown()
         await self.server.stop(1.0)
         await self.engine.dispose()

@@ -16,6 +16,7 @@ from cellpilot.borg import model as m
 from cellpilot.borg import mutations as mu
 from cellpilot.borg.cell_state import AppliedRequest, CellState, JobRecord, Leader, MachineRecord, TaskRecord
 from cellpilot.borg.lifecycle import JobState, MachineState, TaskState
+from cellpilot_services.borgmaster import lifetime_convert
 from cellpilot_services.borgmaster.convert import (
     InvalidField,
     enum_in,
@@ -98,6 +99,10 @@ def mutation_out(mutation: mu.Mutation) -> dict[str, Any]:
         msg = p.QuotaSet(
             user=x.user, band=enum_out(job_pb2.PriorityBand, x.band), limit=resources_out(x.limit)
         )
+    elif isinstance(x, mu.LavaHostsChanged):
+        msg = lifetime_convert.hosts_changed_out(x)
+    elif isinstance(x, mu.LifetimeModelTrained):
+        msg = lifetime_convert.model_out(x)
     else:
         msg = p.LeaderElected(replica_id=x.replica_id, address=x.address, epoch=x.epoch)
     return {mu.kind_of(mutation): msg}
@@ -168,6 +173,10 @@ def mutation_in(msg: checkpoint_pb2.CheckpointRecord) -> mu.Mutation:
     if case == "leader_elected":
         e = msg.leader_elected
         return mu.LeaderElected(e.replica_id, e.address, e.epoch)
+    if case == "lava_hosts_changed":
+        return lifetime_convert.hosts_changed_in(msg.lava_hosts_changed)
+    if case == "lifetime_model_trained":
+        return lifetime_convert.model_in(msg.lifetime_model_trained)
     raise InvalidField("record", f"unknown mutation {case!r}")
 
 
@@ -206,6 +215,9 @@ def snapshot_out(state: CellState, epoch: int) -> checkpoint_pb2.Snapshot:
     leader = leader_out(state.leader)
     if leader is not None:
         snapshot.leader.CopyFrom(leader)
+    snapshot.lava_hosts.extend(lifetime_convert.lava_host_out(h) for h in state.lava_hosts.values())
+    if state.lifetime_model is not None:
+        snapshot.lifetime_model.CopyFrom(lifetime_convert.model_out(state.lifetime_model))
     return snapshot
 
 
@@ -274,6 +286,16 @@ def snapshot_in(data: bytes) -> CellState:
     leader = None
     if snapshot.HasField("leader"):
         leader = Leader(snapshot.leader.replica_id, snapshot.leader.address, snapshot.leader.epoch)
+    model = snapshot.lifetime_model if snapshot.HasField("lifetime_model") else None
     return CellState.restore(
-        jobs, machines, quotas, applied, snapshot.sequence, snapshot.epoch, snapshot.event_time_ms, leader
+        jobs,
+        machines,
+        quotas,
+        applied,
+        snapshot.sequence,
+        snapshot.epoch,
+        snapshot.event_time_ms,
+        leader,
+        [lifetime_convert.lava_host_in(h) for h in snapshot.lava_hosts],
+        lifetime_convert.model_in(model) if model is not None else None,
     )

@@ -238,10 +238,12 @@ def task_spec_in(msg: job_pb2.TaskSpec, f: str) -> m.TaskSpec:
     )
 
 
-def task_spec_out(spec: m.TaskSpec, limits: Resources | None = None) -> job_pb2.TaskSpec:
+def task_spec_out(
+    spec: m.TaskSpec, limits: Resources | None = None, memory_limit_kind: m.MemoryLimitKind | None = None
+) -> job_pb2.TaskSpec:
     return job_pb2.TaskSpec(
         limits=resources_out(limits or spec.limits),
-        memory_limit_kind=enum_out(job_pb2.MemoryLimitKind, spec.memory_limit_kind),
+        memory_limit_kind=enum_out(job_pb2.MemoryLimitKind, memory_limit_kind or spec.memory_limit_kind),
         runtime=runtime_out(spec.runtime),
         package_ids=spec.package_ids,
     )
@@ -566,7 +568,8 @@ def desired_out(version: int, tasks: Iterable[tuple[JobRecord, TaskRecord]]) -> 
                 incarnation=task.incarnation,
                 priority=job.spec.priority,
                 band=enum_out(job_pb2.PriorityBand, job.spec.effective_band),
-                spec=task_spec_out(job.spec.task, task.limits),
+                # The kind the Borglet enforces: soft for Autopilot-managed memory (§4.1).
+                spec=task_spec_out(job.spec.task, task.limits, job.spec.effective_memory_limit_kind),
                 ports=task.ports,
                 spec_version=task.spec_version,
                 app_class=enum_out(job_pb2.AppClass, job.spec.app_class),

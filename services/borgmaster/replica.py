@@ -38,6 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from cellpilot.borg.cell_state import CellState, TaskKey
 from cellpilot.borg.changes import Change, TaskChange
 from cellpilot.borg.decisions import Command, Result
+from cellpilot.borg.lifetime_tracker import LifetimeTracker
 from cellpilot.borg.mutations import LeaderElected, LogRecord, Mutation, kind_of, to_records
 from cellpilot.borg.scheduling_view import SchedulingView
 from cellpilot.platform.store_outage import POSTGRES, StoreUnavailable, describe, store_of
@@ -105,7 +106,10 @@ class Replica:
         self.log = CheckpointLog(engine)
         self.lease = LeaderLease(engine, self.replica_id, address, settings.lease_s)
         self.state = CellState()
-        profile = default_profile(settings.packing, settings.gpa_rho)
+        self.lifetimes = LifetimeTracker()  # LAS / LAVA (LAVA §4.2-4.3) over the view's cell
+        profile = default_profile(
+            settings.packing, settings.gpa_rho, settings.placement_policy, self.lifetimes
+        )
         self.view = SchedulingView(profile, SchedulerConfig(), settings.scheduler_seed, settings.cpu_learning)
         self.soft = convert.SoftState()
         self.lock = asyncio.Lock()

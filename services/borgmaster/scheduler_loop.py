@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from cellpilot.borg.changes import Change
 from cellpilot.borg.decisions import drain_step, rollout_step
+from cellpilot_services.borgmaster.lifetime_keeper import LifetimeKeeper
 from cellpilot_services.borgmaster.replica import NotLeader, Replica, now_ms
 from cellpilot_services.borgmaster.settings import BorgmasterSettings
 
@@ -35,9 +36,12 @@ class PassStats:
 
 
 class SchedulerLoop:
-    def __init__(self, replica: Replica, settings: BorgmasterSettings) -> None:
+    def __init__(
+        self, replica: Replica, settings: BorgmasterSettings, lifetimes: LifetimeKeeper | None = None
+    ) -> None:
         self.replica = replica
         self.settings = settings
+        self.lifetimes = lifetimes or LifetimeKeeper(replica, settings)
         self.wake = asyncio.Event()
         self.stats = PassStats()
         replica.listeners.append(self._on_applied)
@@ -62,7 +66,10 @@ class SchedulerLoop:
                 if not self.replica.is_leader:
                     raise NotLeader(None)
                 state = self.replica.state
-                steps = rollout_step(state) + drain_step(state, self.settings.drain_evictions_per_pass)
+                drains = drain_step(
+                    state, self.settings.drain_evictions_per_pass, self.lifetimes.drain_order(state)
+                )
+                steps = rollout_step(state) + drains
                 if steps:
                     await self.replica.commit(steps, cause_id=f"rollout-{state.last_sequence}")
                 forced = time.monotonic() - last_forced >= self.settings.force_pass_interval_s
@@ -76,15 +83,17 @@ class SchedulerLoop:
                 if forced:
                     last_forced = time.monotonic()
                 started = time.monotonic()
+                self.lifetimes.before_pass(state)
                 plan = await asyncio.to_thread(
                     self.replica.view.plan, state, now_ms(), self.settings.max_tasks_per_pass, event_now
                 )
+                mutations = [*plan.mutations, *self.lifetimes.after_pass(state)]
                 restart_at = state.next_restart_ms(event_now)
                 self.stats.passes += 1
                 self.stats.last_pass_s = time.monotonic() - started
-                if plan.mutations:
+                if mutations:
                     cause = f"schedule-pass-{self.stats.passes}"
-                    await self.replica.commit(plan.mutations, cause_id=cause)
+                    await self.replica.commit(mutations, cause_id=cause)
                     self.stats.placed += plan.placed
                     self.stats.preempted += plan.preempted
                     log.info(

@@ -36,6 +36,7 @@ from cellpilot.borg.model import MachineAvailability, PriorityBand
 from cellpilot.borg.pending_reasons import explain
 from cellpilot.borg.rejection import Code, Rejection
 from cellpilot.platform.error_reasons import (
+    LEADER_METADATA_KEY,
     NO_MASTER,
     QUOTA_EXCEEDED,
     REQUEST_ID_REUSED,
@@ -43,13 +44,14 @@ from cellpilot.platform.error_reasons import (
     reason_metadata,
 )
 from cellpilot.platform.store_outage import StoreUnavailable
-from cellpilot_services.borgmaster import convert
+from cellpilot_services.borgmaster import convert, lifetime_convert
+from cellpilot_services.borgmaster.lifetime_keeper import LifetimeKeeper
+from cellpilot_services.borgmaster.lifetime_rpcs import LifetimeRpcs
 from cellpilot_services.borgmaster.replica import NotLeader, Replica
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
-LEADER_METADATA_KEY = "cellpilot-leader"
 DEFAULT_JOBS_PAGE = 100
 DEFAULT_MACHINES_PAGE = 500
 MAX_PAGE = 5_000
@@ -88,9 +90,10 @@ def _page_size(requested: int, default: int) -> int:
     return min(requested or default, MAX_PAGE)
 
 
-class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
-    def __init__(self, replica: Replica) -> None:
+class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
+    def __init__(self, replica: Replica, lifetimes: LifetimeKeeper | None = None) -> None:
         self.replica = replica
+        self.lifetimes = lifetimes or LifetimeKeeper(replica, replica.settings)
 
     # ------------------------------------------------------------------ plumbing
     async def _abort(
@@ -304,7 +307,10 @@ class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
                 pending = [t.index for t in job.visible_tasks() if t.state is TaskState.PENDING]
                 index = pending[0] if pending else 0
             report = explain(self.replica.view, state, job.job_id, index, self.replica.event_now_ms())
-        return convert.pending_report_out(report)
+            lifetime = self.lifetimes.lifetime_of(state, job.job_id, index)
+        response = convert.pending_report_out(report)
+        response.lifetime.CopyFrom(lifetime_convert.task_lifetime_out(lifetime))
+        return response
 
     # ------------------------------------------------------------------ machines
     async def ListMachines(  # noqa: N802

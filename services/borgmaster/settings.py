@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from cellpilot.borg.restart_backoff import RestartPolicy
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.schedule.cpu_demand import CpuLearning
+from cellpilot.schedule.profile import PLACEMENT_POLICIES
 from cellpilot.security.tls import SecuritySettings
 
 
@@ -55,6 +56,11 @@ class BorgmasterSettings(BaseSettings):
     force_pass_interval_s: float = Field(default=2.0, gt=0)  # a pass even if nothing changed
     max_tasks_per_pass: int = Field(default=10_000, ge=1)
     packing: str = "hybrid"  # scorer of the last level: best-fit, worst-fit or hybrid
+    # LAVA §4.2-4.3 (CELLPILOT_BORGMASTER_PLACEMENT_POLICY): best-fit (packing alone), las (LAS's
+    # temporal cost above packing) or lava (LAVA's host states above LAS); las and lava use the
+    # lifetime model `cellpilot cell train-lifetimes` records, and score alike until there is one.
+    placement_policy: str = "best-fit"
+    lifetime_interval_s: float = Field(default=5.0, gt=0)  # repredictions and LAVA deadlines (§3, §4.3)
     # GPA §4: non-prod tasks' CPU fits when P(machine CPU demand > capacity) <= gpa_rho under a
     # Gaussian of the tasks' learned moments (CELLPILOT_BORGMASTER_GPA_RHO; 0 = limits only).
     gpa_rho: float = 0.0
@@ -69,6 +75,19 @@ class BorgmasterSettings(BaseSettings):
     poll_timeout_s: float = Field(default=2.0, gt=0)
     missed_polls_down: int = Field(default=5, ge=1)
     poll_concurrency: int = Field(default=256, ge=1)
+    # Machines polled in one PollMachines call to a Borglet hosting many (fleet mode); 1 = one
+    # Poll per machine.
+    poll_batch_max: int = Field(default=250, ge=1)
+    # Link shards (Borg §3.3): every replica polls its share of the machines and sends the
+    # master only the reports that changed; false = the master polls every machine itself.
+    link_shards: bool = True
+    # A shard forwards an unchanged report after this long anyway, so the master's soft state
+    # (usage) keeps being fed at a lower rate. With GPA on (gpa_rho > 0) every report is
+    # forwarded: each poll's CPU sample feeds the tasks' moments (GPA §4).
+    link_shard_refresh_s: float = Field(default=10.0, gt=0)
+    # A standby whose shard has not reported for this long is no longer a member: the
+    # machines of its share are re-partitioned over the others.
+    link_shard_member_timeout_s: float = Field(default=6.0, gt=0)
     max_task_failures: int = Field(default=10, ge=0)  # error exits in a row before giving a task up
 
     # Restart backoff of failed tasks, in event time (Borg §4; cellpilot.borg.restart_backoff):
@@ -95,6 +114,16 @@ class BorgmasterSettings(BaseSettings):
             raise ValueError(
                 f"gpa_rho (CELLPILOT_BORGMASTER_GPA_RHO) is the GPA overflow probability: 0 turns "
                 f"the GPA fit test off, otherwise it must be in (0, 0.5); got {value}"
+            )
+        return value
+
+    @field_validator("placement_policy")
+    @classmethod
+    def _placement_policy(cls, value: str) -> str:
+        if value not in PLACEMENT_POLICIES:
+            raise ValueError(
+                f"placement_policy (CELLPILOT_BORGMASTER_PLACEMENT_POLICY) must be one of "
+                f"{', '.join(PLACEMENT_POLICIES)}; got {value!r}"
             )
         return value
 

@@ -184,6 +184,7 @@ class PendingJob(BaseModel):
     machines_feasible: int
     machines_total: int
     fitting_limits: dict[str, int] | None
+    lifetime_class: str = ""  # LAVA §4.3 class of its predicted lifetime ("" without a model)
 
 
 class PendingView(BaseModel):

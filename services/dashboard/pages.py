@@ -248,10 +248,19 @@ def pending_page(pending: models.PendingView, viewer: Viewer, refresh_s: float) 
                 if p.fitting_limits
                 else "-"
             ),
+            escape(p.lifetime_class or "-"),
         ]
         for p in pending.jobs
     ]
-    headers = ["job", "state", "pending tasks", "feasible machines", "why pending", "would fit with"]
+    headers = [
+        "job",
+        "state",
+        "pending tasks",
+        "feasible machines",
+        "why pending",
+        "would fit with",
+        "lifetime class",
+    ]
     listing = table(headers, rows, "pending") if rows else '<p id="no-pending">no pending tasks</p>'
     body = live("notes", notes(pending.notes)) + live("section-pending", listing)
     return layout("Pending jobs", body, viewer, refresh_s)

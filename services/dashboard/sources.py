@@ -441,6 +441,7 @@ class DashboardSources:
                     fitting_limits=_resources(why_pending.fitting_limits)
                     if why_pending.HasField("fitting_limits")
                     else None,
+                    lifetime_class=why_pending.lifetime.class_name,
                 )
             )
         return models.PendingView(jobs=views)

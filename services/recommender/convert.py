@@ -15,7 +15,13 @@ import math
 import numpy as np
 
 from cellpilot.api.v1 import job_pb2, recommendation_pb2, resources_pb2, state_pb2, usage_pb2
-from cellpilot.autopilot.candidates import KINDS, STATISTIC_NAMES, CandidateKind, UsageStatistic
+from cellpilot.autopilot.candidates import (
+    KINDS,
+    STATISTIC_NAMES,
+    CandidateKind,
+    UsageStatistic,
+    master_unit_factor,
+)
 from cellpilot.autopilot.job_recommendations import (
     CandidateRow,
     HistogramInput,
@@ -34,7 +40,7 @@ KIND_CODES = {kind: job_pb2.RecommenderKind.Value(f"RECOMMENDER_KIND_{kind.value
 
 
 def wire_factor(resource: Resource) -> float:
-    return MILLI if resource is Resource.CPU else 1.0
+    return master_unit_factor(resource)
 
 
 def histogram_in(record: Record, config: RecommenderConfig) -> HistogramInput:
@@ -52,10 +58,12 @@ def histogram_in(record: Record, config: RecommenderConfig) -> HistogramInput:
     if message.HasField("task_index"):
         raise bad("task_index", "recommenders take job histograms (no task_index)")
     scheme = config.for_resource(resource).scheme
-    if (message.bucket_scheme_id, message.bucket_scheme_version) != scheme.key():
+    expected_id, expected_version = scheme.key()
+    if (message.bucket_scheme_id, message.bucket_scheme_version) != (expected_id, expected_version):
         raise bad(
             "bucket_scheme_id",
-            f"{message.bucket_scheme_id!r} v{message.bucket_scheme_version}, expected {scheme.key}",
+            f"{message.bucket_scheme_id!r} v{message.bucket_scheme_version}, "
+            f"expected {expected_id!r} v{expected_version}",
         )
     if message.window_end_ms <= message.window_start_ms:
         raise bad("window_end_ms", "must be after window_start_ms")
@@ -145,7 +153,7 @@ def _recommendation(
                 recommendation_pb2.MlModelChoice(
                     model_index=row.ml_model,
                     decay_rate=grid.decay_rates[row.ml_model],
-                    safety_margin=raw * grid.margins[row.ml_model] * factor,
+                    safety_margin=raw * relative * factor,
                     cost=0.0 if math.isnan(row.ml_cost) else row.ml_cost,
                 )
             )

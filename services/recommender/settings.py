@@ -7,9 +7,10 @@ Built once in ``__main__`` and passed down. Replica ``i`` serves gRPC health on
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from cellpilot.autopilot.ml_config import load_ml_config
 from cellpilot.platform.metrics import DEFAULT_METRICS_PORT_OFFSET
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.platform.topics import TOPICS
@@ -51,6 +52,16 @@ class RecommenderSettings(BaseSettings):
     # Raise the CPU recommendations of jobs whose demand went unserved (throttled CPU, measured
     # by the Borglets): cellpilot.recommend.unmet_demand. Off: the paper's recommenders.
     raise_cpu_for_unmet_demand: bool = False
+
+    # The ML recommender's hyperparameters (Autopilot §3.2.3): "" = the tuned file shipped in
+    # cellpilot/autopilot/data/ml_tuned.json; a path = this cell's own (same JSON format).
+    ml_config: str = ""
+
+    @field_validator("ml_config")
+    @classmethod
+    def _ml_config_loads(cls, value: str) -> str:
+        load_ml_config(value or None)  # a bad file fails at start-up, naming itself
+        return value
 
     max_poll_records: int = Field(default=2_000, ge=1)
     poll_timeout_ms: int = Field(default=200, ge=1)

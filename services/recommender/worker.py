@@ -36,11 +36,11 @@ from cellpilot.autopilot.job_recommendations import (
     HorizontalSettings,
     JobState,
     OomInput,
-    RecommenderConfig,
     apply_histograms,
     apply_horizontal_settings,
     apply_ooms,
 )
+from cellpilot.autopilot.ml_config import shipped_recommender_config
 from cellpilot.platform.grpc_server import GrpcServer
 from cellpilot.platform.kafka import (
     AppliedOffsets,
@@ -85,8 +85,9 @@ class RecommenderWorker:
     def __init__(self, settings: RecommenderSettings, telemetry: Telemetry | None = None) -> None:
         self.settings = settings
         self.replica_id = settings.resolved_replica_id
-        self.config = RecommenderConfig(
-            unmet_demand=RaiseForUnmetDemand() if settings.raise_cpu_for_unmet_demand else None
+        self.config = shipped_recommender_config(
+            settings.ml_config or None,
+            unmet_demand=RaiseForUnmetDemand() if settings.raise_cpu_for_unmet_demand else None,
         )
         self.metrics = CellpilotMetrics.on(telemetry.meter) if telemetry is not None else None
         self.redis = connect_redis(settings.platform.redis_url_for("recommender"))

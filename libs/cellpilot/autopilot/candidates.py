@@ -99,6 +99,8 @@ STATISTIC_NAMES: dict[CandidateKind, str] = {
 }
 _ML = len(WINDOW_KINDS)
 NO_TIME = -1
+# The unit of the ML ensemble's additive margins (eq. 7), in the histograms' unit per resource.
+ML_MARGIN_UNITS: dict[Resource, float] = {Resource.CPU: 1.0, Resource.MEMORY: float(1 << 30)}
 
 
 @dataclass(frozen=True)
@@ -114,15 +116,31 @@ class CandidateConfig:
     hour_max_slot_ms: int = 5 * MINUTE_MS
     # OOM bump: our choice; the paper says only that Autopilot "promptly increased" the limit.
     oom_bump: float = 0.2
+    # Which outputs to compute. A worker computes every one (users compare them, §5.2); a
+    # caller that can never select a group (a study of the moving window alone) may skip it:
+    # its columns stay NaN and nothing else changes.
+    with_window: bool = True
+    with_ml: bool = True
 
     @classmethod
     def for_resource(cls, resource: Resource, ensemble: EnsembleConfig | None = None) -> CandidateConfig:
+        ensemble = ensemble or EnsembleConfig()
+        # Eq. 7's additive margins M_m are in the resource's unit: one core, one GiB.
+        grid = ensemble.grid.with_unit(ML_MARGIN_UNITS[resource])
         return cls(
             resource,
             default_scheme(resource),
             WindowConfig.for_resource(resource),
             MarginCurve.for_resource(resource),
-            ensemble or EnsembleConfig(),
+            replace(ensemble, grid=grid),
+        )
+
+    @property
+    def computed_columns(self) -> tuple[int, ...]:
+        return tuple(
+            c
+            for c, kind in enumerate(KINDS)
+            if (self.with_ml if kind is CandidateKind.ML else self.with_window)
         )
 
     @property
@@ -175,12 +193,14 @@ class CandidateBatch:
 def _record(
     config: CandidateConfig, rings: tuple[WindowMaxState, ...], values: FloatArray, time_ms: Int64Array
 ) -> tuple[tuple[WindowMaxState, ...], FloatArray]:
-    """Record each kind's value in its ring; (new rings, max over the last hour per kind)."""
-    new_rings = []
-    maxima = np.empty_like(values)
-    for c, ring in enumerate(rings):
-        new_ring, window_max = update_window_max(ring, values[:, c], time_ms, config.hour_max_slot_ms)
-        new_rings.append(new_ring)
+    """Record each kind's value in its ring; (new rings, max over the last hour per kind).
+
+    The rings of kinds the config does not compute stay as they are (their values are NaN)."""
+    new_rings = list(rings)
+    maxima = np.full_like(values, np.nan)
+    for c in config.computed_columns:
+        new_ring, window_max = update_window_max(rings[c], values[:, c], time_ms, config.hour_max_slot_ms)
+        new_rings[c] = new_ring
         maxima[:, c] = window_max
     return tuple(new_rings), maxima
 
@@ -200,19 +220,30 @@ def update_candidates(
         rows = np.flatnonzero(pending)
         s[rows, config.scheme.index_of(state.pending_oom_value[rows])] += state.pending_oom_count[rows]
 
-    window_state, stats = update_window(config.window, boundaries, state.window, s, t)
-    raw = np.empty((jobs, len(KINDS)))
-    for c, kind in enumerate(WINDOW_KINDS):
-        raw[:, c], _ = evaluate_statistics(np.full(jobs, WINDOW_STATISTICS[kind], np.int8), stats)
-    with_margin = np.empty_like(raw)
+    raw = np.full((jobs, len(KINDS)), np.nan)
+    with_margin = np.full_like(raw, np.nan)
     margin = np.full_like(raw, np.nan)
-    with_margin[:, :_ML], margin[:, :_ML] = config.margin.apply(raw[:, :_ML])
+    window_state = state.window
+    if config.with_window:
+        window_state, stats = update_window(config.window, boundaries, state.window, s, t)
+        for c, kind in enumerate(WINDOW_KINDS):
+            raw[:, c], _ = evaluate_statistics(np.full(jobs, WINDOW_STATISTICS[kind], np.int8), stats)
+        # §3.2.2 post-processing: the safety margin, then (below) the max over the last hour.
+        with_margin[:, :_ML], margin[:, :_ML] = config.margin.apply(raw[:, :_ML])
 
-    ml_state, decision = update_ensemble(config.ensemble, boundaries, state.ml, s, t)
-    has_usage = ml_state.smoothed[:, 0, :].sum(axis=1) > 0.0
-    raw[:, _ML] = np.where(has_usage, decision.raw_limit, np.nan)
-    with_margin[:, _ML] = np.where(has_usage, decision.limit, np.nan)
-    margin[:, _ML] = np.where(has_usage, decision.margin, np.nan)
+    ml_state = state.ml
+    ml_model = np.full(jobs, -1, dtype=np.int64)
+    ml_cost = np.full(jobs, np.nan)
+    if config.with_ml:
+        ml_state, decision = update_ensemble(config.ensemble, boundaries, state.ml, s, t)
+        has_usage = ml_state.smoothed[:, 0, :].sum(axis=1) > 0.0
+        raw[:, _ML] = np.where(has_usage, decision.raw_limit, np.nan)
+        with_margin[:, _ML] = np.where(has_usage, decision.limit, np.nan)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            relative = decision.limit / decision.raw_limit - 1.0
+        margin[:, _ML] = np.where(has_usage, relative, np.nan)
+        ml_model = np.where(has_usage, decision.model, -1).astype(np.int64)
+        ml_cost = np.where(has_usage, decision.cost, np.nan)
 
     rings, maxima = _record(config, state.hour_max, with_margin, t)
     value = np.fmax(with_margin, maxima)
@@ -233,8 +264,8 @@ def update_candidates(
         raw_value=raw,
         margin=margin,
         raised_by_window_max=raised,
-        ml_model=np.where(has_usage, decision.model, -1).astype(np.int64),
-        ml_cost=np.where(has_usage, decision.cost, np.nan),
+        ml_model=ml_model,
+        ml_cost=ml_cost,
         oom_bumped=pending,
     )
     return new_state, batch
@@ -345,6 +376,12 @@ def update_usage_signal(
     rank = np.maximum(np.ceil(count * 0.95).astype(np.intp) - 1, 0)
     r_p95 = ordered[np.arange(ordered.shape[0]), rank]
     return new_state, np.where(wants_p95, r_p95, r_max)
+
+
+def master_unit_factor(resource: Resource) -> float:
+    """From the bucket scheme's unit (cores, bytes) to the master's (millicores, bytes): the
+    unit of recommendations on the wire, of user bounds and of the limits the master rounds."""
+    return 1000.0 if resource is Resource.CPU else 1.0
 
 
 def per_job_values(batch: CandidateBatch, kind: CandidateKind) -> FloatArray:

@@ -32,13 +32,18 @@ import numpy as np
 
 from cellpilot.autopilot.candidates import UsageStatistic
 from cellpilot.autopilot.selection import (
-    ClampReason,
+    AutoMl,
     JobTraits,
     RecommenderRef,
     ScalingMode,
     VerticalConfig,
-    apply_bounds,
     select_recommender,
+)
+from cellpilot.autopilot.vertical_targets import (
+    CLAMP_REASONS,
+    ClampReason,
+    significant_changes,
+    vertical_targets,
 )
 from cellpilot.recommend.horizontal import (
     HOUR_MS,
@@ -192,7 +197,8 @@ class DecisionPolicy:
     resend_after_ms: int = 15 * MINUTE_MS  # re-send an unapplied target after this much event time
     machine_cpu_millicores: float | None = None  # the largest machine, caps recommendations
     machine_memory_bytes: float | None = None
-    auto_uses_ml: bool = False
+    # §4.2: ML for serving jobs' memory (AutoMl); "never" = the §3.2.2 moving-window table only.
+    auto_ml: AutoMl = AutoMl.SERVING_MEMORY
 
     def machine(self, resource: Resource) -> float | None:
         return self.machine_cpu_millicores if resource is Resource.CPU else self.machine_memory_bytes
@@ -246,10 +252,8 @@ class JobDecision:
 
 def significant_change(current: float, target: float, policy: DecisionPolicy) -> bool:
     """Outside the dead band around the current limit (any change from nothing counts)."""
-    if current <= 0:
-        return target > 0
-    ratio = target / current
-    return ratio >= 1.0 + policy.min_increase_fraction or ratio <= 1.0 - policy.min_decrease_fraction
+    band = (policy.min_increase_fraction, policy.min_decrease_fraction)
+    return bool(significant_changes([current], [target], *band)[0])
 
 
 def _recently_sent(sent: SentTarget | None, value: float, now_ms: int, policy: DecisionPolicy) -> bool:
@@ -266,28 +270,28 @@ def _vertical(
     now_ms: int,
 ) -> VerticalOutcome:
     config = job.vertical(resource)
-    selection = select_recommender(resource, config, job.traits, registered_custom, policy.auto_uses_ml)
+    selection = select_recommender(resource, config, job.traits, registered_custom, policy.auto_ml)
     chosen = candidates.get(selection.ref.label)
     current = job.limit(resource)
-    value: int | None = None
-    clamp = ClampReason.NONE
-    base = chosen.value if chosen is not None and not math.isnan(chosen.value) else None
-    if base is None and job.held and config.mode is ScalingMode.ON:
-        base = current  # no history: the job's own limit is its first recommendation
-    if base is not None:
-        bounded, clamp = apply_bounds(base, config, policy.machine(resource))
-        if clamp is ClampReason.NONE and chosen is not None and chosen.raised_by_window_max:
-            clamp = ClampReason.LAST_HOUR_MAX
-        value = max(1, round(bounded))
-    actuate = (
-        config.mode is ScalingMode.ON
-        and value is not None
-        and value != round(current)
-        and (
-            significant_change(current, value, policy)
-            or clamp in (ClampReason.MIN_BOUND, ClampReason.MAX_BOUND)
-        )
-        and not _recently_sent(memory.sent(resource), value, now_ms, policy)
+    chosen_value = chosen.value if chosen is not None else math.nan
+    sent = memory.sent(resource)
+    targets = vertical_targets(
+        [chosen_value],
+        [chosen is not None and chosen.raised_by_window_max],
+        [current],
+        on=config.mode is ScalingMode.ON,
+        held=[job.held],
+        min_limit=math.nan if config.min_limit is None else config.min_limit,
+        max_limit=math.nan if config.max_limit is None else config.max_limit,
+        machine_capacity=policy.machine(resource),
+        min_increase=policy.min_increase_fraction,
+        min_decrease=policy.min_decrease_fraction,
+    )
+    target = float(targets.value[0])
+    value = None if math.isnan(target) else int(target)
+    clamp = CLAMP_REASONS[int(targets.clamp[0])]
+    actuate = bool(targets.actuate[0]) and not (
+        value is not None and _recently_sent(sent, value, now_ms, policy)
     )
     return VerticalOutcome(
         resource, config.mode, selection.ref, selection.note, chosen, value, clamp, current, actuate

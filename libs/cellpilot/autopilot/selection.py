@@ -9,8 +9,8 @@ parameters ... such as upper and lower bounds on the limits."
 * ``AUTO`` resolves through the §3.2.2 policy table (:func:`cellpilot.recommend.policy.statistic_for`):
   CPU batch -> S_avg, serving -> S_p95 (latency-sensitive) or S_p90; memory by OOM
   tolerance -> S_p98 / S_max / max(S_p60, 0.5 S_max), the tolerance defaulting by job size
-  (§3.2.2: "low" for large jobs, "minimal" for small ones). With ``auto_uses_ml`` AUTO picks
-  the ML recommender instead.
+  (§3.2.2: "low" for large jobs, "minimal" for small ones). With ``auto_ml`` (:class:`AutoMl`)
+  AUTO picks the ML recommender instead; the master's default is ML for serving jobs' memory (§4.2).
 * An explicit built-in choice is used as is; ``CUSTOM`` names a registered custom
   recommender (§5.4) and falls back to AUTO when that name is not registered.
 * Bounds clamp the chosen value (and the largest machine caps it, so a recommendation can
@@ -24,7 +24,10 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
 
+import numpy as np
+
 from cellpilot.autopilot.candidates import WINDOW_STATISTICS, CandidateKind
+from cellpilot.autopilot.vertical_targets import CLAMP_REASONS, ClampReason, bound_limits
 from cellpilot.recommend.policy import (
     JobClass,
     JobProfile,
@@ -74,14 +77,6 @@ class RecommenderRef:
         return f"custom:{self.custom_name}" if self.kind == CUSTOM else self.kind
 
 
-class ClampReason(StrEnum):
-    NONE = "none"
-    MIN_BOUND = "min_bound"
-    MAX_BOUND = "max_bound"
-    LAST_HOUR_MAX = "last_hour_max"
-    MACHINE_SIZE = "machine_size"
-
-
 @dataclass(frozen=True)
 class VerticalConfig:
     """One resource's Autopilot settings; limits in the resource's unit (millicores, bytes)."""
@@ -109,9 +104,30 @@ class JobTraits:
 _KIND_OF_STATISTIC: dict[Statistic, CandidateKind] = {s: k for k, s in WINDOW_STATISTICS.items()}
 
 
-def auto_kind(resource: Resource, traits: JobTraits, auto_uses_ml: bool = False) -> CandidateKind:
-    """The §3.2.2 policy table (or the ML recommender)."""
-    if auto_uses_ml:
+class AutoMl(StrEnum):
+    """When AUTO picks the ML recommender instead of the §3.2.2 moving-window table.
+
+    §4.2: the jobs migrated to Autopilot "almost all" use the ML recommender for their
+    memory limits, so the master's default is ML for the memory of serving jobs (the
+    population and resource §4 measures, where the replay shows ML's reliability: see
+    ``docs/results/autopilot-eval.md``), and the table for batch jobs and for CPU.
+    """
+
+    NEVER = "never"  # the §3.2.2 table for every job
+    SERVING_MEMORY = "serving_memory"  # ML for serving jobs' memory (§4.2), else the table
+    ALWAYS = "always"
+
+
+def _uses_ml(resource: Resource, traits: JobTraits, auto_ml: AutoMl | bool) -> bool:
+    if isinstance(auto_ml, bool):
+        return auto_ml
+    serving_memory = resource is Resource.MEMORY and traits.job_class is JobClass.SERVING
+    return auto_ml is AutoMl.ALWAYS or (auto_ml is AutoMl.SERVING_MEMORY and serving_memory)
+
+
+def auto_kind(resource: Resource, traits: JobTraits, auto_ml: AutoMl | bool = AutoMl.NEVER) -> CandidateKind:
+    """The §3.2.2 policy table, or the ML recommender where ``auto_ml`` says so."""
+    if _uses_ml(resource, traits, auto_ml):
         return CandidateKind.ML
     tolerance = traits.oom_tolerance or default_oom_tolerance(traits.footprint_machines)
     profile = JobProfile(resource, traits.job_class, traits.latency, tolerance)
@@ -129,22 +145,24 @@ def select_recommender(
     config: VerticalConfig,
     traits: JobTraits,
     registered_custom: Collection[str] = (),
-    auto_uses_ml: bool = False,
+    auto_ml: AutoMl | bool = AutoMl.NEVER,
 ) -> Selection:
     choice = config.recommender
     if choice.kind == CUSTOM:
         if choice.custom_name in registered_custom:
             return Selection(choice, f"custom recommender {choice.custom_name!r} chosen by the user")
-        kind = auto_kind(resource, traits, auto_uses_ml)
+        kind = auto_kind(resource, traits, auto_ml)
         return Selection(
             RecommenderRef.builtin(kind),
             f"custom recommender {choice.custom_name!r} is not registered; fell back to {kind.value}",
         )
     if choice.kind != AUTO:
         return Selection(choice, "chosen by the user")
-    kind = auto_kind(resource, traits, auto_uses_ml)
+    kind = auto_kind(resource, traits, auto_ml)
     tolerance = traits.oom_tolerance or default_oom_tolerance(traits.footprint_machines)
-    if resource is Resource.CPU:
+    if kind is CandidateKind.ML:
+        why = f"{traits.job_class.value} job -> ML (§4.2: migrated jobs almost all use ML; auto_ml {auto_ml})"
+    elif resource is Resource.CPU:
         why = f"{traits.job_class.value} job, latency sensitivity {traits.latency.value}"
     else:
         why = f"OOM tolerance {tolerance.value}"
@@ -154,14 +172,13 @@ def select_recommender(
 def apply_bounds(
     value: float, config: VerticalConfig, machine_capacity: float | None = None
 ) -> tuple[float, ClampReason]:
-    """Clamp to the user's bounds, then to the largest machine; returns (value, why)."""
+    """One value through :func:`~cellpilot.autopilot.vertical_targets.bound_limits`: (value, why)."""
     if math.isnan(value):
         raise ValueError("cannot bound a missing recommendation")
-    out, reason = value, ClampReason.NONE
-    if config.min_limit is not None and out < config.min_limit:
-        out, reason = float(config.min_limit), ClampReason.MIN_BOUND
-    if config.max_limit is not None and out > config.max_limit:
-        out, reason = float(config.max_limit), ClampReason.MAX_BOUND
-    if machine_capacity is not None and out > machine_capacity:
-        out, reason = float(machine_capacity), ClampReason.MACHINE_SIZE
-    return out, reason
+    bounded, reason = bound_limits(
+        [value],
+        np.nan if config.min_limit is None else config.min_limit,
+        np.nan if config.max_limit is None else config.max_limit,
+        machine_capacity,
+    )
+    return float(bounded[0]), CLAMP_REASONS[int(reason[0])]

@@ -44,7 +44,10 @@ from cellpilot.borg.mutations import (
     JobStateChanged,
     JobSubmitted,
     JobUpdated,
+    LavaHost,
+    LavaHostsChanged,
     LeaderElected,
+    LifetimeModelTrained,
     LogRecord,
     MachineRegistered,
     MachineStateChanged,
@@ -98,6 +101,8 @@ class CellState:
         self.leader: Leader | None = None
         self.pending: set[TaskKey] = set()  # PENDING tasks of every job (held ones included)
         self.rolling: set[str] = set()  # jobs that may still run tasks of an older spec version
+        self.lava_hosts: dict[str, LavaHost] = {}  # LAVA §4.3 states of the machines not empty
+        self.lifetime_model: LifetimeModelTrained | None = None  # LAVA §3
 
     # ------------------------------------------------------------------ queries
     def job(self, job_id: str) -> JobRecord | None:
@@ -172,6 +177,13 @@ class CellState:
             self.quota_book.set_quota(m.user, m.band.schedule_band, m.limit)
         elif isinstance(m, LeaderElected):
             self.leader = Leader(m.replica_id, m.address, m.epoch)
+        elif isinstance(m, LavaHostsChanged):
+            for host in m.hosts:
+                self.lava_hosts.pop(host.machine_id, None)
+                if host.lifetime_class >= 0:
+                    self.lava_hosts[host.machine_id] = host
+        elif isinstance(m, LifetimeModelTrained):
+            self.lifetime_model = m
         else:  # pragma: no cover - the Mutation union is closed
             raise InvariantError(f"unknown mutation {m!r}")
         if record.request_id and record.request_id not in self.applied_requests:
@@ -519,6 +531,8 @@ class CellState:
         epoch: int,
         event_time_ms: int,
         leader: Leader | None,
+        lava_hosts: Iterable[LavaHost] = (),
+        lifetime_model: LifetimeModelTrained | None = None,
     ) -> CellState:
         """Rebuilds a state (and its indexes) from a snapshot's parts."""
         state = cls()
@@ -552,6 +566,8 @@ class CellState:
         state.applied_requests = {a.request_id: a for a in applied}
         state.last_sequence, state.last_epoch, state.event_time_ms = sequence, epoch, event_time_ms
         state.leader = leader
+        state.lava_hosts = {h.machine_id: h for h in lava_hosts}
+        state.lifetime_model = lifetime_model
         return state
 
     def describe(self) -> dict[str, object]:
@@ -586,6 +602,8 @@ class CellState:
             "last_sequence": self.last_sequence,
             "leader": self.leader,
             "pending": sorted(self.pending),
+            "lava_hosts": dict(sorted(self.lava_hosts.items())),
+            "lifetime_model": self.lifetime_model,
         }
 
     def iter_tasks(self) -> Iterator[tuple[JobRecord, TaskRecord]]:

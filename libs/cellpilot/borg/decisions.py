@@ -26,6 +26,7 @@ first request's reply would acknowledge a change that was never made.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -317,20 +318,29 @@ def rollout_step(state: CellState) -> list[Mutation]:
     return mutations
 
 
-def drain_step(state: CellState, max_evictions: int) -> list[Mutation]:
-    """Evicts tasks from DRAINING machines, a few per call, so they leave gradually."""
-    mutations: list[Mutation] = []
-    for machine_id in sorted(state.machines):
-        machine = state.machines[machine_id]
-        if not machine.draining or machine.state is not MachineState.UP:
-            continue
-        for _, task in state.tasks_on(machine_id):
-            if len(mutations) >= max_evictions:
-                return mutations
-            mutations.append(
-                _stop(task, TaskState.PENDING, TaskEvent.EVICTED, f"machine {machine_id} is draining")
-            )
-    return mutations
+def draining_machines(state: CellState) -> list[str]:
+    return [
+        machine_id
+        for machine_id, machine in sorted(state.machines.items())
+        if machine.draining and machine.state is MachineState.UP
+    ]
+
+
+def drain_step(
+    state: CellState, max_evictions: int, order: Callable[[list[TaskRecord]], list[TaskRecord]] | None = None
+) -> list[Mutation]:
+    """Evicts tasks from DRAINING machines, a few per call, so they leave gradually.
+
+    ``order`` ranks the tasks of every draining machine together (LARS, LAVA §4.4, orders them
+    across all hosts being drained); without it, machine by machine in task order.
+    """
+    tasks = [task for machine_id in draining_machines(state) for _, task in state.tasks_on(machine_id)]
+    if order is not None:
+        tasks = order(tasks)
+    return [
+        _stop(task, TaskState.PENDING, TaskEvent.EVICTED, f"machine {task.machine_id} is draining")
+        for task in tasks[:max_evictions]
+    ]
 
 
 def _kill(state: CellState, cmd: KillJob) -> Result:

@@ -266,6 +266,18 @@ class JobSpec:
     def is_alloc_set(self) -> bool:
         return self.kind is JobKind.ALLOC_SET
 
+    @property
+    def effective_memory_limit_kind(self) -> MemoryLimitKind:
+        """How the Borglets enforce the memory limit. A kind the user set is kept (the option to
+        keep hard limits); unset, a job whose memory Autopilot manages (mode ON) runs with a soft
+        limit, as Autopilot switches the jobs it manages to soft RAM limits (Autopilot §4.1), and
+        every other job with a hard one."""
+        if self.task.memory_limit_kind is not MemoryLimitKind.UNSPECIFIED:
+            return self.task.memory_limit_kind
+        if self.autopilot.memory.mode is ScalingMode.ON:
+            return MemoryLimitKind.SOFT
+        return MemoryLimitKind.HARD
+
 
 def runs_same(old: JobSpec, new: JobSpec) -> bool:
     """Running tasks need no change between the two specs (same task spec, priority, placement)."""

@@ -106,6 +106,34 @@ class LeaderElected:
     epoch: int
 
 
+@dataclass(frozen=True)
+class LavaHost:
+    """LAVA's state of one machine (§4.3), as the log records it (see
+    :mod:`cellpilot.schedule.lifetime_aware.lava` for the state machine)."""
+
+    machine_id: str
+    state: int  # lava.EMPTY, OPEN or RECYCLING
+    lifetime_class: int  # 0..3 = LC1..LC4; -1: none (empty)
+    deadline_ms: int = 0  # event time; 0 = none
+    residual: tuple[tuple[str, int], ...] = ()  # (job_id, task_index), sorted
+
+
+@dataclass(frozen=True)
+class LavaHostsChanged:
+    """The LAVA host states the master changed; a host recorded empty leaves the state."""
+
+    hosts: tuple[LavaHost, ...]
+
+
+@dataclass(frozen=True)
+class LifetimeModelTrained:
+    """The cell's lifetime model (LAVA §3): ``model_json`` is :meth:`LifetimeModel.to_json`."""
+
+    model_json: str
+    runs: int
+    trained_at_ms: int
+
+
 Mutation = (
     JobSubmitted
     | JobUpdated
@@ -117,6 +145,8 @@ Mutation = (
     | MachineStateChanged
     | QuotaSet
     | LeaderElected
+    | LavaHostsChanged
+    | LifetimeModelTrained
 )
 
 KINDS: dict[type, str] = {
@@ -130,6 +160,8 @@ KINDS: dict[type, str] = {
     MachineStateChanged: "machine_state_changed",
     QuotaSet: "quota_set",
     LeaderElected: "leader_elected",
+    LavaHostsChanged: "lava_hosts_changed",
+    LifetimeModelTrained: "lifetime_model_trained",
 }
 
 

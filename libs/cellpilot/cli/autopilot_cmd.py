@@ -59,7 +59,8 @@ def why(recommendation: recommendation_pb2.Recommendation) -> str:
         parts.append(e.statistic)
     if e.HasField("ml_model"):
         m = e.ml_model
-        parts.append(f"ML model #{m.model_index} (decay {m.decay_rate:g}, margin {m.safety_margin:g})")
+        margin = _amount(recommendation.resource, m.safety_margin)
+        parts.append(f"ML model #{m.model_index} (decay {m.decay_rate:g}, margin {margin})")
     if recommendation.margin:
         parts.append(f"+ margin {_amount(recommendation.resource, recommendation.margin)}")
     if e.clamped_by not in (

@@ -1,8 +1,11 @@
-"""``cellpilot cell machines|quota|status``: machines, quotas (Borg §2.5, §5.5), CPU overflow (GPA §4).
+"""``cellpilot cell ...``: machines, quotas (Borg §2.5, §5.5), CPU overflow (GPA §4), lifetimes (LAVA).
 
 cellpilot cell machines [--state up] [--json]
 cellpilot cell quota [--user alice] [--json]
 cellpilot cell status [--json]
+cellpilot cell train-lifetimes [--min-runs 50] [--json]
+cellpilot cell lifetimes [--json]
+cellpilot cell drain MACHINE [--detail why] [--json]
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from cellpilot.api.v1 import borgmaster_pb2, job_pb2, machine_pb2
+from cellpilot.api.v1 import borgmaster_pb2, job_pb2, lifetimes_pb2, machine_pb2, resources_pb2
+from cellpilot.cli.job import quantity
 from cellpilot.cli.output import (
     DEFAULT_BORGMASTER,
     BorgmasterOption,
@@ -105,6 +109,57 @@ def quota(
     console.print(table)
 
 
+BANDS = {enum_label(job_pb2.PriorityBand, v, "PRIORITY_BAND_"): v for v in job_pb2.PriorityBand.values() if v}
+
+
+@app.command("set-quota")
+def set_quota(
+    user: Annotated[str, typer.Argument(help="The user whose quota is set.", show_default=False)],
+    band: Annotated[str, typer.Option(help=f"Priority band: {', '.join(BANDS)}.")] = "production",
+    cpu: Annotated[str | None, typer.Option(help="CPU: cores or millicores, e.g. 16 or 500m.")] = None,
+    memory: Annotated[str | None, typer.Option(help="Memory, e.g. 64Gi.")] = None,
+    disk: Annotated[str | None, typer.Option(help="Local disk, e.g. 1Ti.")] = None,
+    ports: Annotated[int | None, typer.Option(min=0, help="Network ports.")] = None,
+    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
+    as_json: JsonOption = False,
+    timeout: TimeoutOption = 10.0,
+) -> None:
+    """Set a user's quota in one priority band (Borg §2.5; needs an admin token). A resource not
+    given keeps its current limit (0 for a new quota). Live jobs keep running even if they are now
+    over it; the quota is checked at admission."""
+    if band not in BANDS:
+        raise typer.BadParameter(f"{band!r} is not one of {', '.join(BANDS)}", param_hint="--band")
+    if cpu is None and memory is None and disk is None and ports is None:
+        raise typer.BadParameter("nothing to set: give --cpu, --memory, --disk or --ports")
+    with connect(borgmaster, timeout_s=timeout) as client:
+        current = next(
+            (
+                q.limit
+                for q in client.borgmaster.get_quota(user).quotas
+                if q.user == user and q.band == BANDS[band]
+            ),
+            resources_pb2.Resources(),
+        )
+        limit = resources_pb2.Resources(
+            cpu_millicores=current.cpu_millicores if cpu is None else quantity("--cpu", cpu, "cpu"),
+            memory_bytes=current.memory_bytes if memory is None else quantity("--memory", memory, "memory"),
+            disk_bytes=current.disk_bytes if disk is None else quantity("--disk", disk, "memory"),
+            ports=current.ports if ports is None else ports,
+        )
+        request = borgmaster_pb2.SetQuotaRequest(user=user, band=BANDS[band], limit=limit)
+        answer: borgmaster_pb2.SetQuotaResponse = client.borgmaster.set_quota(request)
+    if as_json:
+        print_json(answer)
+        return
+    q = answer.quota
+    console.print(
+        f"quota of {q.user} in {band}: {cores(q.limit.cpu_millicores)} cores, {gib(q.limit.memory_bytes)}, "
+        f"{gib(q.limit.disk_bytes)} disk, {q.limit.ports} ports "
+        f"(in use {cores(q.used.cpu_millicores)} cores, {gib(q.used.memory_bytes)})",
+        highlight=False,
+    )
+
+
 @app.command()
 def status(
     borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
@@ -128,3 +183,89 @@ def status(
         f"(= {overall}) since it took over",
         highlight=False,
     )
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.2f} h" if seconds >= 360 else f"{seconds:.1f} s"
+
+
+def _lifetime(lifetime: lifetimes_pb2.TaskLifetime) -> str:
+    if not lifetime.predicted:
+        return "no prediction"
+    return f"{lifetime.class_name}, {_hours(lifetime.remaining_s)} left"
+
+
+@app.command("train-lifetimes")
+def train_lifetimes(
+    min_runs: Annotated[
+        int, typer.Option(min=0, help="Fewest finished task runs to train on (0: default).")
+    ] = 0,
+    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
+    as_json: JsonOption = False,
+    timeout: TimeoutOption = 300.0,
+) -> None:
+    """Trains the cell's lifetime model on its own history (LAVA §3) for LAS / LAVA / LARS."""
+    with connect(borgmaster, timeout_s=timeout) as client:
+        answer: lifetimes_pb2.TrainLifetimesResponse = client.borgmaster.train_lifetimes(min_runs)
+    if as_json:
+        print_json(answer)
+        return
+    classes = ", ".join(f"LC{i + 1} {n}" for i, n in enumerate(answer.runs_per_class))
+    console.print(
+        f"trained on {answer.runs} finished task runs of {answer.jobs} jobs (median lifetime "
+        f"{_hours(answer.median_lifetime_s)}; {classes}); recorded at log position "
+        f"{answer.log_sequence} ({answer.model_bytes} bytes)",
+        highlight=False,
+    )
+
+
+@app.command()
+def lifetimes(
+    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
+    as_json: JsonOption = False,
+    timeout: TimeoutOption = 10.0,
+) -> None:
+    """The placement policy, the lifetime model and LAVA's host states (§4.3)."""
+    with connect(borgmaster, timeout_s=timeout) as client:
+        answer: lifetimes_pb2.GetLifetimesResponse = client.borgmaster.get_lifetimes()
+    if as_json:
+        print_json(answer)
+        return
+    model = f"model trained on {answer.model_runs} runs" if answer.model_loaded else "no lifetime model"
+    console.print(f"placement policy {answer.placement_policy}; {model}", highlight=False)
+    table = Table(title=f"{len(answer.hosts)} machines with a LAVA lifetime class")
+    for column in ("machine", "state", "class", "deadline (ms)", "residual tasks"):
+        table.add_column(column)
+    for host in answer.hosts:
+        table.add_row(
+            host.machine_id,
+            enum_label(lifetimes_pb2.LavaHostState, host.state, "LAVA_HOST_STATE_"),
+            f"LC{host.lifetime_class}",
+            str(host.deadline_ms),
+            str(len(host.residual)),
+        )
+    console.print(table)
+
+
+@app.command()
+def drain(
+    machine: Annotated[str, typer.Argument(help="The machine to drain.")],
+    detail: Annotated[str, typer.Option(help="Why (kept with the machine's state).")] = "",
+    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
+    as_json: JsonOption = False,
+    timeout: TimeoutOption = 10.0,
+) -> None:
+    """Drains a machine: its tasks move elsewhere, longest predicted lifetime first (LARS, LAVA §4.4)."""
+    with connect(borgmaster, timeout_s=timeout) as client:
+        answer: lifetimes_pb2.DrainMachineResponse = client.borgmaster.drain_machine(machine, detail)
+    if as_json:
+        print_json(answer)
+        return
+    console.print(
+        f"draining {answer.machine_id}: {len(answer.moves)} tasks move, {answer.reason}", highlight=False
+    )
+    for move in answer.moves:
+        console.print(
+            f"  {move.rank}. {move.task.job_id}/{move.task.task_index}: {_lifetime(move.lifetime)}",
+            highlight=False,
+        )

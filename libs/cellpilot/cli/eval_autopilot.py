@@ -8,7 +8,6 @@ CDF plots of Figures 3a, 3b, 3c, 5 and 7. ``cellpilot eval autopilot-tune`` runs
 
 from __future__ import annotations
 
-import json
 import resource
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,13 +21,13 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cellpilot.autopilot.ml_config import MAX_ML_CONFIG_BYTES, TUNED_FILE, load_ml_config, ml_config_from_json
 from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
 from cellpilot.cli.text_file import TextFileError, read_text_file
-from cellpilot.evaluate import autopilot_tuning
+from cellpilot.evaluate.autopilot_deciders import parse_recommenders
 from cellpilot.evaluate.autopilot_metrics import TABLE2_ROWS, JobDays, cdf, table2_label
-from cellpilot.evaluate.autopilot_policies import parse_recommenders
 from cellpilot.evaluate.autopilot_replay import ReplayConfig, StudyResult, run_study
-from cellpilot.evaluate.autopilot_tuning import TuningSetup, config_from_hyperparameters, run_sweep
+from cellpilot.evaluate.autopilot_tuning import MODEL_GRIDS, TuningGrid, TuningSetup, run_sweep
 from cellpilot.evaluate.report import markdown_table, write_markdown, write_summary
 from cellpilot.recommend.ml_ensemble import EnsembleConfig
 from cellpilot.traces.google import TRACES, open_google_trace
@@ -37,7 +36,7 @@ from cellpilot.workloads.task_signals import WINDOWS_PER_DAY, JobSignals
 
 console = Console()
 
-DEFAULT_RECOMMENDERS = "manual-hard,manual-soft,moving-window,ml,vpa"
+DEFAULT_RECOMMENDERS = "manual-hard,manual-soft,moving-window,ml,vpa,clairvoyant"
 SUMMARY_KEYS = (
     "relative_slack_mean",
     "relative_slack_median",
@@ -54,6 +53,7 @@ MAIN_COLUMNS = (
     "relative_slack_mean",
     "relative_slack_median",
     "absolute_slack_machines",
+    "absolute_slack_vs_bound",
     "footprint_machines",
     "relative_oom_rate_per_task_day",
     "oom_free_job_days_fraction",
@@ -65,6 +65,7 @@ FORMATS = {
     "relative_slack_mean": ".3f",
     "relative_slack_median": ".3f",
     "absolute_slack_machines": ".1f",
+    "absolute_slack_vs_bound": ".2f",
     "footprint_machines": ".1f",
     "relative_oom_rate_per_task_day": ".4f",
     "oom_free_job_days_fraction": ".2%",
@@ -76,30 +77,21 @@ FORMATS = {
 }
 
 
-MAX_ML_CONFIG_BYTES = 1 << 20
-# The §3.2.3 sweep's outcome, committed with its report (docs/results/ml-tuning.md).
-TUNED_ML_CONFIG = Path(autopilot_tuning.__file__).resolve().parent / "data" / "ml_tuned.json"
-
-
-def load_ml_config(path: Path) -> EnsembleConfig:
-    """An ML configuration file: ``{"hyperparameters": {cost_decay, w_overrun, ...}}`` or the bare mapping."""
+def load_ml_file(path: Path) -> EnsembleConfig:
+    """An ML configuration file (see :mod:`cellpilot.autopilot.ml_config`); a CLI error if bad."""
     try:
-        data = json.loads(read_text_file(path, "JSON", MAX_ML_CONFIG_BYTES))
-    except TextFileError as error:
+        return ml_config_from_json(read_text_file(path, "JSON", MAX_ML_CONFIG_BYTES), str(path))
+    except (TextFileError, ValueError) as error:
         raise typer.BadParameter(str(error), param_hint="--ml-config") from None
-    except json.JSONDecodeError as error:
-        raise typer.BadParameter(f"{path}: {error}", param_hint="--ml-config") from None
-    if not isinstance(data, dict):
-        raise typer.BadParameter(f"{path}: not a JSON object of hyperparameters", param_hint="--ml-config")
-    return config_from_hyperparameters(data.get("hyperparameters", data))
 
 
 def choose_ml_config(path: Path | None, tuned: bool) -> tuple[EnsembleConfig, str]:
-    """The ML configuration of a replay and where it came from."""
+    """The ML configuration of a replay and where it came from: by default the recommender
+    workers' own (the shipped tuned file)."""
     if path is not None:
-        return load_ml_config(path), str(path)
-    if tuned and TUNED_ML_CONFIG.exists():
-        return load_ml_config(TUNED_ML_CONFIG), f"tuned ({TUNED_ML_CONFIG.name})"
+        return load_ml_file(path), str(path)
+    if tuned:
+        return load_ml_config(), f"shipped (cellpilot/autopilot/data/{TUNED_FILE})"
     return EnsembleConfig(), "library defaults"
 
 
@@ -376,6 +368,8 @@ def _tuning_markdown(sweep: dict[str, Any]) -> list[str]:
     setup = sweep["setup"]
     table = sorted(sweep["table"], key=lambda r: (r["violation"] > 0, r["relative_slack_mean"]))
     columns = (
+        "variant",
+        "model_grid",
         "cost_decay",
         "w_underrun",
         "w_limit_change",
@@ -386,46 +380,65 @@ def _tuning_markdown(sweep: dict[str, Any]) -> list[str]:
         "limit_changes_per_job_day_p99",
         "violation",
     )
+    metrics = columns[6:10]
     report_rows = [{"recommender": name, **m} for name, m in sweep["report"].items()]
+    per_variant = [{"variant": v, **p} for v, p in sweep["per_variant"].items()]
+    chosen = sweep["chosen"]
     return [
-        f"Reproduce: `cellpilot eval autopilot-tune --jobs {setup['jobs']} --days {setup['measured_days']}`. "
+        f"Reproduce: `cellpilot eval autopilot-tune --jobs {setup['jobs']} --days {setup['measured_days']} "
+        f"--model-grids {','.join(setup['grid']['model_grids'])}`. "
         f"Populations of {setup['jobs']} synthetic jobs, {setup['measured_days']} measured days after "
-        f"{setup['warmup_days']} warm-up days; tuned on seeds {setup['tune_seeds']}, reported on seeds "
-        f"{setup['report_seeds']}; {setup['models']} models per ensemble; serving jobs (§4.1.2).\n",
+        f"{setup['warmup_days']} warm-up days in the closed loop; tuned on seeds {setup['tune_seeds']}, "
+        f"reported on seeds {setup['report_seeds']}; {setup['configurations']} configurations; "
+        "serving jobs' memory (§4.1.2).\n",
         "## Selection rule\n",
         "A configuration is admissible when, on the tuning seeds, its relative OOM rate and its p99 limit "
         "changes per job-day are no higher than the moving window's (§3.2.3: dominate the alternatives with "
         "a similar number of overruns and limit adjustments) and its OOM-free job-days are at least "
         f"{setup['required_oom_free_job_days_fraction']:.2%} (the moving window's, and no less than §4.3's "
         "99.5 %); the admissible one with the lowest mean relative slack is chosen, or, when none is, the "
-        "lowest-slack one among the tenth with the smallest violation. "
-        f"Admissible: {sweep['admissible']} of {len(sweep['table'])}.\n",
-        "## Chosen hyperparameters\n",
+        "lowest-slack one among the tenth with the smallest violation. The same rule picks each variant's "
+        "weights on the tuning seeds; the variants are then compared by the same rule on the report seeds. "
+        f"Admissible: {sweep['admissible']} of {len(sweep['table'])}. Best on the tuning seeds: "
+        f"`{sweep['tuned_choice']}`; supported by the report seeds: `{sweep['held_out_choice']}`.\n",
+        "## Each variant's tuned weights (tuning seeds)\n",
+        markdown_table(per_variant, ("variant", "model_grid", *HYPERPARAMETER_COLUMNS)),
+        "## Chosen configuration\n",
         markdown_table(
-            [{"": "chosen", **sweep["chosen"]}, {"": "library default", **sweep["default"]}],
-            ("", "cost_decay", "w_overrun", "w_underrun", "w_limit_change", "w_model_change"),
+            [{"": "chosen", **chosen["options"], **chosen["hyperparameters"]}],
+            ("", "margin_mode", "cost_at_previous_limit", "normalise_histograms", *HYPERPARAMETER_COLUMNS),
         ),
-        "## Report seeds (not used for the choice)\n",
-        markdown_table(report_rows, ("recommender", *columns[4:8], "absolute_slack_machines"), FORMATS),
+        "## Report seeds (not used for the weights)\n",
+        markdown_table(report_rows, ("recommender", *metrics, "absolute_slack_machines"), FORMATS),
         "## Tuning seeds: moving-window baseline\n",
-        markdown_table([sweep["tune_baseline_moving_window"]], columns[4:8], FORMATS),
+        markdown_table([sweep["tune_baseline_moving_window"]], metrics, FORMATS),
         "## Sweep (tuning seeds; admissible first, by relative slack)\n",
         markdown_table(table, columns, FORMATS),
     ]
 
 
+HYPERPARAMETER_COLUMNS = ("cost_decay", "w_overrun", "w_underrun", "w_limit_change", "w_model_change")
+
+
 def autopilot_tune(
     out: Annotated[Path, typer.Option("--out", help="the tuned configuration (JSON)")] = Path(
-        "libs/cellpilot/evaluate/data/ml_tuned.json"
+        "libs/cellpilot/autopilot/data/ml_tuned.json"
     ),
     report: Annotated[Path, typer.Option(help="the markdown report")] = Path("docs/results/ml-tuning.md"),
     jobs: Annotated[int, typer.Option(help="jobs per population")] = TuningSetup.jobs,
     days: Annotated[int, typer.Option(help="measured days per population")] = TuningSetup.days,
+    model_grids: Annotated[
+        str, typer.Option(help=f"comma-separated d_m x M_m grids to sweep ({', '.join(MODEL_GRIDS)})")
+    ] = "10x10",
     workers: WorkersOption = 2,
     dask: DaskOption = None,
 ) -> None:
     """The §3.2.3 off-line sweep over the ML recommender's hyperparameters."""
-    setup = TuningSetup(jobs=jobs, days=days)
+    try:
+        grid = TuningGrid(model_grids=tuple(g.strip() for g in model_grids.split(",") if g.strip()))
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--model-grids") from None
+    setup = TuningSetup(jobs=jobs, days=days, grid=grid, incumbent=load_ml_config())
     with (
         study_runner(dask, workers) as runner,
         Progress(
@@ -442,8 +455,9 @@ def autopilot_tune(
             setup, runner=runner, progress=lambda d, t: progress.update(bar, completed=d, total=t)
         )
     config = {
-        "description": "ML recommender hyperparameters from the §3.2.3 sweep (cellpilot eval autopilot-tune)",
-        "hyperparameters": sweep["chosen"],
+        "description": "ML recommender configuration from the §3.2.3 sweep (cellpilot eval autopilot-tune)",
+        **sweep["chosen"],
+        "chosen_variant": sweep["held_out_choice"],
         "tuned_on": sweep["setup"],
         "tune_metrics": sweep["chosen_tune_metrics"],
         "report_metrics": sweep["report"],
@@ -452,10 +466,10 @@ def autopilot_tune(
     write_markdown(
         report.parent,
         report.name,
-        "ML recommender hyperparameter sweep (Autopilot §3.2.3)",
+        "ML recommender sweep (Autopilot §3.2.3)",
         _tuning_markdown(sweep),
     )
-    console.print(f"chosen: {sweep['chosen']}")
+    console.print(f"chosen: {sweep['held_out_choice']} {sweep['chosen']['hyperparameters']}")
     console.print(f"wrote {out} and {report}")
 
 

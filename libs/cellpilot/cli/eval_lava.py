@@ -24,7 +24,9 @@ from cellpilot.cli.text_file import TextFileError, check_readable_file, check_te
 from cellpilot.evaluate.lava_simulator import POLICIES, DrainConfig
 from cellpilot.evaluate.lava_study import PREDICTORS, StudyConfig, run_study
 from cellpilot.evaluate.report import markdown_table, write_markdown, write_summary
+from cellpilot.lifetimes.distribution_model import DistributionParams
 from cellpilot.lifetimes.model import LabelTransform, TrainingParams
+from cellpilot.lifetimes.predictors import DEFAULT_CLASS_RISK
 from cellpilot.traces.azure import read_azure_vm_table
 from cellpilot.workloads.vm_trace import HOUR, VmTrace
 
@@ -225,8 +227,12 @@ def lava(
     ] = "distribution",
     class_risk: Annotated[
         float, typer.Option(help="LAVA class from a distribution: the shortest class outlived w.p. <= this")
-    ] = 0.05,
+    ] = DEFAULT_CLASS_RISK,
     label: Annotated[str, typer.Option(help="point model label: mean (E[T_r|T_u], §3) or log")] = "mean",
+    uptime_input: Annotated[
+        bool,
+        typer.Option(help="distribution model: the uptime as an input, on uptime-expanded examples (§3)"),
+    ] = False,
     defrag_below: Annotated[float, typer.Option(help="defragment when empty hosts fall below this %")] = 5.0,
     maintenance_every: Annotated[
         float, typer.Option(help="hours between maintenance rounds of the LARS run (§6.3; 0: no LARS run)")
@@ -252,6 +258,7 @@ def lava(
             model=model,
             class_risk=class_risk,
             training=TrainingParams(label=LabelTransform(label)),
+            distribution=DistributionParams(uptime_input=uptime_input),
             drain=DrainConfig(
                 defrag_below_pct=defrag_below,
                 maintenance_every=maintenance_every * HOUR if maintenance_in_runs else 0.0,

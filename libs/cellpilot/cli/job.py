@@ -296,6 +296,12 @@ def why_pending(
     console.print(f"[bold]{answer.job_id}/{answer.task_index}[/bold] is {state}", highlight=False)
     if answer.summary:
         console.print(answer.summary, highlight=False)
+    if answer.lifetime.predicted:
+        lifetime = answer.lifetime
+        console.print(
+            f"lifetime class {lifetime.class_name}: predicted {lifetime.remaining_s / 3600:.2f} h left",
+            highlight=False,
+        )
     if answer.task_state != state_pb2.TASK_STATE_PENDING:
         return
     console.print(f"feasible machines: {answer.machines_feasible} of {answer.machines_total} up")

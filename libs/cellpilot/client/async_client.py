@@ -27,6 +27,7 @@ from cellpilot.api.v1 import (
     borgmaster_pb2,
     borgmaster_pb2_grpc,
     job_pb2,
+    lifetimes_pb2,
     machine_pb2,
     monitoring_pb2,
     monitoring_pb2_grpc,
@@ -196,6 +197,24 @@ class BorgmasterClient(_ServiceClient):
                 "GetCellStatus", borgmaster_pb2.GetCellStatusRequest(), borgmaster_pb2.GetCellStatusResponse
             )
         return answer
+
+    async def train_lifetimes(self, min_runs: int = 0) -> lifetimes_pb2.TrainLifetimesResponse:
+        """Trains the cell's lifetime model on its checkpoint log's finished task runs (LAVA §3)."""
+        request = lifetimes_pb2.TrainLifetimesRequest(request_id=new_request_id(), min_runs=min_runs)
+        return await self._bm("TrainLifetimes", request, lifetimes_pb2.TrainLifetimesResponse)
+
+    async def drain_machine(self, machine_id: str, detail: str = "") -> lifetimes_pb2.DrainMachineResponse:
+        """Drains a machine; the answer lists its tasks in the order they move (LARS, LAVA §4.4)."""
+        request = lifetimes_pb2.DrainMachineRequest(
+            request_id=new_request_id(), machine_id=machine_id, detail=detail
+        )
+        return await self._bm("DrainMachine", request, lifetimes_pb2.DrainMachineResponse)
+
+    async def get_lifetimes(self) -> lifetimes_pb2.GetLifetimesResponse:
+        """The placement policy, the lifetime model and LAVA's host states (§4.3)."""
+        return await self._bm(
+            "GetLifetimes", lifetimes_pb2.GetLifetimesRequest(), lifetimes_pb2.GetLifetimesResponse
+        )
 
 
 class AutopilotClient(_ServiceClient):

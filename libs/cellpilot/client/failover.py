@@ -20,11 +20,10 @@ from typing import TypeVar
 import grpc
 
 from cellpilot.client.errors import UnavailableError, error_from_status
-from cellpilot.platform.error_reasons import reason_of
+from cellpilot.platform.error_reasons import leader_named, reason_of
 from cellpilot.platform.grpc_server import MAX_MESSAGE_BYTES
 from cellpilot.platform.grpc_tracing import client_interceptors
 
-LEADER_METADATA_KEY = "cellpilot-leader"
 T = TypeVar("T")
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -42,10 +41,7 @@ def leader_hint(error: grpc.aio.AioRpcError) -> str | None:
     """The master's address a follower named, if this is a "not the master" refusal."""
     if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
         return None
-    for key, value in error.trailing_metadata() or ():
-        if key == LEADER_METADATA_KEY and value:
-            return value if isinstance(value, str) else value.decode()
-    return None
+    return leader_named(error.trailing_metadata())
 
 
 class ReplicaChannels:
@@ -83,11 +79,9 @@ class ReplicaChannels:
     def note_leader(self, trailing_metadata: Sequence[tuple[str, str | bytes]] | None) -> None:
         """Prefer the master a successful reply named, if it is one of the configured addresses
         (a name only a container network resolves is not followed on a success)."""
-        for key, value in trailing_metadata or ():
-            if key == LEADER_METADATA_KEY and value:
-                address = value if isinstance(value, str) else value.decode()
-                if address in self.addresses:
-                    self._named_leader = self.addresses.index(address)
+        address = leader_named(trailing_metadata)
+        if address in self.addresses:
+            self._named_leader = self.addresses.index(address)
 
     def prefer(self, address: str) -> None:
         if address not in self.addresses:

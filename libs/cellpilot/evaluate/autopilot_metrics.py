@@ -332,12 +332,38 @@ class Goal:
     detail: str
 
 
+BOUND = "clairvoyant"
+BOUND_RATIO = "absolute_slack_vs_bound"
+
+
+def add_bound_ratios(summaries: dict[str, dict[str, Any]], bound: str = BOUND) -> None:
+    """Each recommender's absolute slack as a ratio to the clairvoyant bound's (in place; the
+    breakdowns too). Absolute slack, not relative: the bound's limit follows every window's
+    peak, so its day-average limit sits below the day's p95 usage and its relative slack
+    (§4.1.1's definition) is negative, no base for a ratio."""
+    if bound not in summaries:
+        return
+
+    def ratio(summary: dict[str, Any], base: dict[str, Any]) -> None:
+        value, floor = summary.get("absolute_slack_machines"), base.get("absolute_slack_machines")
+        if value is not None and floor:
+            summary[BOUND_RATIO] = float(value) / float(floor)
+
+    base = summaries[bound]
+    for summary in summaries.values():
+        ratio(summary, base)
+        for key, part in summary.get("breakdown", {}).items():
+            ratio(part, base.get("breakdown", {}).get(key, {}))
+
+
 def goals(summaries: Mapping[str, Mapping[str, Any]]) -> list[Goal]:
-    """The issue's goals, checked on whichever of the five recommenders were replayed.
+    """The goals, checked on whichever recommenders were replayed.
 
     1. relative slack (mean): manual-hard > manual-soft > moving window > ML (§4.2);
-    2. both Autopilot recommenders keep >= 99.5 % of job-days OOM-free (§4.3);
-    3. ML has lower relative slack than VPA at an equal or lower relative OOM rate.
+    2. ML keeps >= 99.5 % of job-days OOM-free (§4.3: "over 99.5% of Autopilot job-days
+       see no OOMs");
+    3. ML has lower relative slack than VPA at an equal or lower relative OOM rate;
+    4. ML's absolute slack within 1.5x the clairvoyant bound's.
     """
     out: list[Goal] = []
     order = [n for n in ("manual-hard", "manual-soft", "moving-window", "ml") if n in summaries]
@@ -348,10 +374,9 @@ def goals(summaries: Mapping[str, Mapping[str, Any]]) -> list[Goal]:
             f"{n} {v:.3f}" if v is not None else f"{n} n/a" for n, v in zip(order, values, strict=True)
         )
         out.append(Goal("relative slack ordering " + " > ".join(order), ok, detail))
-    for name in ("moving-window", "ml"):
-        if name in summaries:
-            free = float(summaries[name].get("oom_free_job_days_fraction", 0.0))
-            out.append(Goal(f"{name}: >= 99.5 % of job-days OOM-free", free >= 0.995, f"{free:.4%}"))
+    if "ml" in summaries:
+        free = float(summaries["ml"].get("oom_free_job_days_fraction", 0.0))
+        out.append(Goal("ml: >= 99.5 % of job-days OOM-free", free >= 0.995, f"{free:.4%}"))
     if "ml" in summaries and "vpa" in summaries:
         ml, vpa = summaries["ml"], summaries["vpa"]
         slack_ok = (ml.get("relative_slack_mean") or 1.0) < (vpa.get("relative_slack_mean") or 0.0)
@@ -366,4 +391,7 @@ def goals(summaries: Mapping[str, Mapping[str, Any]]) -> list[Goal]:
                 f"{ml_oom:.4g} vs vpa {vpa_oom:.4g}",
             )
         )
+    if "ml" in summaries and BOUND_RATIO in summaries["ml"]:
+        r = float(summaries["ml"][BOUND_RATIO])
+        out.append(Goal("ml: absolute slack within 1.5x the clairvoyant bound's", r <= 1.5, f"{r:.2f}x"))
     return out

@@ -1,9 +1,10 @@
-"""Trace-driven replay of vertical recommenders (Autopilot §3.2, §4, §5.1's off-line simulation).
+"""Closed-loop, trace-driven replay of vertical limits (Autopilot §3.2, §4, §5.1's off-line simulation).
 
-For each job, window by window (5 minutes), every compared limit setter
-(:mod:`cellpilot.evaluate.autopilot_policies`) sees the usage its own limits allowed,
-recommends, and its recommendation takes effect ``actuation_delay_ms`` after the window in
-which it was made (at the earliest the next window). Consequences (§2.3):
+For each job, window by window (5 minutes) in event time, every compared decider
+(:mod:`cellpilot.evaluate.autopilot_deciders`: Autopilot as the services run it, manual
+limits, VPA, the clairvoyant bound) sees the usage its own limits allowed, decides, and its
+limit takes effect ``actuation_delay_ms`` after the window in which it was decided (at the
+earliest the next window); that limit shapes the usage the next window sees. Consequences (§2.3):
 
 * **hard RAM limit**: a task whose 5-minute peak exceeds its limit is OOM-killed (one OOM
   per task and window) and restarts; the monitoring saw usage up to the limit;
@@ -29,32 +30,34 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.autopilot.decisions import DecisionPolicy
+from cellpilot.autopilot.ml_config import hyperparameters, load_ml_config, options
+from cellpilot.evaluate.autopilot_deciders import (
+    AutopilotDecider,
+    ChunkLayout,
+    Decider,
+    Enforcement,
+    ManualDecider,
+    ManualResponse,
+    Observation,
+    PolicyKind,
+    RecommenderSpec,
+    VpaDecider,
+)
 from cellpilot.evaluate.autopilot_metrics import (
     OOM_TOLERANCES,
     DayAccumulator,
     Goal,
     JobDays,
+    add_bound_ratios,
     goals,
     summarise_study,
-)
-from cellpilot.evaluate.autopilot_policies import (
-    ChunkLayout,
-    Enforcement,
-    ManualResponse,
-    ManualSetter,
-    Observation,
-    PolicyKind,
-    RecommenderSpec,
-    Setter,
-    VpaSetter,
-    ml_setter,
-    moving_window_setter,
 )
 from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner
 from cellpilot.evaluate.vpa import VpaConfig
@@ -88,7 +91,11 @@ class ReplayConfig:
     manual_response: ManualResponse = field(default_factory=ManualResponse)
     cpu: bool = False
     seed: int = 0  # of the machine-pressure draws
-    ml: EnsembleConfig = field(default_factory=EnsembleConfig)
+    # The recommender workers' ML configuration: the shipped (tuned) file unless overridden.
+    ml: EnsembleConfig = field(default_factory=load_ml_config)
+    # The master's decision settings (dead band, AUTO's choice); the largest machine is
+    # ``machine_memory_bytes``.
+    master: DecisionPolicy = field(default_factory=DecisionPolicy)
     vpa: VpaConfig = field(default_factory=VpaConfig)
 
     @property
@@ -97,9 +104,11 @@ class ReplayConfig:
 
     def describe(self) -> dict[str, Any]:
         out = asdict(self)
-        out["ml"] = {k: v for k, v in out["ml"].items() if k != "grid"}
-        out["ml"]["models"] = self.ml.grid.models
+        out["ml"] = {**hyperparameters(self.ml), **options(self.ml), "models": self.ml.grid.models}
         return out
+
+    def master_policy(self) -> DecisionPolicy:
+        return replace(self.master, machine_memory_bytes=self.machine_memory_bytes)
 
 
 # -- a chunk of jobs stacked along the task axis ---------------------------------------------
@@ -244,17 +253,17 @@ class Actuation:
         self.decided[new] = value[new]
 
 
-def _setter(
+def _decider(
     spec: RecommenderSpec, layout: ChunkLayout, resource: Resource, config: ReplayConfig
-) -> Setter | None:
-    if spec.kind is PolicyKind.MOVING_WINDOW:
-        return moving_window_setter(layout, resource)
-    if spec.kind is PolicyKind.ML:
-        return ml_setter(layout, resource, spec.ml or config.ml)
+) -> Decider | None:
+    if spec.kind.is_autopilot:
+        return AutopilotDecider(spec.kind, layout, resource, spec.ml or config.ml, config.master_policy())
     if spec.kind is PolicyKind.VPA:
-        return VpaSetter(layout, resource, config.vpa)
+        return VpaDecider(layout, resource, config.vpa)
+    if spec.kind is PolicyKind.CLAIRVOYANT:
+        return None  # no history: the replay hands it the window's peak (see _Run)
     if resource is Resource.MEMORY:
-        return ManualSetter(layout, config.manual_response)
+        return ManualDecider(layout, config.manual_response)
     return None  # manual CPU limits are never changed (throttling pages nobody)
 
 
@@ -268,7 +277,7 @@ class _Run:
         layout = chunk.layout
         n = int(layout.bounds[-1])
         self.manual = chunk.limit_hard if spec.manual_owner is Enforcement.HARD else chunk.limit_soft
-        self.setter = _setter(spec, layout, Resource.MEMORY, config)
+        self.setter = _decider(spec, layout, Resource.MEMORY, config)
         self.actuation = Actuation(layout.jobs, config.delay_windows)
         self.growth = np.zeros(n)
         self.previous_limit = np.full(n, np.nan)
@@ -276,7 +285,7 @@ class _Run:
         self.restart_fraction = min(1.0, config.restart_seconds * 1000.0 / WINDOW_MS)
         self.days = DayAccumulator(layout.bounds, WINDOWS_PER_DAY)
         self.rows: list[JobDays] = []
-        self.cpu_setter = _setter(spec, layout, Resource.CPU, config) if config.cpu else None
+        self.cpu_setter = _decider(spec, layout, Resource.CPU, config) if config.cpu else None
         self.cpu_actuation = Actuation(layout.jobs, config.delay_windows)
 
     def _limits(self, manual: F32, actuation: Actuation) -> FloatArray:
@@ -286,14 +295,23 @@ class _Run:
             return np.fmax(manual.astype(np.float64), applied)  # NaN floor: the manual limit
         return np.where(np.isnan(applied), manual, applied)
 
+    def _clairvoyant(self, manual: F32, peak: FloatArray, running: BoolArray) -> FloatArray:
+        """The bound: every task's limit is its job's peak of this very window, known ahead."""
+        job_peak = self.chunk.layout.per_job_max(np.where(running, peak, np.nan))
+        limit = job_peak[self.chunk.layout.job_of_task]
+        return np.where(np.isnan(limit), manual.astype(np.float64), limit)
+
     def window(self, t: int, headroom: FloatArray) -> None:
         chunk, layout = self.chunk, self.chunk.layout
         self.actuation.start_window(t)
         running = chunk.running[t]
         self.growth[chunk.restart[t]] = 0.0
-        limit = self._limits(self.manual[t], self.actuation)
         peak = chunk.memory_peak[t] + self.growth
         mean = chunk.memory_mean[t] + self.growth
+        if self.spec.kind is PolicyKind.CLAIRVOYANT:
+            limit = self._clairvoyant(self.manual[t], peak, running)
+        else:
+            limit = self._limits(self.manual[t], self.actuation)
         over = running & (peak > limit)
         if self.spec.enforcement is Enforcement.HARD:
             oom, kill = over, limit
@@ -315,10 +333,13 @@ class _Run:
     def _cpu_window(self, t: int, running: BoolArray, weight: FloatArray) -> None:
         chunk = self.chunk
         self.cpu_actuation.start_window(t)
-        limit = self._limits(chunk.cpu_limit[t], self.cpu_actuation)
         deciles = None if chunk.cpu_deciles is None else chunk.cpu_deciles[t]
         points, fractions = cpu_points(chunk.cpu_mean[t], chunk.cpu_peak[t], deciles)
         points = np.where(running[:, None], points, 0.0)
+        if self.spec.kind is PolicyKind.CLAIRVOYANT:
+            limit = self._clairvoyant(chunk.cpu_limit[t], points.max(axis=1), running)
+        else:
+            limit = self._limits(chunk.cpu_limit[t], self.cpu_actuation)
         capped = np.where(np.isnan(limit)[:, None], points, np.minimum(points, limit[:, None]))
         demand = (points * fractions).sum(axis=1)
         served = (capped * fractions).sum(axis=1)
@@ -485,6 +506,7 @@ def run_study(
         name: summarise_study(r, config.machine_memory_bytes, measured_days, population)
         for name, r in rows.items()
     }
+    add_bound_ratios(summaries)
     return StudyResult(
         rows=rows,
         summaries=summaries,

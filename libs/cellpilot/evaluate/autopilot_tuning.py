@@ -7,19 +7,26 @@ recommenders) over a large portion of the sample, with a similar (or slightly lo
 number of overruns and limit adjustments, and significantly higher utilization", found by
 "a parameter sweep (an exhaustive search) over possible values of the weights".
 
-Here: every configuration of a grid is replayed (:mod:`cellpilot.evaluate.autopilot_replay`)
-on *tuning* populations, side by side with the moving-window recommender on the same jobs. A
+Here: every configuration of a grid is replayed in the closed loop
+(:mod:`cellpilot.evaluate.autopilot_replay`) on *tuning* populations, side by side with the
+moving-window recommender on the same jobs. The grid is the product of the weights (d, w_o,
+w_u, w_dL, w_dm), the model ensembles (a grid of decay rates d_m times margins M_m) and the
+*variants*: eqs. 4-9 as written, and each named deviation
+(:mod:`cellpilot.recommend.ml_ensemble`) alone or together. A
 configuration is *admissible* when, on the tuning populations, its relative OOM rate and its
 99th-percentile limit changes per job-day are no higher than the moving window's, and its
 OOM-free job-days no fewer than the moving window's nor than §4.3's reliability level ("over
 99.5% of Autopilot job-days see no OOMs"); the admissible configuration with the lowest mean
 relative slack is chosen (if none is admissible, the lowest-slack one among the tenth with the
-smallest violation, and the report says so). The chosen configuration and the library default
-are then replayed, with the moving window and VPA, on separate *report* populations (other
-seeds): numbers that were not used for the choice.
+smallest violation, and the report says so); the same rule picks the best configuration of
+each variant. These, the incumbent (the configuration the services load now), the library
+default, the moving window and VPA are then replayed on separate *report* populations (other
+seeds): numbers that were not used for the choice of weights, on which the variants are
+compared (:func:`held_out_choice`).
 
-w_o is fixed at 1: scaling all five weights together changes none of the arg-mins of
-eqs. 6 and 9, so only the ratios matter. Memory only (the paper's §4 focus).
+w_o defaults to 1: scaling all four weights together changes none of the arg-mins of eqs. 6
+and 9, so only the ratios matter (the grid accepts other values). Memory only (the paper's
+§4 focus).
 """
 
 from __future__ import annotations
@@ -29,10 +36,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cellpilot.evaluate.autopilot_policies import ML_HYPERPARAMETERS, STANDARD_RECOMMENDERS, RecommenderSpec
+from cellpilot.autopilot.ml_config import (
+    ML_HYPERPARAMETERS,
+    grid_description,
+    grid_from_description,
+    hyperparameters,
+    options,
+    with_options,
+)
+from cellpilot.evaluate.autopilot_deciders import STANDARD_RECOMMENDERS, RecommenderSpec
 from cellpilot.evaluate.autopilot_replay import ReplayConfig, run_study
 from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner
-from cellpilot.recommend.ml_ensemble import EnsembleConfig
+from cellpilot.recommend.ml_ensemble import DEFAULT_HALF_LIVES, DEFAULT_MARGINS, EnsembleConfig, MarginMode
 from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig
 
 HYPERPARAMETERS = ML_HYPERPARAMETERS
@@ -46,33 +61,87 @@ METRICS: tuple[str, ...] = (
 )
 
 
+# The variants: eqs. 4-9 as written, each named deviation alone, and all three together.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "as-written": {},
+    "relative-margins": {"margin_mode": MarginMode.RELATIVE.value},
+    "cost-at-previous": {"cost_at_previous_limit": True},
+    "normalised": {"normalise_histograms": True},
+    "all-three": {
+        "margin_mode": MarginMode.RELATIVE.value,
+        "cost_at_previous_limit": True,
+        "normalise_histograms": True,
+    },
+}
+# Model ensembles (d_m x M_m): half-lives in 5-minute windows; margins None = the mode's
+# default ladder (ml_ensemble.DEFAULT_MARGINS).
+MODEL_GRIDS: dict[str, dict[str, Any]] = {
+    "10x10": {"decay_half_lives_windows": list(DEFAULT_HALF_LIVES), "margins": None},
+    "5x5": {"decay_half_lives_windows": list(DEFAULT_HALF_LIVES[::2]), "margins": "every-other"},
+}
+
+
+def _model_grid(name: str, mode: MarginMode) -> dict[str, Any]:
+    spec = dict(MODEL_GRIDS[name])
+    if spec["margins"] == "every-other":
+        spec["margins"] = list(DEFAULT_MARGINS[mode][::2])
+    return spec
+
+
 @dataclass(frozen=True)
 class TuningGrid:
-    """The swept values (w_o = 1)."""
+    """The swept values: the product of every axis."""
 
+    variants: tuple[str, ...] = tuple(VARIANTS)
+    model_grids: tuple[str, ...] = ("10x10",)
     cost_decay: tuple[float, ...] = (0.01, 0.03)
+    w_overrun: tuple[float, ...] = (1.0,)
     # w_u / w_o: the unpenalised arg-min sits near the (1 - w_u / w_o) quantile of the
-    # normalised histogram, so 0.005 ... 0.05 spans the 99.5th ... 95th percentiles.
-    w_underrun: tuple[float, ...] = (0.005, 0.01, 0.02, 0.05)
-    w_limit_change: tuple[float, ...] = (0.003, 0.03)
+    # histogram, so 0.002 and 0.01 are about the 99.8th and 99th percentiles.
+    w_underrun: tuple[float, ...] = (0.002, 0.01)
+    # A change must save this much cost: in samples with raw counts (eqs. 4-5 as written),
+    # in fractions of the window's samples when normalised; the range covers both.
+    w_limit_change: tuple[float, ...] = (0.003, 0.3)
     w_model_change: tuple[float, ...] = (0.01,)
 
-    def configs(self, base: EnsembleConfig | None = None) -> list[EnsembleConfig]:
-        base = base or EnsembleConfig()
-        return [
-            replace(base, cost_decay=d, w_overrun=1.0, w_underrun=u, w_limit_change=dl, w_model_change=dm)
-            for d, u, dl, dm in itertools.product(
-                self.cost_decay, self.w_underrun, self.w_limit_change, self.w_model_change
-            )
+    def __post_init__(self) -> None:
+        unknown = [v for v in self.variants if v not in VARIANTS] + [
+            g for g in self.model_grids if g not in MODEL_GRIDS
         ]
+        if unknown:
+            raise ValueError(f"unknown variant or model grid: {unknown}")
+
+    def configs(self, base: EnsembleConfig | None = None) -> list[tuple[str, str, EnsembleConfig]]:
+        """(variant, model grid, configuration) for every point of the product."""
+        base = base or EnsembleConfig()
+        out = []
+        for variant, grid_name in itertools.product(self.variants, self.model_grids):
+            shaped = with_options(base, VARIANTS[variant])
+            mode = shaped.grid.margin_mode
+            shaped = replace(shaped, grid=grid_from_description(_model_grid(grid_name, mode), mode))
+            for d, wo, wu, dl, dm in itertools.product(
+                self.cost_decay, self.w_overrun, self.w_underrun, self.w_limit_change, self.w_model_change
+            ):
+                config = replace(
+                    shaped, cost_decay=d, w_overrun=wo, w_underrun=wu, w_limit_change=dl, w_model_change=dm
+                )
+                out.append((variant, grid_name, config))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "variants": {v: VARIANTS[v] for v in self.variants},
+            "model_grids": list(self.model_grids),
+            **{name: list(getattr(self, name)) for name in ML_HYPERPARAMETERS},
+        }
 
 
 @dataclass(frozen=True)
 class TuningSetup:
     """Populations: ``tune_seeds`` choose, ``report_seeds`` report (disjoint).
 
-    The defaults (16 configurations, 40-job populations) keep the sweep to a few CPU
-    minutes, so it finishes in about ten minutes even on a busy two-core machine.
+    The defaults (40 configurations, 40-job populations) keep the sweep to a few CPU
+    minutes per population.
     """
 
     jobs: int = 40
@@ -82,7 +151,10 @@ class TuningSetup:
     report_seeds: tuple[int, ...] = (2001,)
     reliability: float = 0.995  # §4.3: OOM-free job-days of Autopiloted jobs
     grid: TuningGrid = field(default_factory=TuningGrid)
-    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    # The sweep starts from the library defaults, not from a previous sweep's result.
+    replay: ReplayConfig = field(default_factory=lambda: ReplayConfig(ml=EnsembleConfig()))
+    # The configuration the services load now, reported beside the sweep's (None: not shown).
+    incumbent: EnsembleConfig | None = None
 
     def __post_init__(self) -> None:
         if set(self.tune_seeds) & set(self.report_seeds):
@@ -92,16 +164,6 @@ class TuningSetup:
         return AutopilotWorkloadConfig(
             jobs=self.jobs, days=self.days + self.warmup_days, seed=seed, with_cpu=False
         )
-
-
-def hyperparameters(config: EnsembleConfig) -> dict[str, float]:
-    return {name: float(getattr(config, name)) for name in HYPERPARAMETERS}
-
-
-def config_from_hyperparameters(values: dict[str, Any], base: EnsembleConfig | None = None) -> EnsembleConfig:
-    """An :class:`EnsembleConfig` with the given hyperparameters (unknown keys are ignored)."""
-    chosen: dict[str, Any] = {k: float(values[k]) for k in HYPERPARAMETERS if k in values}
-    return replace(base or EnsembleConfig(), **chosen)
 
 
 def _study(
@@ -148,6 +210,33 @@ def _violation(candidate: dict[str, float], baseline: dict[str, float], required
     return oom / scale + free * 100.0 + changes / max(baseline["limit_changes_per_job_day_p99"], 1.0)
 
 
+def _choose(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The selection rule (module docstring) over rows carrying metrics and a violation."""
+    admissible = [row for row in rows if row["violation"] == 0.0]
+    pool = admissible or sorted(rows, key=lambda r: r["violation"])[: max(1, len(rows) // 10)]
+    return min(pool, key=lambda r: (r["relative_slack_mean"], r["relative_oom_rate_per_task_day"]))
+
+
+def held_out_choice(report: dict[str, dict[str, float]], variants: Sequence[str], setup: TuningSetup) -> str:
+    """The variant the report populations support: the selection rule applied to each
+    variant's tuned configuration against the moving window of the report seeds."""
+    baseline = report["moving-window"]
+    required = required_oom_free(setup, baseline)
+    rows = [
+        {**report[v], "variant": v, "violation": _violation(report[v], baseline, required)} for v in variants
+    ]
+    return str(_choose(rows)["variant"])
+
+
+def config_file_data(config: EnsembleConfig) -> dict[str, Any]:
+    """What a configuration file holds for ``config`` (see :mod:`cellpilot.autopilot.ml_config`)."""
+    return {
+        "hyperparameters": hyperparameters(config),
+        "options": options(config),
+        "grid": grid_description(config.grid),
+    }
+
+
 def run_sweep(
     setup: TuningSetup,
     *,
@@ -160,11 +249,11 @@ def run_sweep(
     over the same generated jobs (and the same machine-pressure draws), chunks of jobs being
     the shards ``runner`` runs; ``progress(done, total)`` counts job-days over all populations.
     """
-    configs = setup.grid.configs(setup.replay.ml)
+    points = setup.grid.configs(setup.replay.ml)
     ml = STANDARD_RECOMMENDERS["ml"]
     window = STANDARD_RECOMMENDERS["moving-window"]
     vpa = STANDARD_RECOMMENDERS["vpa"]
-    candidates = [replace(ml, name=f"ml-{i}", ml=config) for i, config in enumerate(configs)]
+    candidates = [replace(ml, name=f"ml-{i}", ml=config) for i, (_, _, config) in enumerate(points)]
     population_days = setup.jobs * (setup.days + setup.warmup_days)
     total = population_days * (len(setup.tune_seeds) + len(setup.report_seeds))
     finished = 0
@@ -186,25 +275,30 @@ def run_sweep(
     tuned_runs = [run(seed, [window, *candidates]) for seed in setup.tune_seeds]
     baseline = _mean([r[window.name] for r in tuned_runs])
     required_free = required_oom_free(setup, baseline)
-    table = []
-    for spec, config in zip(candidates, configs, strict=True):
+    table: list[dict[str, Any]] = []
+    for spec, (variant, grid_name, config) in zip(candidates, points, strict=True):
         metrics = _mean([r[spec.name] for r in tuned_runs])
+        violation = _violation(metrics, baseline, required_free)
         table.append(
-            {**hyperparameters(config), **metrics, "violation": _violation(metrics, baseline, required_free)}
+            {"variant": variant, "model_grid": grid_name, **hyperparameters(config), **metrics}
+            | {"violation": violation, "index": len(table)}
         )
-    admissible = [row for row in table if row["violation"] == 0.0]
-    pool_rows = admissible or sorted(table, key=lambda r: r["violation"])[: max(1, len(table) // 10)]
-    chosen_row = min(pool_rows, key=lambda r: (r["relative_slack_mean"], r["relative_oom_rate_per_task_day"]))
-    chosen = config_from_hyperparameters(chosen_row, setup.replay.ml)
+    variants = [v for v in setup.grid.variants if any(row["variant"] == v for row in table)]
+    per_variant = {v: _choose([row for row in table if row["variant"] == v]) for v in variants}
+    chosen_row = _choose(table)
 
-    report_specs = [
-        replace(ml, name="tuned", ml=chosen),
-        replace(ml, name="default", ml=setup.replay.ml),
-        replace(window, name="moving-window"),
-        replace(vpa, name="vpa"),
-    ]
+    def config_of(row: dict[str, Any]) -> EnsembleConfig:
+        return points[int(row["index"])][2]
+
+    report_specs = [replace(ml, name=v, ml=config_of(per_variant[v])) for v in variants]
+    report_specs.append(replace(ml, name="library-default", ml=setup.replay.ml))
+    if setup.incumbent is not None:
+        report_specs.append(replace(ml, name="incumbent", ml=setup.incumbent))
+    report_specs += [replace(window, name="moving-window"), replace(vpa, name="vpa")]
     report_runs = [run(seed, report_specs) for seed in setup.report_seeds]
     report = {spec.name: _mean([r[spec.name] for r in report_runs]) for spec in report_specs}
+    held_out = held_out_choice(report, variants, setup)
+    shipped = config_of(per_variant[held_out])
     return {
         "setup": {
             "jobs": setup.jobs,
@@ -213,20 +307,19 @@ def run_sweep(
             "tune_seeds": list(setup.tune_seeds),
             "report_seeds": list(setup.report_seeds),
             "required_oom_free_job_days_fraction": required_free,
-            "grid": {
-                "cost_decay": list(setup.grid.cost_decay),
-                "w_overrun": [1.0],
-                "w_underrun": list(setup.grid.w_underrun),
-                "w_limit_change": list(setup.grid.w_limit_change),
-                "w_model_change": list(setup.grid.w_model_change),
-            },
-            "models": setup.replay.ml.grid.models,
+            "grid": setup.grid.describe(),
+            "configurations": len(points),
         },
         "tune_baseline_moving_window": baseline,
         "table": table,
-        "admissible": len(admissible),
-        "chosen": hyperparameters(chosen),
-        "chosen_tune_metrics": {k: chosen_row[k] for k in (*METRICS, "violation")},
-        "default": hyperparameters(setup.replay.ml),
+        "admissible": sum(row["violation"] == 0.0 for row in table),
+        "per_variant": {
+            v: {k: per_variant[v][k] for k in (*HYPERPARAMETERS, "model_grid")} for v in variants
+        },
+        "tuned_choice": str(chosen_row["variant"]),
+        "held_out_choice": held_out,
+        "chosen": config_file_data(shipped),
+        "chosen_tune_metrics": {k: per_variant[held_out][k] for k in (*METRICS, "violation")},
+        "default": config_file_data(setup.replay.ml),
         "report": report,
     }

@@ -43,10 +43,12 @@ from cellpilot.lifetimes.accuracy import (
     precision_at_recall,
 )
 from cellpilot.lifetimes.calibration import calibration_report
+from cellpilot.lifetimes.distribution import LifetimeDistribution
 from cellpilot.lifetimes.distribution_model import DistributionModel, DistributionParams
 from cellpilot.lifetimes.features import vm_features
 from cellpilot.lifetimes.model import LifetimeModel, TrainingParams
 from cellpilot.lifetimes.predictors import (
+    DEFAULT_CLASS_RISK,
     DistributionPredictor,
     LifetimePredictor,
     ModelPredictor,
@@ -102,7 +104,7 @@ class StudyConfig:
     distribution: DistributionParams = field(default_factory=DistributionParams)
     # LAVA's class from a distribution: the shortest class the VM outlives with at most this
     # probability (see DistributionPredictor).
-    class_risk: float = 0.05
+    class_risk: float = DEFAULT_CLASS_RISK
     # Drains in the policy runs (Figure 6). §6.1 replays creations and exits only; the
     # defragmenter (§4.4) drains hosts when empty hosts run short, which is itself a result
     # of the policy. Rolling maintenance drains, off here by default, reshuffle every pool
@@ -192,7 +194,12 @@ def model_accuracy(model: Model, trace: VmTrace, quantiles: int = 20) -> dict[st
     test = trace.subset((trace.created >= 0.0) & ~trace.censored)
     features = vm_features(test)
     at_creation = model.predict_remaining(features, np.zeros(len(test)))
-    distribution = model.predict_distribution(features) if isinstance(model, DistributionModel) else None
+    distribution = None
+    if isinstance(model, DistributionModel):
+        dist_model = model
+
+        def distribution(rows: np.ndarray, uptime: float) -> LifetimeDistribution:
+            return dist_model.predict_distribution(features[rows], uptime)
 
     def point(rows: np.ndarray, uptime: float) -> np.ndarray:
         return model.predict_remaining(features[rows], uptime)
@@ -288,7 +295,7 @@ class RunContext:
     model: Model
     sim: SimulationConfig
     lars_drain: DrainConfig
-    class_risk: float = 0.05
+    class_risk: float = DEFAULT_CLASS_RISK
 
 
 def simulate_run(context: RunContext, run: tuple[str, str | None] | None) -> SimulationResult:
@@ -391,6 +398,7 @@ def run_study(
             },
             "model": config.model,
             "class_risk": config.class_risk if config.model == "distribution" else None,
+            "uptime_input": config.distribution.uptime_input if config.model == "distribution" else None,
             "label": config.training.label.value if config.model == "point" else None,
             "label_cap_hours": config.training.label_cap_hours if config.model == "point" else None,
             "warmup_days": sim.warmup / DAY,

@@ -24,8 +24,9 @@ documented behaviour, not from its code:
 * public write-ups of the algorithm (e.g. "K8s Vertical Pod Autoscaler's Algorithm",
   T. Tanay, 2024): histograms with exponentially growing buckets (first bucket 0.01 cores /
   1e7 bytes, each 5 % larger, up to 1000 cores / 1e12 bytes); a sample's weight grows as
-  2^((t - t_ref) / half-life), so older samples count half as much per half-life; CPU
-  samples weighted by the container's CPU request (at least 0.1 core); a percentile is the
+  2^((t - t_ref) / half-life), so older samples count half as much per half-life; every CPU
+  sample carries the same constant weight, 0.1 (VPA 1.4 dropped the weighting by the
+  container's CPU request: the recommender's minSampleWeight for every sample); a percentile is the
   end of the bucket where the cumulative weight reaches it; bounds scaled by the
   confidence multiplier (1 + multiplier / confidence)^exponent with confidence =
   min(days between the first and last sample, samples / (60 x 24)), (1.0, +1.0) for the
@@ -114,7 +115,7 @@ class VpaConfig:
     oom_min_bump_bytes: float = 100 * MIB
     min_memory_bytes: float = 250 * MIB
     min_cpu_cores: float = 0.025
-    cpu_min_sample_weight: float = 0.1
+    cpu_sample_weight: float = 0.1  # constant since VPA 1.4 (no longer the CPU request)
     samples_per_window: float = 5.0  # one metrics-server sample per minute
     update_threshold: float = 0.1
     in_bounds_lifetime_ms: int = 12 * HOUR_MS
@@ -267,7 +268,7 @@ class VpaRecommender:
         needed = np.maximum(used + self.config.oom_min_bump_bytes, used * self.config.oom_bump_ratio)
         self.add_memory_samples(state, job_of_task, tasks, needed, time_ms, oom=True)
 
-    # -- CPU: every sample, weighted by the request -------------------------------------------
+    # -- CPU: every sample, one constant weight -----------------------------------------------
 
     def add_cpu_samples(
         self,
@@ -275,19 +276,14 @@ class VpaRecommender:
         jobs: IntpArray,
         values: FloatArray,
         fractions: FloatArray,
-        request: FloatArray,
         time_ms: int,
     ) -> None:
         """CPU usage points of task-windows (in place).
 
         Each point stands for ``fractions`` of a window's samples (the fractions of one
-        task-window sum to 1); a sample weighs max(request, 0.1 core).
+        task-window sum to 1); every sample weighs ``cpu_sample_weight`` (0.1, as VPA 1.4+).
         """
-        weight = (
-            fractions
-            * self.config.samples_per_window
-            * np.maximum(request, self.config.cpu_min_sample_weight)
-        )
+        weight = fractions * self.config.samples_per_window * self.config.cpu_sample_weight
         self._add(state, jobs, values, weight, np.full(jobs.size, time_ms, dtype=np.int64))
         self._count(state, jobs, fractions * self.config.samples_per_window, time_ms)
 

@@ -19,6 +19,7 @@ A point model gets the same table with its predicted class as a one-hot
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -83,7 +84,7 @@ def class_scores(probs: FloatArray, true_class: IntArray) -> dict[str, float]:
 
 
 def calibration_report(
-    distribution: LifetimeDistribution | None,
+    distribution: LifetimeDistribution | Callable[[IntArray, float], LifetimeDistribution] | None,
     point_remaining: Any,
     lifetimes: FloatArray,
     class_upper: FloatArray,
@@ -91,7 +92,9 @@ def calibration_report(
 ) -> list[dict[str, Any]]:
     """One row per uptime in :data:`UPTIMES_HOURS` over the VMs alive then.
 
-    ``distribution``: the VMs' creation-time distributions (None for a point model);
+    ``distribution``: the VMs' creation-time distributions, or ``distribution(rows, uptime)``
+    giving those of ``rows`` as known at ``uptime`` (an uptime-aware model), or None for a
+    point model;
     ``point_remaining(rows, uptime)``: predicted remaining seconds (used when there is no
     distribution); ``class_of(seconds)``: LAVA class of remaining lifetimes.
     """
@@ -105,7 +108,10 @@ def calibration_report(
         true_class = np.asarray(class_of(lifetimes[rows] - u), dtype=np.int64)
         row: dict[str, Any] = {"uptime_hours": hours, "vms": int(rows.size)}
         if distribution is not None:
-            sub = distribution.take(rows)
+            if isinstance(distribution, LifetimeDistribution):
+                sub = distribution.take(rows)
+            else:
+                sub = distribution(rows, u)
             probs = sub.class_probabilities(class_upper, u)
             for q in COVERAGE_QUANTILES:
                 row[f"coverage_q{q:g}"] = float(np.mean(lifetimes[rows] - u <= sub.quantile(q, u)))

@@ -8,6 +8,7 @@ passes each VM's current uptime. The model predictor is what runs in production
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -24,6 +25,41 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 SMALL_BATCH = 16  # up to this many VMs, predict one by one (see ModelPredictor.remaining)
+# LAVA's risk class (see DistributionPredictor): the shipped setting of the study and the live cell.
+DEFAULT_CLASS_RISK = 0.05
+
+
+def risk_classes(dist: LifetimeDistribution, uptime_seconds: npt.ArrayLike, class_risk: float) -> IntArray:
+    """LAVA's class (§4.3) from a lifetime distribution: per VM, the shortest class whose upper
+    bound its remaining lifetime (at ``uptime_seconds``) exceeds with probability <= ``class_risk``."""
+    if not 0.0 < class_risk < 1.0:
+        raise ValueError("class_risk must be in (0, 1)")
+    survive = np.column_stack(
+        [dist.survival(upper, uptime_seconds) for upper in LIFETIME_CLASS_UPPER[:-1]]
+    ).reshape(len(dist), -1)
+    return np.asarray(np.sum(survive > class_risk, axis=1), dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class LifetimeEstimates:
+    """Per VM (or task): E[T_r | T_u] in seconds (§3, what LAS and LARS use) and LAVA's class (§4.3)."""
+
+    remaining: FloatArray
+    lifetime_class: IntArray
+
+
+def estimate_lifetimes(
+    model: DistributionModel,
+    features: FloatArray,
+    uptime_seconds: npt.ArrayLike,
+    class_risk: float = DEFAULT_CLASS_RISK,
+) -> LifetimeEstimates:
+    """What :class:`DistributionPredictor` answers, for VMs given by their features rather than a
+    trace row: one batched model call, then the distribution conditioned on each uptime."""
+    dist = model.predict_distribution(features, uptime_seconds)
+    return LifetimeEstimates(
+        dist.expected_remaining(uptime_seconds), risk_classes(dist, uptime_seconds, class_risk)
+    )
 
 
 class LifetimePredictor(Protocol):
@@ -70,7 +106,8 @@ class DistributionPredictor:
 
     Each VM's lifetime distribution is computed from its creation-time features (what
     the scheduler knows when the VM is created) and kept; a reprediction conditions it
-    on the uptime (Bayes, no model call). ``remaining`` is E[T_r | T_u] (§3), which LAS
+    on the uptime (Bayes, no model call; an uptime-aware model is also run at the latest
+    grid uptime the VM reached, see :class:`DistributionModel`). ``remaining`` is E[T_r | T_u] (§3), which LAS
     and LA-Binary use. ``lifetime_classes`` gives LAVA its class (§4.3) from the whole
     distribution: the shortest class the VM outlives with probability at most
     ``class_risk``. The mean of a mixture falls between its modes (Figure 2); the risk
@@ -86,7 +123,7 @@ class DistributionPredictor:
         self,
         model: DistributionModel,
         trace: VmTrace,
-        class_risk: float = 0.05,
+        class_risk: float = DEFAULT_CLASS_RISK,
         exit_quantile: float | None = None,
     ) -> None:
         if not 0.0 < class_risk < 1.0:
@@ -96,26 +133,47 @@ class DistributionPredictor:
         self.model = model
         self.class_risk = class_risk
         self.exit_quantile = exit_quantile
+        self.features = vm_features(trace)
         # Creation-time features only: the batch call equals one call per VM at its creation.
-        self.distributions: LifetimeDistribution = model.predict_distribution(vm_features(trace))
+        # An uptime-aware model is also run at each grid uptime (for all VMs, once, when first
+        # needed); a VM's answer at uptime u uses the latest grid uptime <= u, which the VM has
+        # reached, so nothing later than the VM's creation + u is used.
+        self._by_grid: dict[int, FloatArray] = {0: model.predict_distribution(self.features).probs}
         self.calls = 0
         self.predictions = 0
+
+    @property
+    def distributions(self) -> LifetimeDistribution:
+        """Every VM's lifetime distribution at creation."""
+        return LifetimeDistribution(self._by_grid[0])
+
+    def distribution(self, rows: IntArray, uptime_seconds: npt.ArrayLike) -> LifetimeDistribution:
+        """The VMs' lifetime distributions as known at their uptimes (condition on the same uptimes)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        grid = self.model.grid_index(
+            np.broadcast_to(np.asarray(uptime_seconds, dtype=np.float64), rows.shape)
+        )
+        probs = np.empty((rows.size, self._by_grid[0].shape[1]))
+        for k in np.unique(grid).tolist():
+            if k not in self._by_grid:
+                assert self.model.uptime_grid is not None
+                at = float(self.model.uptime_grid[k])
+                self._by_grid[k] = self.model.predict_distribution(self.features, at).probs
+            pick = grid == k
+            probs[pick] = self._by_grid[k][rows[pick]]
+        return LifetimeDistribution(probs)
 
     def remaining(self, rows: IntArray, uptime_seconds: FloatArray) -> FloatArray:
         rows = np.asarray(rows, dtype=np.int64)
         self.calls += 1
         self.predictions += int(rows.size)
-        dist = self.distributions.take(rows)
+        dist = self.distribution(rows, uptime_seconds)
         if self.exit_quantile is not None:
             return dist.quantile(self.exit_quantile, uptime_seconds)
         return dist.expected_remaining(uptime_seconds)
 
     def lifetime_classes(self, rows: IntArray, uptime_seconds: FloatArray) -> IntArray:
-        dist = self.distributions.take(np.asarray(rows, dtype=np.int64))
-        survive = np.column_stack(
-            [dist.survival(upper, uptime_seconds) for upper in LIFETIME_CLASS_UPPER[:-1]]
-        )
-        return np.asarray(np.sum(survive > self.class_risk, axis=1), dtype=np.int64)
+        return risk_classes(self.distribution(rows, uptime_seconds), uptime_seconds, self.class_risk)
 
 
 class OraclePredictor:

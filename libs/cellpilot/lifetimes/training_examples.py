@@ -47,3 +47,31 @@ def expand_examples(
     remaining = np.tile(lifetimes, f.size) - uptime
     rows = np.tile(np.arange(n, dtype=np.int64), f.size)
     return inputs, remaining, rows
+
+
+def expand_at_uptimes(
+    features: FloatArray, lifetimes: FloatArray, uptimes_seconds: FloatArray
+) -> tuple[FloatArray, FloatArray, IntArray]:
+    """Model inputs, lifetime labels (seconds, the whole lifetime) and source rows, uptime-major.
+
+    Each VM is an example at every uptime of ``uptimes_seconds`` it outlived (and always at
+    the first, normally 0): the examples at uptime u are exactly the VMs alive at u, so a
+    classifier of the label learns P(lifetime | features, lifetime > u), the survival
+    conditional that reprediction needs (§3). Unlike fractions of each VM's own lifetime,
+    this ties no label to its uptime (with fractions k/8, a VM seen at uptime u lives
+    between 8u/7 and 8u, so no example says "lives more than 8x its uptime").
+    """
+    features = np.asarray(features, dtype=np.float64)
+    lifetimes = np.asarray(lifetimes, dtype=np.float64)
+    grid = np.asarray(uptimes_seconds, dtype=np.float64)
+    if features.shape[0] != lifetimes.shape[0]:
+        raise ValueError("features and lifetimes must have the same number of rows")
+    if grid.size == 0 or np.any(grid < 0) or np.any(np.diff(grid) <= 0):
+        raise ValueError("uptimes must be >= 0 and increasing")
+    parts = [
+        np.flatnonzero(lifetimes > u) if k else np.arange(lifetimes.size, dtype=np.int64)
+        for k, u in enumerate(grid.tolist())
+    ]
+    rows = np.concatenate(parts).astype(np.int64)
+    uptime = np.concatenate([np.full(p.size, u) for p, u in zip(parts, grid.tolist(), strict=True)])
+    return model_inputs(features[rows], uptime), lifetimes[rows], rows

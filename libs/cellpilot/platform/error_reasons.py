@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 ERROR_REASON_KEY = "cellpilot-error-reason"
+# A replica names the elected master here: on a follower's "not the master" refusal
+# (FAILED_PRECONDITION) and on the master's own replies.
+LEADER_METADATA_KEY = "cellpilot-leader"
 
 QUOTA_EXCEEDED = "QUOTA_EXCEEDED"  # RESOURCE_EXHAUSTED: admission refused the job (Borg §2.5)
 REQUEST_ID_REUSED = "REQUEST_ID_REUSED"  # ALREADY_EXISTS: the request id names another request
@@ -29,3 +32,11 @@ def reason_of(trailing_metadata: Iterable[tuple[str, str | bytes]] | None) -> st
         if key == ERROR_REASON_KEY:
             return value if isinstance(value, str) else value.decode("ascii", "replace")
     return ""
+
+
+def leader_named(trailing_metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
+    """The master's address a reply's trailing metadata names, if any."""
+    for key, value in trailing_metadata or ():
+        if key == LEADER_METADATA_KEY and value:
+            return value if isinstance(value, str) else value.decode("ascii", "replace")
+    return None

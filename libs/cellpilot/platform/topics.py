@@ -60,7 +60,3 @@ TOPICS: tuple[Topic, ...] = (
     Topic("borg.events", 3, "job id", "task and machine events in checkpoint-log order (Borgmaster)"),
     Topic("deadletter", 1, "source topic", "malformed records skipped by consumers, with the reason"),
 )
-
-
-def topic_names() -> list[str]:
-    return [t.name for t in TOPICS]

@@ -16,7 +16,7 @@ Eq. 3  h[t][k], S_pj load-adjusted %ile      ``WindowState.decayed`` x b[k] and
 §3.2.2 policy table (class, latency, OOM)    :func:`policy.statistic_for`, :func:`policy.evaluate_statistics`
 §3.2.2 safety margin 10-15 %                 :class:`post_processing.MarginCurve`
 §3.2.2 max over the last hour                :func:`post_processing.update_window_max`
-§3.2 user bounds                             :func:`post_processing.clamp_to_bounds`
+§3.2 user bounds                             :func:`cellpilot.autopilot.vertical_targets.bound_limits`
 Eqs. 4-5  o(L)[t], u(L)[t]                   ``EnsembleState.smoothed`` (H_d) and its prefix sums
                                              in :func:`ml_ensemble.update_ensemble`
 Eq. 6  L'_m[t] arg-min with change penalty   "Eq. 6" block of ``update_ensemble``
@@ -29,55 +29,32 @@ Eq. 9  model choice with switch penalties    "Eq. 9" block of ``update_ensemble`
 §3.3 source + stabilisers, restartable       :class:`horizontal.CpuHorizontalRecommender`
 ===========================================  =================================================
 
-Composition (DESIGN rule 6) is in :mod:`pipeline`: an estimator (moving window or ML)
-plus post-processors (margin, max over the last hour, bounds), chained by
-:class:`pipeline.VerticalRecommender`; explanations in :mod:`explanation`. Every state is
+Composition is in one place, :mod:`cellpilot.autopilot.candidates`: each estimator (every
+moving-window statistic, the ML ensemble) plus its post-processors (margin, max over the
+last hour, the OOM reaction), as the recommender workers and the studies both run it; the
+master's selection and bounds are :mod:`cellpilot.autopilot.selection` and
+:mod:`cellpilot.autopilot.vertical_targets`. Every state is
 a :class:`job_arrays.JobArrays` of stacked per-job arrays: one job is J = 1, a batch is
 many jobs updated in one call, and any state serialises with ``to_bytes`` / ``from_bytes``.
 Each update costs O(buckets x models) per job and never rescans history.
 """
 
-from cellpilot.recommend.explanation import JobSettings, Recommendation, RecommendationBatch
 from cellpilot.recommend.job_arrays import JobArrays
 from cellpilot.recommend.ml_ensemble import EnsembleConfig, MarginMode, ModelGrid
 from cellpilot.recommend.moving_window import WindowConfig
-from cellpilot.recommend.pipeline import (
-    MaxOverWindow,
-    MlEstimator,
-    MovingWindowEstimator,
-    RecommenderState,
-    SafetyMargin,
-    UserBounds,
-    VerticalRecommender,
-    ml_recommender,
-    moving_window_recommender,
-)
 from cellpilot.recommend.policy import JobClass, JobProfile, LatencySensitivity, OomTolerance, Statistic
-from cellpilot.recommend.post_processing import ClampReason, MarginCurve
+from cellpilot.recommend.post_processing import MarginCurve
 
 __all__ = [
-    "ClampReason",
     "EnsembleConfig",
     "JobArrays",
     "JobClass",
     "JobProfile",
-    "JobSettings",
     "LatencySensitivity",
     "MarginCurve",
     "MarginMode",
-    "MaxOverWindow",
-    "MlEstimator",
     "ModelGrid",
-    "MovingWindowEstimator",
     "OomTolerance",
-    "Recommendation",
-    "RecommendationBatch",
-    "RecommenderState",
-    "SafetyMargin",
     "Statistic",
-    "UserBounds",
-    "VerticalRecommender",
     "WindowConfig",
-    "ml_recommender",
-    "moving_window_recommender",
 ]

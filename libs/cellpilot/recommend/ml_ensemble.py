@@ -32,24 +32,28 @@ Interpretation choices (documented where the paper is silent or circular):
   a previous model exists there is no model-switch penalty.
 * The smoothing of eqs. 4, 5 and 8 advances one step per histogram (t counts windows, as
   in the paper), not per elapsed time; event times are only checked for order.
-* Eq. 8 as written evaluates o_m and u_m at L_m[t] on s[t], a limit chosen after seeing
-  s[t]. Scored that way a model is rewarded for fitting the window it has just seen, not
-  for predicting it, which favours the fastest decay rates and the smallest margins, at
-  odds with §1's "the one that would have historically resulted in the best
-  performance". By default (``cost_at_previous_limit=True``) we score
-  the limit that was in force during the window, L_m[t-1], against s[t] (the first step,
-  with no previous limit, uses L_m[t]); ``False`` gives the literal formula.
-* ``normalise_histograms`` divides each histogram by its sample count, so costs are
-  fractions of samples and one set of weights suits jobs of any task count; ``False``
-  counts raw samples exactly as eqs. 4-5 are written.
-* Margins: eq. 7 adds M_m (``MarginMode.ADDITIVE``, in the resource's unit). A single grid
-  shared by jobs from 1 milli-core to 100 cores is better expressed relative to the limit,
-  L_m = L'_m (1 + M_m) (``MarginMode.RELATIVE``, the default).
+
+The defaults are eqs. 4-9 as written. Three deviations are named options, each measured in
+the closed-loop replay (docs/results/autopilot-eval.md says which the shipped configuration
+uses, and why):
+
+* ``ModelGrid.margin_mode``: eq. 7 adds M_m (``MarginMode.ADDITIVE``, the default). The
+  additive margins are multiples of ``ModelGrid.margin_unit``, the resource's own unit
+  (one core of CPU, one GiB of memory: set per resource by the candidate configuration), so
+  one grid, geometric from 1/128 to 2 units, spans jobs of every size.
+  ``MarginMode.RELATIVE`` scales instead: L_m = L'_m (1 + M_m).
+* ``EnsembleConfig.cost_at_previous_limit``: eq. 8 as written (``False``) scores L_m[t], a
+  limit chosen after seeing s[t], against s[t]. ``True`` scores the limit that was in force
+  during the window, L_m[t-1] (the first step, with no previous limit, uses L_m[t]): a
+  model is then rewarded for predicting the window, not for fitting it.
+* ``EnsembleConfig.normalise_histograms``: eqs. 4-5 count raw samples (``False``). ``True``
+  divides each histogram by its sample count, so costs are fractions of samples and one set
+  of weights suits jobs of any task count and sampling rate.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from itertools import product
 
@@ -71,17 +75,23 @@ class MarginMode(StrEnum):
     RELATIVE = "relative"  # L_m = L'_m * (1 + M_m)
 
 
-def _decay_for_half_life(windows: float) -> float:
+def decay_for_half_life(windows: float) -> float:
     """The rate d whose smoothing (1 - d)^n halves after ``windows`` steps."""
     return float(1.0 - 2.0 ** (-1.0 / windows))
 
 
 # Default grid (the paper does not publish its grid): decay half-lives from one 5-minute
-# window to one week, geometrically spaced, times ten margins from 0 to 25 %.
-DEFAULT_DECAY_RATES: tuple[float, ...] = tuple(
-    _decay_for_half_life(h) for h in np.geomspace(1.0, 7 * 288.0, 10).tolist()
-)
-DEFAULT_MARGINS: tuple[float, ...] = (0.0, 0.02, 0.04, 0.06, 0.08, 0.10, 0.125, 0.15, 0.20, 0.25)
+# window to one week, geometrically spaced, times ten margins.
+DEFAULT_HALF_LIVES: tuple[float, ...] = tuple(np.geomspace(1.0, 7 * 288.0, 10).tolist())
+DEFAULT_DECAY_RATES: tuple[float, ...] = tuple(decay_for_half_life(h) for h in DEFAULT_HALF_LIVES)
+# Eq. 7's additive M_m, in units of ``ModelGrid.margin_unit``: 0, then 1/128 ... 2 (doubling).
+DEFAULT_ADDITIVE_MARGINS: tuple[float, ...] = (0.0, *(2.0**k for k in range(-7, 2)))
+# Relative margins (``MarginMode.RELATIVE``): 0 to 25 %.
+DEFAULT_RELATIVE_MARGINS: tuple[float, ...] = (0.0, 0.02, 0.04, 0.06, 0.08, 0.10, 0.125, 0.15, 0.20, 0.25)
+DEFAULT_MARGINS: dict[MarginMode, tuple[float, ...]] = {
+    MarginMode.ADDITIVE: DEFAULT_ADDITIVE_MARGINS,
+    MarginMode.RELATIVE: DEFAULT_RELATIVE_MARGINS,
+}
 
 
 @dataclass(frozen=True)
@@ -90,7 +100,8 @@ class ModelGrid:
 
     decay_rates: tuple[float, ...]
     margins: tuple[float, ...]
-    margin_mode: MarginMode = MarginMode.RELATIVE
+    margin_mode: MarginMode = MarginMode.ADDITIVE
+    margin_unit: float = 1.0  # additive margins are multiples of it (the resource's unit)
     distinct_decays: tuple[float, ...] = field(init=False, repr=False)
     decay_index: npt.NDArray[np.intp] = field(init=False, repr=False, compare=False)
 
@@ -101,6 +112,8 @@ class ModelGrid:
             raise ValueError("decay rates must be in (0, 1]")
         if self.margin_mode is MarginMode.RELATIVE and any(m <= -1.0 for m in self.margins):
             raise ValueError("relative margins must exceed -1")
+        if not self.margin_unit > 0.0:
+            raise ValueError("margin_unit must be positive")
         distinct = tuple(sorted(set(self.decay_rates)))
         object.__setattr__(self, "distinct_decays", distinct)
         index = np.searchsorted(np.asarray(distinct), np.asarray(self.decay_rates)).astype(np.intp)
@@ -111,12 +124,17 @@ class ModelGrid:
     def product(
         cls,
         decay_rates: tuple[float, ...] = DEFAULT_DECAY_RATES,
-        margins: tuple[float, ...] = DEFAULT_MARGINS,
-        margin_mode: MarginMode = MarginMode.RELATIVE,
+        margins: tuple[float, ...] | None = None,
+        margin_mode: MarginMode = MarginMode.ADDITIVE,
     ) -> ModelGrid:
-        """Every combination of the given decay rates and margins (decay-major order)."""
-        pairs = list(product(decay_rates, margins))
+        """Every combination of the given decay rates and margins (decay-major order);
+        ``margins`` defaults to the mode's default ladder."""
+        chosen = DEFAULT_MARGINS[margin_mode] if margins is None else margins
+        pairs = list(product(decay_rates, chosen))
         return cls(tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), margin_mode)
+
+    def with_unit(self, margin_unit: float) -> ModelGrid:
+        return replace(self, margin_unit=float(margin_unit))
 
     @property
     def models(self) -> int:
@@ -127,12 +145,13 @@ class ModelGrid:
         raw = boundaries[raw_index]
         margins = np.asarray(self.margins)
         if self.margin_mode is MarginMode.ADDITIVE:
-            return np.asarray(raw + margins, dtype=np.float64)
+            return np.asarray(raw + margins * self.margin_unit, dtype=np.float64)
         return np.asarray(raw * (1.0 + margins), dtype=np.float64)
 
     def describe(self, model: int) -> str:
         margin = self.margins[model]
-        shown = f"{margin:+.1%}" if self.margin_mode is MarginMode.RELATIVE else f"{margin:+g}"
+        relative = self.margin_mode is MarginMode.RELATIVE
+        shown = f"{margin:+.1%}" if relative else f"{margin * self.margin_unit:+g}"
         return f"model {model} (d={self.decay_rates[model]:.4g}, margin {shown})"
 
 
@@ -141,9 +160,9 @@ class EnsembleConfig:
     """The five hyperparameters of §3.2.3 (d, w_o, w_u, w_dL, w_dm) and the model grid.
 
     The defaults are a reasonable starting point, not Google's values (the paper tunes
-    them by offline parameter sweeps): with normalised histograms, w_o / w_u = 50 puts the
-    unpenalised arg-min near the 98th percentile, and a limit or model change must save
-    about 1 % of samples' worth of cost.
+    them by offline parameter sweeps, :mod:`cellpilot.evaluate.autopilot_tuning`): w_o / w_u
+    = 50 puts the unpenalised arg-min near the 98th percentile, and a limit or model change
+    must save 1 % of one sample's worth of cost (of all samples, with normalised histograms).
     """
 
     grid: ModelGrid = field(default_factory=ModelGrid.product)
@@ -152,8 +171,9 @@ class EnsembleConfig:
     w_underrun: float = 0.02
     w_limit_change: float = 0.01
     w_model_change: float = 0.01
-    normalise_histograms: bool = True
-    cost_at_previous_limit: bool = True
+    # Eqs. 4-9 as written by default; the deviations are named options (module docstring).
+    normalise_histograms: bool = False
+    cost_at_previous_limit: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.cost_decay <= 1.0:
@@ -192,7 +212,7 @@ class EnsembleDecision:
     limit: FloatArray  # L[t]
     model: Int32Array  # m[t]
     raw_limit: FloatArray  # L'_{m[t]}[t], the winning model's limit before its margin
-    margin: FloatArray  # M_{m[t]}
+    margin: FloatArray  # M_{m[t]}, the grid's value (relative, or in units of margin_unit)
     cost: FloatArray  # c_{m[t]}[t]
     limit_changed: npt.NDArray[np.bool_]  # L[t] != L[t-1]
     model_changed: npt.NDArray[np.bool_]  # m[t] != m[t-1]

@@ -158,14 +158,6 @@ def _statistics_chunk(
     return s_max, s_avg, s_pct
 
 
-def window_statistics(config: WindowConfig, boundaries: FloatArray, state: WindowState) -> WindowStatistics:
-    """The statistics of a state as it is (no new sample)."""
-    s_max, s_avg, s_pct = _statistics_chunk(
-        config, boundaries, state.decayed, state.avg_weighted_sum, state.avg_weight, state.peak_ring
-    )
-    return WindowStatistics(config.percentiles, s_max, s_avg, s_pct)
-
-
 def highest_nonempty(counts: FloatArray) -> Int32Array:
     """Index of the highest bucket with a positive count in each row, -1 for empty rows."""
     positive = counts > 0.0

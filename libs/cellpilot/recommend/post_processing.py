@@ -4,8 +4,8 @@
    (:class:`MarginCurve`).
 2. The maximum recommendation seen over the last hour, to damp fluctuations
    (:func:`update_window_max`, also used by horizontal deferred downscaling, §3.3).
-3. User bounds: optional lower/upper limits clamp the result, and the reason is kept
-   (:func:`clamp_to_bounds`).
+User bounds are the master's (:mod:`cellpilot.autopilot.vertical_targets`), not a
+recommender's: one assembly of Autopilot, shared by the services and the studies.
 
 All functions are vectorised over jobs; state is :class:`WindowMaxState` (per-job arrays).
 """
@@ -13,7 +13,6 @@ All functions are vectorised over jobs; state is :class:`WindowMaxState` (per-jo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import IntEnum
 
 import numpy as np
 import numpy.typing as npt
@@ -23,7 +22,6 @@ from cellpilot.usage.buckets import GIB, Resource
 
 FloatArray = npt.NDArray[np.float64]
 Int64Array = npt.NDArray[np.int64]
-Int8Array = npt.NDArray[np.int8]
 
 MINUTE_MS = 60 * 1000
 HOUR_MS = 60 * MINUTE_MS
@@ -123,45 +121,3 @@ def update_window_max(
         window_max = np.where(valid, stored, -np.inf).max(axis=1)
     window_max = np.where(np.isneginf(window_max), np.nan, window_max)
     return WindowMaxState(slot_ids, stored), window_max
-
-
-class ClampReason(IntEnum):
-    NONE = 0
-    LOWER_BOUND = 1  # raised to the user's lower bound
-    UPPER_BOUND = 2  # cut to the user's upper bound
-
-    @property
-    def label(self) -> str:
-        return {0: "none", 1: "raised to the user's lower bound", 2: "cut to the user's upper bound"}[
-            int(self)
-        ]
-
-
-def clamp_to_bounds(
-    values: npt.ArrayLike, lower: npt.ArrayLike | None = None, upper: npt.ArrayLike | None = None
-) -> tuple[FloatArray, Int8Array]:
-    """Clamp to per-job user bounds (NaN bound = none) and say why (:class:`ClampReason`).
-
-    A job without a recommendation yet (NaN) stays NaN. A lower bound above the upper
-    bound is a configuration error.
-    """
-    v = np.asarray(values, dtype=np.float64)
-    lo = (
-        np.full(v.shape, np.nan)
-        if lower is None
-        else np.broadcast_to(np.asarray(lower, dtype=np.float64), v.shape)
-    )
-    hi = (
-        np.full(v.shape, np.nan)
-        if upper is None
-        else np.broadcast_to(np.asarray(upper, dtype=np.float64), v.shape)
-    )
-    if np.any(lo > hi):
-        raise ValueError("a lower bound exceeds its upper bound")
-    reason = np.zeros(v.shape, dtype=np.int8)
-    below = v < lo
-    above = v > hi
-    reason[below] = ClampReason.LOWER_BOUND
-    reason[above] = ClampReason.UPPER_BOUND
-    out = np.where(below, lo, np.where(above, hi, v))
-    return out, reason

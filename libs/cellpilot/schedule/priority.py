@@ -18,7 +18,6 @@ from __future__ import annotations
 import enum
 
 import numpy as np
-import numpy.typing as npt
 
 NUM_PRIORITIES = 12
 
@@ -56,10 +55,6 @@ def check_priority(priority: int) -> None:
 def band_of(priority: int) -> Band:
     check_priority(priority)
     return Band(int(_BAND_OF_LEVEL[priority]))
-
-
-def bands_of(priorities: npt.NDArray[np.integer]) -> npt.NDArray[np.int8]:
-    return _BAND_OF_LEVEL[priorities]
 
 
 def is_prod(priority: int) -> bool:

@@ -24,6 +24,7 @@ from typing import Any
 
 from cellpilot.schedule.composition import Level, Lexicographic, Weighted
 from cellpilot.schedule.filters import HardConstraints, ResourceFit
+from cellpilot.schedule.lifetime_aware.borg_scorers import LasScorer, LavaScorer, LifetimeSource
 from cellpilot.schedule.plugins import BoolArray, Filter, FloatArray, Preemptor, Request, Scorer, build_plugin
 from cellpilot.schedule.preemption import LowestPriorityFirst
 from cellpilot.schedule.scorers import (
@@ -54,9 +55,34 @@ class Profile:
         return self.resource_fit.fits(capacity, used, req)
 
 
-def default_profile(packing: str = "hybrid", gpa_rho: float = 0.0) -> Profile:
+# Placement policies (LAVA §5.3): the baseline packs by the packing scorer alone; LAS (§4.2)
+# adds its temporal cost one level above packing; LAVA (§4.3) its host preference above LAS.
+PLACEMENT_POLICIES = ("best-fit", "las", "lava")
+
+
+def lifetime_levels(placement: str, lifetimes: LifetimeSource | None) -> tuple[Level, ...]:
+    """The lifetime-aware levels a placement policy puts right above packing (LAVA §4.2-4.3)."""
+    if placement not in PLACEMENT_POLICIES:
+        raise ValueError(
+            f"placement policy must be one of {', '.join(PLACEMENT_POLICIES)}; got {placement!r}"
+        )
+    if placement == "best-fit":
+        return ()
+    if lifetimes is None:
+        raise ValueError(f"placement policy {placement!r} needs a source of lifetime predictions")
+    las = Level(LasScorer(lifetimes))
+    return (Level(LavaScorer(lifetimes)), las) if placement == "lava" else (las,)
+
+
+def default_profile(
+    packing: str = "hybrid",
+    gpa_rho: float = 0.0,
+    placement: str = "best-fit",
+    lifetimes: LifetimeSource | None = None,
+) -> Profile:
     """Borg-like defaults (§3.2): fewest/lowest preemptions, then spreading across failure
-    domains, then the remaining preferences, then packing."""
+    domains, then the remaining preferences, then the placement policy's lifetime levels
+    (none for best-fit), then packing."""
     parts: tuple[tuple[Scorer, float], ...] = (
         (SoftConstraints(), 2.0),
         (PackageLocality(), 1.0),
@@ -66,6 +92,7 @@ def default_profile(packing: str = "hybrid", gpa_rho: float = 0.0) -> Profile:
         Level(PreemptionCost()),
         Level(FailureDomainSpread(), quantum=5.0),
         Level(Weighted(parts), quantum=10.0),
+        *lifetime_levels(placement, lifetimes),
         Level(build_plugin("scorer", packing)),
     )
     return Profile(

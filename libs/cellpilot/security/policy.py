@@ -9,7 +9,8 @@
   Autopilot §5), and lift the HELD_FOR_AUTOPILOT hold of jobs with some mode ON or DRY_RUN
   (Autopilot §3.1).
 - A Borglet may register only the machines its certificate (or service token) names.
-- The Borglet API (Poll/StartTask/StopTask/UpdateTask) answers only the Borgmaster.
+- The Borglet API (Poll/PollMachines/StartTask/StopTask/UpdateTask) answers only the Borgmaster;
+  only Borgmaster replicas report their link shards' changes to the master.
 
 Unknown methods are refused: a new RPC must get a rule here before it can be called.
 """
@@ -31,6 +32,7 @@ BORGMASTER = "/cellpilot.api.v1.Borgmaster/"
 AUTOPILOT = "/cellpilot.api.v1.Autopilot/"
 BORGLET = "/cellpilot.api.v1.Borglet/"
 MONITORING = "/cellpilot.api.v1.Monitoring/"
+LINK_SHARDS = "/cellpilot.api.v1.LinkShards/"
 
 # Update-mask paths the actuator may write, and the Autopilot dimension each needs ON.
 ACTUATOR_PATHS = {
@@ -267,6 +269,9 @@ RULES: Mapping[str, Rule] = {
     BORGMASTER + "SetQuota": admin_only,
     BORGMASTER + "GetLeader": authenticated,
     BORGMASTER + "GetCellStatus": authenticated,
+    BORGMASTER + "TrainLifetimes": admin_only,
+    BORGMASTER + "DrainMachine": admin_only,
+    BORGMASTER + "GetLifetimes": authenticated,
     AUTOPILOT + "GetRecommendation": authenticated,
     AUTOPILOT + "ListRecommendations": authenticated,
     AUTOPILOT + "SetAutopilotConfig": set_autopilot_config,
@@ -276,6 +281,10 @@ RULES: Mapping[str, Rule] = {
     AUTOPILOT + "ListRecommenders": authenticated,
     AUTOPILOT + "PublishRecommendations": publish_recommendations,
     BORGLET + "Poll": borgmaster_only,
+    BORGLET + "PollMachines": borgmaster_only,
+    # Only Borgmaster replicas forward their link shards' reports (Borg §3.3).
+    LINK_SHARDS + "ReportMachineChanges": borgmaster_only,
+    LINK_SHARDS + "GetLinkShards": authenticated,
     BORGLET + "StartTask": borgmaster_only,
     BORGLET + "StopTask": borgmaster_only,
     BORGLET + "UpdateTask": borgmaster_only,

@@ -291,10 +291,12 @@ class Stack:
         return result
 
     def down(self, progress: Callable[[str], None] = lambda _: None, grace_s: float = STOP_GRACE_S) -> None:
-        """Stop every component, one after the other in reverse start order (the broker first,
-        the database last): its clean-stop signal, SIGKILL to its process group after
-        ``grace_s``; then wait for the ports to be released."""
+        """Stop every component at once: its clean-stop signal, SIGKILL to its process group after
+        ``grace_s``; then wait for the ports to be released. The components do not depend on one
+        another while stopping (the services, their only clients, are stopped before), so one slow
+        component does not add its grace period to the others'."""
         stopped = []
+        requests = []
         for component in reversed(self.components()):
             handle = self.handle(component.name)
             if handle is None or handle.poll() is not None:
@@ -302,9 +304,9 @@ class Stack:
             progress(f"{component.name}: stopping (pid {handle.pid})")
             # The clean-stop signal goes to the server alone: PostgreSQL's postmaster shuts its
             # backends down itself.
-            request = StopRequest(component.name, handle, component.stop_signal, group=False)
-            stop_processes([request], grace_s, progress)
+            requests.append(StopRequest(component.name, handle, component.stop_signal, group=False))
             stopped.append(component)
+        stop_processes(requests, grace_s, progress)
         for component in stopped:
             _wait_until(
                 lambda port=component.port: not port_in_use(self.config.host, port),  # type: ignore[misc]

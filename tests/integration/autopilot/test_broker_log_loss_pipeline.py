@@ -25,7 +25,7 @@ from autopilot_processes import wait_for
 from own_broker import OwnBroker
 
 from cellpilot.api.v1 import resources_pb2, state_pb2, usage_pb2
-from cellpilot.autopilot.job_recommendations import RecommenderConfig
+from cellpilot.autopilot.ml_config import shipped_recommender_config
 from cellpilot.platform.kafka import MessageProducer
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.platform.topics import Topic
@@ -40,7 +40,7 @@ CHECK_S = 0.5  # the services' position-check period in these tests
 NOTICED_WITHIN_S = 8 * CHECK_S + 10  # a few periods, plus a consumer group's rejoin
 W = 60_000
 T0 = 28_444_444 * W
-CONFIG = RecommenderConfig()
+CONFIG = shipped_recommender_config()  # what the workers load
 
 
 def platform(endpoints: StackEndpoints, postgres_url: str = "") -> PlatformSettings:

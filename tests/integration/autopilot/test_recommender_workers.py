@@ -22,9 +22,9 @@ from cellpilot.api.v1 import recommendation_pb2, resources_pb2, state_pb2, usage
 from cellpilot.autopilot.job_recommendations import (
     HistogramInput,
     JobState,
-    RecommenderConfig,
     apply_histograms,
 )
+from cellpilot.autopilot.ml_config import shipped_recommender_config
 from cellpilot.platform.kafka import DEADLETTER_TOPIC, MessageProducer
 from cellpilot.platform.redis_client import reply_bytes, reply_text
 from cellpilot.stack import StackEndpoints
@@ -36,7 +36,7 @@ T0 = 5_666_666 * W
 JOBS = {f"svc/{i}": 0.3 + 0.4 * i for i in range(8)}
 WINDOWS = 10
 KILL_AFTER = 5
-CONFIG = RecommenderConfig()
+CONFIG = shipped_recommender_config()  # what the workers load
 CODES = {Resource.CPU: resources_pb2.RESOURCE_CPU, Resource.MEMORY: resources_pb2.RESOURCE_MEMORY}
 
 

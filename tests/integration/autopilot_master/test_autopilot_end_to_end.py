@@ -12,9 +12,6 @@ Every service runs in-process with its own topics, consumer groups and Redis pre
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from autopilot_master_harness import (
@@ -29,86 +26,14 @@ from autopilot_master_harness import (
     job_spec,
     job_status,
 )
+from usage_pipeline import usage_pipeline
 
 from cellpilot.api.v1 import job_pb2, resources_pb2, state_pb2
-from cellpilot.platform.kafka import ensure_topics
-from cellpilot.platform.topics import Topic
 from cellpilot.stack import StackEndpoints
 
 ON, DRY = job_pb2.SCALING_MODE_ON, job_pb2.SCALING_MODE_DRY_RUN
-PARTITIONS = 3
 SPEEDUP = 300.0  # one 5-minute window per wall second
 LIMIT_CPU, LIMIT_MEMORY = 4_000, 4 * GIB  # the steady model uses 500 millicores and 256 MiB
-
-
-@asynccontextmanager
-async def usage_pipeline(
-    scenario: Scenario, database_url: str, masters: list[str]
-) -> AsyncIterator[dict[str, Any]]:
-    """A one-machine Borglet fleet publishing samples, an aggregator and a recommender worker."""
-    from cellpilot_services.aggregator.aggregator_service import Aggregator
-    from cellpilot_services.aggregator.settings import AggregatorSettings
-    from cellpilot_services.borglet.borglet_service import Borglet
-    from cellpilot_services.borglet.settings import BorgletSettings
-    from cellpilot_services.recommender.settings import RecommenderSettings
-    from cellpilot_services.recommender.worker import RecommenderWorker
-
-    suffix = uuid.uuid4().hex[:8]
-    samples, histograms = f"usage.samples.{suffix}", f"usage.histograms.{suffix}"
-    await ensure_topics(
-        scenario.endpoints.kafka_bootstrap,
-        [Topic(samples, PARTITIONS, "machine id", "test"), Topic(histograms, PARTITIONS, "job id", "test")],
-    )
-    fleet = Borglet(
-        BorgletSettings(
-            platform=scenario.platform(),
-            machine_id_prefix=f"e2e-{suffix[:6]}",
-            fleet_size=1,
-            borgmaster_addresses=masters,
-            cgroup_root="none",
-            cpu_millicores=64_000,
-            memory_bytes=256 * GIB,
-            speedup=SPEEDUP,
-            publish_interval_s=0.2,
-        )
-    )
-    # The Borglet publishes on usage.samples; this test's own topic keeps other tests' samples out.
-    assert fleet.publisher is not None
-    fleet.publisher.topic = samples
-    aggregator = Aggregator(
-        AggregatorSettings(
-            platform=scenario.platform(database_url),
-            port=0,
-            metrics_port=0,
-            apply_migrations=False,
-            samples_topic=samples,
-            sample_partitions=PARTITIONS,
-            histograms_topic=histograms,
-            consumer_group=f"aggregator-{suffix}",
-            checkpoint_interval_s=1.0,
-            idle_after_s=1.0,
-            job_stage_interval_s=0.2,
-        )
-    )
-    worker = RecommenderWorker(
-        RecommenderSettings(
-            platform=scenario.platform(),
-            port=0,
-            metrics_port=0,
-            histograms_topic=histograms,
-            histogram_partitions=PARTITIONS,
-            events_topic="",
-            recommendations_topic=scenario.recommendations,
-            consumer_group=f"recommender-{suffix}",
-            state_prefix=f"test:{suffix}:recommender",
-            poll_timeout_ms=50,
-        )
-    )
-    async with AsyncExitStack() as stack:
-        for service in (worker, aggregator, fleet):
-            await service.start()
-            stack.push_async_callback(service.stop)
-        yield {"fleet": fleet, "aggregator": aggregator, "worker": worker}
 
 
 async def test_over_provisioned_job_is_right_sized_and_dry_run_job_never_changes(
@@ -130,7 +55,7 @@ async def test_over_provisioned_job_is_right_sized_and_dry_run_job_never_changes
         # No usage history yet: both are released after a short hold with their own limits (§3.1).
         settings = scenario.autopilot_settings([bm.address], hold_grace_s=0.5)
         async with (
-            usage_pipeline(scenario, fresh_database_url, [bm.address]),
+            usage_pipeline(scenario, fresh_database_url, [bm.address], speedup=SPEEDUP),
             autopilot(settings) as master,
             actuator(scenario.actuator_settings([bm.address])) as act,
         ):

@@ -182,6 +182,23 @@ async def test_a_fleet_of_100_machines_registers_serves_polls_and_publishes(
                 await poll(stub, "not-in-this-fleet", epoch=1)
             assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
 
+            # Many machines' polls in one call, each answered as alone; an older desired set
+            # (a lagging link shard's) is ignored.
+            stale = borglet_pb2.DesiredTasks(version=0)
+            batch = borglet_pb2.PollMachinesRequest(
+                polls=[
+                    borglet_pb2.PollRequest(machine_id=machine_ids[0], master_epoch=1, desired=stale),
+                    borglet_pb2.PollRequest(machine_id=machine_ids[1], master_epoch=1),
+                    borglet_pb2.PollRequest(machine_id="not-in-this-fleet", master_epoch=1),
+                ]
+            )
+            answer = await stub.PollMachines(batch)
+            assert [r.machine_id for r in answer.responses] == machine_ids[:2]
+            assert all(r.desired_version == 1 and len(r.tasks) == TASKS_PER_MACHINE for r in answer.responses)
+            assert [(r.machine_id, r.code) for r in answer.refusals] == [
+                ("not-in-this-fleet", grpc.StatusCode.NOT_FOUND.value[0])
+            ]
+
             # Samples from every machine, with trace context in the record headers.
             records = await collect_samples(
                 endpoints.kafka_bootstrap, set(machine_ids), enough=MACHINES * TASKS_PER_MACHINE * 3

@@ -46,6 +46,8 @@ def settings(
             postgres_url=database_url, kafka_bootstrap=endpoints.kafka_bootstrap, log_json=False
         ),
         "replica_index": index,
+        # replica_index is read from the environment by its alias; the id is given outright.
+        "replica_id": f"borgmaster-{index}",
         "port": 0,
         "apply_migrations": False,
         "publish_events": False,

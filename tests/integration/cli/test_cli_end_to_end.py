@@ -8,6 +8,7 @@ an unreachable Borgmaster and a missing Autopilot each get the answer a user nee
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -262,3 +263,52 @@ def test_cell_status_reports_the_fit_test_and_the_observed_cpu_overflow(cell: st
     assert human.exit_code == 0, human.output
     assert "non-prod CPU fit by CPU limits (GPA off)" in human.output
     assert "CPU overflow (machine demand > capacity)" in human.output
+
+
+def test_train_lifetimes_says_how_much_history_the_cell_has(cell: str) -> None:
+    admin = user_token()
+    refused = cli("cell", "train-lifetimes", "--min-runs", "100000", "--borgmaster", cell, token=admin)
+    assert refused.exit_code == 1
+    said = " ".join(refused.output.split())
+    assert re.search(r"the cell's checkpoint log holds \d+ finished task runs", said), said
+    assert "training needs at least 100000 (min_runs)" in said
+    shown = cli("cell", "lifetimes", "--borgmaster", cell)
+    assert shown.exit_code == 0, shown.output
+    assert "placement policy best-fit; no lifetime model" in shown.output
+
+
+def test_an_admin_sets_a_quota_resource_by_resource_and_a_user_cannot(cell: str) -> None:
+    admin = user_token()
+
+    def carol_production() -> dict[str, Any]:
+        result = cli("cell", "quota", "--user", "carol", "--json", "--borgmaster", cell)
+        assert result.exit_code == 0, result.output
+        return next(q for q in json.loads(result.stdout) if q.get("band") == "PRIORITY_BAND_PRODUCTION")
+
+    set_cpu = cli(
+        "cell", "set-quota", "carol", "--cpu", "16", "--memory", "64Gi", "--borgmaster", cell, token=admin
+    )
+    assert set_cpu.exit_code == 0, set_cpu.output
+    set_disk = cli("cell", "set-quota", "carol", "--disk", "100Gi", "--borgmaster", cell, token=admin)
+    assert set_disk.exit_code == 0, set_disk.output
+    limit = carol_production()["limit"]
+    # --disk alone kept the CPU and memory set before
+    assert (int(limit["cpu_millicores"]), int(limit["memory_bytes"]), int(limit["disk_bytes"])) == (
+        16_000,
+        64 << 30,
+        100 << 30,
+    )
+    refused = cli(
+        "cell", "set-quota", "carol", "--cpu", "1000", "--borgmaster", cell, token=user_token("carol")
+    )
+    assert refused.exit_code == 1
+    assert "permission denied" in refused.output
+    assert int(carol_production()["limit"]["cpu_millicores"]) == 16_000
+    bad_band = cli(
+        "cell", "set-quota", "carol", "--band", "prod", "--cpu", "1", "--borgmaster", cell, token=admin
+    )
+    assert bad_band.exit_code == 2
+    assert "--band" in bad_band.output
+    bad_memory = cli("cell", "set-quota", "carol", "--memory", "lots", "--borgmaster", cell, token=admin)
+    assert bad_memory.exit_code == 2
+    assert "--memory" in bad_memory.output

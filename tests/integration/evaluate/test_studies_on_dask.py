@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from cellpilot.cli.main import app
 from cellpilot.evaluate import autopilot_replay, compaction, gpa_study, lava_study
-from cellpilot.evaluate.autopilot_policies import STANDARD_RECOMMENDERS
+from cellpilot.evaluate.autopilot_deciders import STANDARD_RECOMMENDERS
 from cellpilot.evaluate.sharding import IN_PROCESS
 from cellpilot.lifetimes.model import TrainingParams
 from cellpilot.platform.dask_shards import DaskShards, dask_runner

@@ -23,7 +23,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from test_autopilot_end_to_end import LIMIT_CPU, LIMIT_MEMORY, ON, usage_pipeline
+from test_autopilot_end_to_end import LIMIT_CPU, LIMIT_MEMORY, ON, SPEEDUP
+from usage_pipeline import usage_pipeline
 
 from cellpilot.platform.metrics import CellpilotMetrics, MetricsEndpoint, prometheus_reader
 from cellpilot.stack import StackEndpoints
@@ -110,7 +111,9 @@ async def test_one_actuation_is_traced_back_to_usage_samples_and_counted_on_metr
             act = Actuator(
                 scenario.actuator_settings([bm.address], metrics_port=0), CellpilotMetrics.on(meter)
             )
-            await stack.enter_async_context(usage_pipeline(scenario, fresh_database_url, [bm.address]))
+            await stack.enter_async_context(
+                usage_pipeline(scenario, fresh_database_url, [bm.address], speedup=SPEEDUP)
+            )
             for service in (master, act):
                 await service.start()
                 stack.push_async_callback(service.stop)

@@ -61,8 +61,10 @@ REQUIRED_RPCS: dict[str, tuple[str, ...]] = {
     "Monitoring": ("GetHistogramHistory", "GetTaskUsage", "GetBucketScheme"),
 }
 
-# RPCs that change nothing (reads) or converge idempotently on a versioned desired state (Poll).
-NON_MUTATING = re.compile(r"^(Get|List|WhyPending$|Poll$)")
+# RPCs that change nothing (reads) or converge idempotently on a versioned desired state (Poll,
+# PollMachines: many machines' Polls in one call), and a link shard's forwarded poll reports
+# (ReportMachineChanges: machine states the master applies with its own polls' code, fenced by epoch).
+NON_MUTATING = re.compile(r"^(Get|List|WhyPending$|Poll$|PollMachines$|ReportMachineChanges$)")
 
 # Field-name suffix -> the scalar types a field with that unit may have.
 UNIT_TYPES: dict[str, set[int]] = {

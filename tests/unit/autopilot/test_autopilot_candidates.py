@@ -1,6 +1,8 @@
-"""Every built-in recommender from one shared state, checked against the library's own pipelines."""
+"""Every built-in recommender from one shared state, checked against its building blocks."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -20,9 +22,10 @@ from cellpilot.autopilot.candidates import (
     update_candidates,
     update_usage_signal,
 )
-from cellpilot.recommend.ml_ensemble import EnsembleConfig, ModelGrid
-from cellpilot.recommend.pipeline import ml_recommender, moving_window_recommender
-from cellpilot.recommend.policy import JobProfile
+from cellpilot.recommend.ml_ensemble import EnsembleConfig, ModelGrid, initial_ensemble_state, update_ensemble
+from cellpilot.recommend.moving_window import initial_window_state, update_window
+from cellpilot.recommend.policy import evaluate_statistics
+from cellpilot.recommend.post_processing import initial_window_max, update_window_max
 from cellpilot.usage.buckets import GIB, Resource
 
 FIVE_MIN = 300_000
@@ -45,26 +48,49 @@ def histories(resource: Resource, jobs: int, steps: int, seed: int = 1) -> list[
 
 
 @pytest.mark.parametrize("resource", [Resource.CPU, Resource.MEMORY], ids=["cpu", "memory"])
-def test_each_candidate_equals_the_library_pipeline_for_that_recommender(resource: Resource) -> None:
+def test_each_candidate_is_its_estimator_plus_margin_plus_the_max_over_the_last_hour(
+    resource: Resource,
+) -> None:
+    """§3.2.2: statistic -> safety margin -> max over the last hour; §3.2.3: ensemble (eq. 7's
+    margins per model) -> max over the last hour; each checked against its building blocks."""
     config = CandidateConfig.for_resource(resource, SMALL_GRID)
     jobs, steps = 5, 20
     state = initial_candidate_state(config, jobs)
-    references = {
-        kind: moving_window_recommender(JobProfile(resource, statistic_override=statistic))
-        for kind, statistic in WINDOW_STATISTICS.items()
-    }
-    ml = ml_recommender(resource, config=SMALL_GRID, hour_max=True)
-    ref_states = {kind: rec.initial_state(jobs) for kind, rec in references.items()}
-    ml_state = ml.initial_state(jobs)
+    window = initial_window_state(jobs, config.scheme.size, config.window)
+    ensemble = initial_ensemble_state(jobs, config.scheme.size, SMALL_GRID)
+    rings = [initial_window_max(jobs, config.hour_max_slots) for _ in KINDS]
+    boundaries = config.scheme.boundaries
     for step, counts in enumerate(histories(resource, jobs, steps)):
         t = np.full(jobs, (step + 1) * FIVE_MIN, dtype=np.int64)
         state, batch = update_candidates(config, state, counts, t)
-        for kind, rec in references.items():
-            ref_states[kind], ref = rec.update_batch(ref_states[kind], counts, t)
-            np.testing.assert_allclose(batch.value[:, KINDS.index(kind)], ref.value, rtol=1e-12)
-            np.testing.assert_allclose(batch.raw_value[:, KINDS.index(kind)], ref.raw_value, rtol=1e-12)
-        ml_state, ml_ref = ml.update_batch(ml_state, counts, t)
-        np.testing.assert_allclose(batch.value[:, KINDS.index(CandidateKind.ML)], ml_ref.value, rtol=1e-12)
+        window, stats = update_window(config.window, boundaries, window, counts, t)
+        ensemble, decision = update_ensemble(SMALL_GRID, boundaries, ensemble, counts, t)
+        for c, kind in enumerate(KINDS):
+            if kind is CandidateKind.ML:
+                expected = decision.limit
+            else:
+                raw, _ = evaluate_statistics(np.full(jobs, WINDOW_STATISTICS[kind], np.int8), stats)
+                expected, _ = config.margin.apply(raw)
+                np.testing.assert_allclose(batch.raw_value[:, c], raw, rtol=1e-12)
+            rings[c], hour_max = update_window_max(rings[c], expected, t, config.hour_max_slot_ms)
+            np.testing.assert_allclose(batch.value[:, c], np.fmax(expected, hour_max), rtol=1e-12)
+
+
+def test_a_caller_may_skip_a_group_of_candidates_without_changing_the_others() -> None:
+    full = CandidateConfig.for_resource(Resource.MEMORY, SMALL_GRID)
+    no_ml = replace(full, with_ml=False)
+    only_ml = replace(full, with_window=False)
+    states = {c: initial_candidate_state(c, 3) for c in (full, no_ml, only_ml)}
+    ml = KINDS.index(CandidateKind.ML)
+    for step, counts in enumerate(histories(Resource.MEMORY, 3, 6)):
+        t = np.full(3, (step + 1) * FIVE_MIN)
+        out = {}
+        for c in (full, no_ml, only_ml):
+            states[c], out[c] = update_candidates(c, states[c], counts, t)
+        np.testing.assert_array_equal(out[no_ml].value[:, :ml], out[full].value[:, :ml])
+        assert np.isnan(out[no_ml].value[:, ml]).all()
+        np.testing.assert_array_equal(out[only_ml].value[:, ml], out[full].value[:, ml])
+        assert np.isnan(out[only_ml].value[:, :ml]).all()
 
 
 def test_the_state_round_trips_through_bytes() -> None:

@@ -20,6 +20,7 @@ from cellpilot.autopilot.decisions import (
     remember_sent,
 )
 from cellpilot.autopilot.selection import (
+    AutoMl,
     ClampReason,
     JobTraits,
     RecommenderRef,
@@ -272,3 +273,24 @@ def test_idempotency_key_is_deterministic_and_depends_on_the_token() -> None:
     same, _ = decide(job(), candidates(cpu=2000.0), None, JobMemory(), POLICY, 10 * MIN)
     assert idempotency_key(decision, 3) == idempotency_key(same, 3)
     assert idempotency_key(decision, 3) != idempotency_key(decision, 4)
+
+
+@pytest.mark.parametrize(
+    ("resource", "job_class", "auto_ml", "expected"),
+    [
+        (Resource.MEMORY, JobClass.SERVING, AutoMl.SERVING_MEMORY, CandidateKind.ML),
+        (Resource.MEMORY, JobClass.BATCH, AutoMl.SERVING_MEMORY, CandidateKind.MOVING_WINDOW_MAX),
+        (Resource.CPU, JobClass.SERVING, AutoMl.SERVING_MEMORY, CandidateKind.MOVING_WINDOW_P95),
+        (Resource.MEMORY, JobClass.SERVING, AutoMl.NEVER, CandidateKind.MOVING_WINDOW_MAX),
+        (Resource.CPU, JobClass.BATCH, AutoMl.ALWAYS, CandidateKind.ML),
+    ],
+    ids=["serving-memory-ml", "batch-memory-table", "cpu-table", "never", "always"],
+)
+def test_auto_follows_section_4_2_and_says_why(
+    resource: Resource, job_class: JobClass, auto_ml: AutoMl, expected: CandidateKind
+) -> None:
+    traits = JobTraits(job_class, LatencySensitivity.HIGH, OomTolerance.MINIMAL)
+    selection = select_recommender(resource, VerticalConfig(), traits, (), auto_ml)
+    assert selection.ref.kind == expected.value
+    assert ("§4.2" in selection.note) is (expected is CandidateKind.ML)
+    assert DecisionPolicy().auto_ml is AutoMl.SERVING_MEMORY  # the master's default

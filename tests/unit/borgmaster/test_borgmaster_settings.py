@@ -1,4 +1,4 @@
-"""The Borgmaster's GPA setting: validated with one line naming it (GPA §4)."""
+"""The Borgmaster's GPA and placement settings: validated with one line naming them (GPA §4, LAVA §4)."""
 
 from __future__ import annotations
 
@@ -40,3 +40,31 @@ def test_the_service_refuses_to_start_with_one_line_naming_the_bad_setting() -> 
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("invalid Borgmaster settings: gpa_rho:")
     assert "must be in (0, 0.5); got 0.7" in lines[0]
+
+
+@pytest.mark.parametrize("policy", ["best-fit", "las", "lava"])
+def test_placement_policy_accepts_the_baseline_las_and_lava(policy: str) -> None:
+    assert BorgmasterSettings(placement_policy=policy).placement_policy == policy
+
+
+@pytest.mark.parametrize("policy", ["LAVA", "lars", "worst-fit", ""])
+def test_an_unknown_placement_policy_is_refused_naming_the_setting(policy: str) -> None:
+    with pytest.raises(ValidationError, match="CELLPILOT_BORGMASTER_PLACEMENT_POLICY"):
+        BorgmasterSettings(placement_policy=policy)
+
+
+def test_the_service_refuses_to_start_with_an_unknown_placement_policy() -> None:
+    env = {**os.environ, "CELLPILOT_BORGMASTER_PLACEMENT_POLICY": "lars"}
+    done = subprocess.run(
+        [sys.executable, "-m", "cellpilot_services.borgmaster"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("invalid Borgmaster settings: placement_policy:")
+    assert "must be one of best-fit, las, lava; got 'lars'" in lines[0]

@@ -13,8 +13,8 @@ from cellpilot.client.errors import (
     UnavailableError,
     error_from_status,
 )
-from cellpilot.client.failover import LEADER_METADATA_KEY, RETRYABLE, leader_hint
-from cellpilot.platform.error_reasons import ERROR_REASON_KEY, QUOTA_EXCEEDED, reason_of
+from cellpilot.client.failover import RETRYABLE, leader_hint
+from cellpilot.platform.error_reasons import ERROR_REASON_KEY, LEADER_METADATA_KEY, QUOTA_EXCEEDED, reason_of
 
 
 def _table() -> list[tuple[str, str, str, str]]:

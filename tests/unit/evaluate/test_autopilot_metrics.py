@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,6 +13,7 @@ from cellpilot.evaluate.autopilot_metrics import (
     TABLE2_ROWS,
     DayAccumulator,
     JobDays,
+    add_bound_ratios,
     cdf,
     goals,
     seriously_impacted,
@@ -191,12 +194,20 @@ def test_study_summary_uses_serving_jobs_and_breaks_down_the_rest() -> None:
         summarise_study(rows, 1.0, 1, population="nope")
 
 
-def _summary(slack: float, free: float = 1.0, oom: float = 0.0) -> dict[str, float]:
+def _summary(slack: float, free: float = 1.0, oom: float = 0.0, absolute: float = 1.0) -> dict[str, float]:
     return {
         "relative_slack_mean": slack,
         "oom_free_job_days_fraction": free,
         "relative_oom_rate_per_task_day": oom,
+        "absolute_slack_machines": absolute,
     }
+
+
+def _with_bound(summaries: dict[str, dict[str, float]], bound_slack: float) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in summaries.items()}
+    out["clairvoyant"] = _summary(-0.05, absolute=bound_slack)
+    add_bound_ratios(out)
+    return out
 
 
 @pytest.mark.parametrize(
@@ -207,7 +218,7 @@ def _summary(slack: float, free: float = 1.0, oom: float = 0.0) -> dict[str, flo
                 "manual-hard": _summary(0.6),
                 "manual-soft": _summary(0.46),
                 "moving-window": _summary(0.31, 0.996),
-                "ml": _summary(0.23, 0.997, 0.01),
+                "ml": _summary(0.23, 0.997, 0.01, absolute=14.0),
                 "vpa": _summary(0.3, 0.99, 0.02),
             },
             [True, True, True, True],
@@ -217,16 +228,23 @@ def _summary(slack: float, free: float = 1.0, oom: float = 0.0) -> dict[str, flo
                 "manual-hard": _summary(0.6),
                 "manual-soft": _summary(0.46),
                 "moving-window": _summary(0.2, 0.99),
-                "ml": _summary(0.23, 0.995, 0.03),
+                "ml": _summary(0.23, 0.994, 0.03, absolute=16.0),
                 "vpa": _summary(0.3, 0.99, 0.02),
             },
-            [False, False, True, False],
+            [False, False, False, False],
         ),
     ],
     ids=["paper-like", "missed"],
 )
 def test_goals(summaries: dict[str, dict[str, float]], expected: list[bool]) -> None:
-    assert [g.met for g in goals(summaries)] == expected
+    """Slack ordering; ML >= 99.5 % OOM-free; ML below VPA at no more OOMs; ML within 1.5x the bound."""
+    assert [g.met for g in goals(_with_bound(summaries, bound_slack=10.0))] == expected
+
+
+def test_bound_ratio_is_absolute_slack_over_the_bounds() -> None:
+    summaries = _with_bound({"ml": _summary(0.2, absolute=15.0)}, bound_slack=10.0)
+    assert summaries["ml"]["absolute_slack_vs_bound"] == pytest.approx(1.5)
+    assert summaries["clairvoyant"]["absolute_slack_vs_bound"] == pytest.approx(1.0)
 
 
 @settings(max_examples=40, deadline=None)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cellpilot.evaluate.autopilot_policies import STANDARD_RECOMMENDERS, parse_recommenders
+from cellpilot.evaluate.autopilot_deciders import STANDARD_RECOMMENDERS, parse_recommenders
 from cellpilot.evaluate.autopilot_replay import (
     Actuation,
     ReplayConfig,
@@ -153,7 +153,9 @@ def test_autopilot_recommenders_size_a_steady_job_and_avoid_its_ooms() -> None:
     for name, r in rows.items():
         # Only the first windows (before a recommendation is in force) can OOM.
         assert r.ooms[1] == 0, name
-        assert 1.1 * GIB <= r.average_limit[1] <= 1.6 * GIB, name
+        # Above the peak; the services' OOM reaction (each kill bumps the limit by 20 % and
+        # adds that value to the history) can leave ML well above it, not unboundedly so.
+        assert 1.1 * GIB <= r.average_limit[1] <= 2.0 * GIB, name
         assert 0.0 < r.relative_slack[1] < 0.4, name
 
 

@@ -14,7 +14,7 @@ from cellpilot.evaluate.autopilot_metrics import TABLE2_ROWS, table2_label
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLES = ROOT / "libs" / "cellpilot" / "workloads" / "data"
-RECOMMENDERS = {"manual-hard", "manual-soft", "moving-window", "ml", "vpa"}
+RECOMMENDERS = {"manual-hard", "manual-soft", "moving-window", "ml", "vpa", "clairvoyant"}
 FIGURE_PLOTS = (  # Figures 3a, 3b, 5 and 7 of the paper
     "fig3a_relative_slack_cdf",
     "fig3b_absolute_slack_cdf",
@@ -73,7 +73,7 @@ def test_a_tiny_synthetic_workload(tmp_path: Path) -> None:
     _check_outputs(out, summary, job_days=4)  # 4 jobs x 1 measured day, batch jobs included
     run = json.loads((out / "run.json").read_text())
     assert run["replayed_job_days"] == 4 * 2
-    assert run["ml_config"].startswith("tuned")
+    assert run["ml_config"].startswith("shipped")
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,8 @@ import pytest
 from cellpilot.lifetimes.distribution import NUM_BINS, LifetimeDistribution, lifetime_bin
 from cellpilot.lifetimes.distribution_model import DistributionModel, DistributionParams
 from cellpilot.lifetimes.features import NUM_FEATURES, vm_features
-from cellpilot.lifetimes.predictors import DistributionPredictor
+from cellpilot.lifetimes.predictors import DEFAULT_CLASS_RISK, DistributionPredictor, estimate_lifetimes
+from cellpilot.lifetimes.training_examples import expand_at_uptimes
 from cellpilot.schedule.lifetime_aware.lifetime_scores import LIFETIME_CLASS_UPPER
 from cellpilot.workloads.vm_trace import VmTrace, VmTraceConfig, generate_vm_trace
 
@@ -94,13 +95,18 @@ def test_bad_feature_shapes_are_rejected(mixture: DistributionModel) -> None:
 
 
 class _Fixed:
-    """A stand-in model with given distributions (the predictor only calls predict_distribution)."""
+    """A stand-in creation-time model with given distributions (what the predictor calls)."""
+
+    uptime_grid = None
 
     def __init__(self, probs: np.ndarray) -> None:
         self.probs = probs
 
-    def predict_distribution(self, features: np.ndarray) -> LifetimeDistribution:
+    def predict_distribution(self, features: np.ndarray, uptime: float = 0.0) -> LifetimeDistribution:
         return LifetimeDistribution(self.probs[: features.shape[0]])
+
+    def grid_index(self, uptime: np.ndarray) -> np.ndarray:
+        return np.zeros(np.shape(uptime), dtype=np.int64)
 
 
 def trace_of(n: int) -> VmTrace:
@@ -156,8 +162,11 @@ def test_remaining_is_the_conditional_mean_or_a_quantile() -> None:
 # No future leakage: what the model sees of a VM at uptime u is its creation-time features and
 # u. Changing anything that happens after the VM's creation + u (its own deletion, any later VM)
 # must not change a feature, a prediction or a class at uptime u.
+@pytest.mark.parametrize("uptime_input", [False, True], ids=["creation-model", "uptime-model"])
 @pytest.mark.parametrize("uptime_h", [0.0, 0.5, 3.0, 40.0])
-def test_features_and_predictions_at_uptime_u_use_only_data_up_to_u(uptime_h: float) -> None:
+def test_features_and_predictions_at_uptime_u_use_only_data_up_to_u(
+    uptime_h: float, uptime_input: bool
+) -> None:
     trace = generate_vm_trace(
         np.random.default_rng(4), VmTraceConfig(days=0.5, hosts=4, calibration_samples=3000)
     )
@@ -174,7 +183,8 @@ def test_features_and_predictions_at_uptime_u_use_only_data_up_to_u(uptime_h: fl
     future = future.subset(shuffled)
     assert np.all(future.deleted[rows] > cut)  # each VM is still alive at its "now" in both worlds
     np.testing.assert_array_equal(vm_features(trace)[rows], vm_features(future)[rows])
-    model = DistributionModel.train(vm_features(trace), trace.lifetime, SMALL)  # trained on a fixed history
+    params = replace(SMALL, uptime_input=uptime_input)
+    model = DistributionModel.train(vm_features(trace), trace.lifetime, params)  # on a fixed history
     now_a = DistributionPredictor(model, trace)
     now_b = DistributionPredictor(model, future)
     uptimes = np.full(rows.size, u)
@@ -182,3 +192,64 @@ def test_features_and_predictions_at_uptime_u_use_only_data_up_to_u(uptime_h: fl
     np.testing.assert_array_equal(
         now_a.lifetime_classes(rows, uptimes), now_b.lifetime_classes(rows, uptimes)
     )
+
+
+def test_bins_without_training_examples_get_no_probability(mixture: DistributionModel) -> None:
+    # The mixture's lifetimes (0.3, 2, 150 h) fill three bins; the model has a class for those
+    # only (empty classes once stopped training after one round), the rest get exactly 0.
+    present = {int(lifetime_bin(h * HOUR)) for h in (0.3, 2.0, 150.0)}
+    assert set(mixture.bins) == present
+    probs = mixture.predict_distribution(vms([0, 1])).probs
+    absent = [b for b in range(NUM_BINS) if b not in present]
+    assert np.all(probs[:, absent] == 0.0)
+    assert mixture.num_trees > 3 * 5  # more than a handful of boosting rounds
+
+
+def test_examples_at_an_uptime_are_the_vms_alive_then() -> None:
+    life = np.array([0.5, 3.0, 30.0]) * HOUR
+    grid = np.array([0.0, 1.0, 10.0, 100.0]) * HOUR
+    inputs, labels, rows = expand_at_uptimes(vms([0, 1, 2]), life, grid)
+    assert rows.tolist() == [0, 1, 2, 1, 2, 2]  # none at 100 h: nobody lived that long
+    assert (inputs[:, -1]).tolist() == [0.0, 0.0, 0.0, 1.0, 1.0, 10.0]  # uptime in hours, last column
+    np.testing.assert_array_equal(labels, life[rows])  # the label is the whole lifetime
+    with pytest.raises(ValueError, match="increasing"):
+        expand_at_uptimes(vms([0]), life[:1], np.array([1.0, 0.0]))
+
+
+@pytest.fixture(scope="module")
+def uptime_model() -> DistributionModel:
+    """The mixture of :func:`mixture`, learnt with the uptime as an input (§3's expansion)."""
+    rng = np.random.default_rng(0)
+    cats = rng.integers(0, 2, size=4000)
+    life = np.where(cats == 0, 2.0, np.where(rng.random(4000) < 0.7, 0.3, 150.0)) * HOUR
+    return DistributionModel.train(vms(cats.tolist()), life, replace(SMALL, uptime_input=True))
+
+
+def test_the_uptime_model_learns_what_is_left_after_an_uptime(uptime_model: DistributionModel) -> None:
+    assert uptime_model.uptime_aware
+    at_creation = uptime_model.predict_distribution(vms([1]))
+    assert at_creation.probs[0, lifetime_bin(0.3 * HOUR)] == pytest.approx(0.7, abs=0.05)
+    # At 1 h of uptime the model is run at the 1 h grid uptime: only the 150 h mode is left.
+    x = vms([1, 1])
+    u = np.array([0.0, 1.5 * HOUR])
+    assert uptime_model.grid_index(u).tolist() == [0, 4]
+    later = uptime_model.predict_distribution(x[1:], u[1])
+    assert later.probs[0, lifetime_bin(150.0 * HOUR)] > 0.95
+    mean0, mean1 = uptime_model.predict_remaining(x, u) / HOUR
+    assert mean0 == pytest.approx(0.7 * 0.3 + 0.3 * 150, rel=0.15)
+    assert mean1 == pytest.approx(150 - 1.5, rel=0.15)
+    # One rule for LAVA's class, whichever model: outlives 100 h w.p. ~30 % -> LC4.
+    est = estimate_lifetimes(uptime_model, x, u, DEFAULT_CLASS_RISK)
+    assert est.lifetime_class.tolist() == [3, 3]
+    np.testing.assert_allclose(uptime_model.predict_probs_one(x[1], u[1]), later.probs[0], rtol=1e-9)
+
+
+def test_the_uptime_model_round_trips_through_its_file(
+    uptime_model: DistributionModel, tmp_path: Path
+) -> None:
+    path = tmp_path / "model.json"
+    uptime_model.save(path)
+    loaded = DistributionModel.load(path)
+    assert (loaded.uptime_grid_hours, loaded.bins) == (uptime_model.uptime_grid_hours, uptime_model.bins)
+    x, u = vms([0, 1]), np.array([0.0, 20 * HOUR])
+    np.testing.assert_allclose(loaded.predict_remaining(x, u), uptime_model.predict_remaining(x, u))

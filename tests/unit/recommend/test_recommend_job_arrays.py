@@ -7,10 +7,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from cellpilot.autopilot.candidates import CandidateConfig, CandidateState, initial_candidate_state
 from cellpilot.recommend.job_arrays import JobArrays
 from cellpilot.recommend.ml_ensemble import EnsembleConfig, EnsembleState, ModelGrid, initial_ensemble_state
 from cellpilot.recommend.moving_window import WindowConfig, WindowState, initial_window_state
-from cellpilot.recommend.pipeline import RecommenderState, moving_window_recommender
 from cellpilot.usage.buckets import Resource
 
 CONFIG = WindowConfig(half_life_ms=1000, peak_samples=3)
@@ -38,14 +38,13 @@ def test_take_concat_and_split_are_inverse() -> None:
     assert state.nbytes == sum(a.nbytes for a in vars(state).values())
 
 
-def test_nested_states_with_stateless_steps_round_trip() -> None:
-    recommender = moving_window_recommender(Resource.CPU)
-    state = recommender.initial_state(3)
-    assert None in state.steps  # the margin and bounds steps keep no state
+def test_nested_states_round_trip() -> None:
+    state = initial_candidate_state(CandidateConfig.for_resource(Resource.CPU), 3)
+    assert isinstance(state.hour_max, tuple)  # a tuple of per-recommender rings
     restored = JobArrays.from_bytes(state.to_bytes())
-    assert isinstance(restored, RecommenderState)
+    assert isinstance(restored, CandidateState)
     assert restored.equals(state)
-    assert RecommenderState.concat([state.take([0]), state.take([1, 2])]).equals(state)
+    assert CandidateState.concat([state.take([0]), state.take([1, 2])]).equals(state)
 
 
 def test_float_nan_and_integer_arrays_survive_bytes() -> None:

@@ -147,7 +147,8 @@ def test_switching_penalties_suppress_oscillation() -> None:
         )
 
     free_limit_changes, _ = limit_changes(0.0, 0.0)
-    held_limit_changes, held_model_changes = limit_changes(0.5, 0.5)
+    # Eqs. 4-5 count raw samples (8 per histogram): penalties of half a histogram's mass.
+    held_limit_changes, held_model_changes = limit_changes(4.0, 4.0)
     assert free_limit_changes >= 15  # it flips almost every step without penalties
     assert held_limit_changes <= 1
     assert held_model_changes <= 1

@@ -1,4 +1,4 @@
-"""Post-processing: the 10-15 % margin curve, the max over the last hour, user bounds."""
+"""Post-processing: the 10-15 % margin curve, the max over the last hour."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import pytest
 from cellpilot.recommend.post_processing import (
     HOUR_MS,
     MINUTE_MS,
-    ClampReason,
     MarginCurve,
-    clamp_to_bounds,
     initial_window_max,
     update_window_max,
 )
@@ -73,32 +71,3 @@ def test_nan_values_are_not_recorded() -> None:
     out = run_hour_max([(0, float("nan")), (MINUTE_MS, 2.0), (2 * MINUTE_MS, float("nan"))])
     assert math.isnan(out[0])
     assert out[1:] == [2.0, 2.0]
-
-
-@pytest.mark.parametrize(
-    ("value", "lower", "upper", "expected", "reason"),
-    [
-        (5.0, None, None, 5.0, ClampReason.NONE),
-        (5.0, 6.0, None, 6.0, ClampReason.LOWER_BOUND),
-        (5.0, None, 4.0, 4.0, ClampReason.UPPER_BOUND),
-        (5.0, 1.0, 9.0, 5.0, ClampReason.NONE),
-        (5.0, float("nan"), 4.0, 4.0, ClampReason.UPPER_BOUND),
-        (float("nan"), 1.0, 9.0, float("nan"), ClampReason.NONE),
-    ],
-    ids=["no-bounds", "raised", "cut", "inside", "nan-lower-means-none", "no-recommendation"],
-)
-def test_user_bounds_clamp_and_say_why(
-    value: float, lower: float | None, upper: float | None, expected: float, reason: ClampReason
-) -> None:
-    out, why = clamp_to_bounds(
-        np.array([value]),
-        None if lower is None else np.array([lower]),
-        None if upper is None else np.array([upper]),
-    )
-    assert float(out[0]) == pytest.approx(expected, nan_ok=True)
-    assert ClampReason(int(why[0])) is reason
-
-
-def test_inverted_bounds_are_a_configuration_error() -> None:
-    with pytest.raises(ValueError):
-        clamp_to_bounds(np.array([1.0]), np.array([5.0]), np.array([4.0]))

@@ -9,6 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ml_reference import Params, brute_force
 
+from cellpilot.autopilot.candidates import (
+    KINDS,
+    CandidateConfig,
+    CandidateKind,
+    CandidateState,
+    initial_candidate_state,
+    update_candidates,
+)
 from cellpilot.recommend.horizontal import (
     CpuHorizontalRecommender,
     CpuUtilisationSource,
@@ -30,31 +38,15 @@ from cellpilot.recommend.moving_window import (
     update_window,
     weighted_percentile,
 )
-from cellpilot.recommend.pipeline import (
-    RecommenderState,
-    VerticalRecommender,
-    ml_recommender,
-    moving_window_recommender,
-)
-from cellpilot.recommend.policy import JobClass, JobProfile, LatencySensitivity, OomTolerance
 from cellpilot.usage.buckets import CPU_SCHEME, Resource
 from cellpilot.usage.histogram import Histogram
 
 FIVE = 300_000
 B = CPU_SCHEME.boundaries
-PROFILES = {
-    "cpu-batch-avg": JobProfile(Resource.CPU, JobClass.BATCH),
-    "cpu-serving-p90": JobProfile(Resource.CPU),
-    "cpu-serving-p95": JobProfile(Resource.CPU, latency=LatencySensitivity.HIGH),
-    "mem-low-p98": JobProfile(Resource.MEMORY, oom_tolerance=OomTolerance.LOW),
-    "mem-minimal-max": JobProfile(Resource.MEMORY, oom_tolerance=OomTolerance.MINIMAL),
-    "mem-intermediate": JobProfile(Resource.MEMORY, oom_tolerance=OomTolerance.INTERMEDIATE),
-}
-# Every vertical recommender, all on the CPU bucket scheme so one histogram strategy serves all.
-RECOMMENDERS: dict[str, VerticalRecommender] = {
-    name: moving_window_recommender(profile, scheme=CPU_SCHEME) for name, profile in PROFILES.items()
-}
-RECOMMENDERS["ml-default-grid"] = ml_recommender(Resource.CPU)
+# Every built-in vertical recommender (the worker's candidates: every moving-window statistic
+# and the ML ensemble), all on the CPU bucket scheme so one histogram strategy serves all.
+CONFIG = CandidateConfig.for_resource(Resource.CPU)
+RECOMMENDERS = [kind.value for kind in KINDS]
 
 # A history: per 5-minute window, sparse counts {bucket: samples} kept away from the top
 # bucket (so shifting up stays inside the scheme), and time gaps between windows.
@@ -75,19 +67,18 @@ def dense(window: dict[int, int], shift: int = 0) -> np.ndarray:
     return counts
 
 
-def run(
-    recommender: VerticalRecommender, history: list[tuple[dict[int, int], int]], shift: int = 0
-) -> list[float]:
-    state = recommender.initial_state()
+def run(kind: str, history: list[tuple[dict[int, int], int]], shift: int = 0) -> list[float]:
+    column = KINDS.index(CandidateKind(kind))
+    state = initial_candidate_state(CONFIG)
     t, out = 0, []
     for window, gap in history:
         t += gap * FIVE
-        state, batch = recommender.update_batch(state, dense(window, shift)[None, :], np.array([t]))
-        out.append(float(batch.value[0]))
+        state, batch = update_candidates(CONFIG, state, dense(window, shift)[None, :], np.array([t]))
+        out.append(float(batch.value[0, column]))
     return out
 
 
-@pytest.mark.parametrize("name", list(RECOMMENDERS), ids=list(RECOMMENDERS))
+@pytest.mark.parametrize("name", RECOMMENDERS, ids=RECOMMENDERS)
 @settings(max_examples=25, deadline=None)
 @given(history=windows, shift=st.integers(1, 20))
 def test_recommendations_are_monotone_when_all_usage_is_scaled_up(
@@ -95,9 +86,8 @@ def test_recommendations_are_monotone_when_all_usage_is_scaled_up(
 ) -> None:
     # With geometric buckets, multiplying every sample by ratio**shift moves every count up
     # by ``shift`` buckets: a uniform shift on the scheme's (logarithmic) scale.
-    recommender = RECOMMENDERS[name]
-    base = np.asarray(run(recommender, history))
-    scaled = np.asarray(run(recommender, history, shift))
+    base = np.asarray(run(name, history))
+    scaled = np.asarray(run(name, history, shift))
     assert np.array_equal(np.isnan(base), np.isnan(scaled))
     known = ~np.isnan(base)
     assert np.all(scaled[known] >= base[known])
@@ -143,47 +133,45 @@ def test_load_adjusted_percentile_is_not_monotone_under_an_additive_shift() -> N
 @given(samples=raw_windows, peak_samples=st.integers(1, 8))
 def test_s_max_is_never_below_the_observed_peak(samples: list[list[float]], peak_samples: int) -> None:
     config = WindowConfig(half_life_ms=3_600_000, peak_samples=peak_samples)
-    recommender = moving_window_recommender(
-        JobProfile(Resource.MEMORY, oom_tolerance=OomTolerance.MINIMAL), scheme=CPU_SCHEME, config=config
-    )
+    candidates = CandidateConfig(Resource.CPU, CPU_SCHEME, config, CONFIG.margin, with_ml=False)
+    column = KINDS.index(CandidateKind.MOVING_WINDOW_MAX)
     state = initial_window_state(1, B.size, config)
-    pipeline_state = recommender.initial_state()
+    candidate_state = initial_candidate_state(candidates)
     for i, values in enumerate(samples):
         hist = Histogram.from_values(CPU_SCHEME, i * FIVE, values)
         state, window = update_window(config, B, state, hist.counts[None, :], np.array([hist.end_ms]))
-        pipeline_state, rec = recommender.update(pipeline_state, hist)
+        candidate_state, batch = update_candidates(
+            candidates, candidate_state, hist.counts[None, :], np.array([hist.end_ms])
+        )
         peak = max(max(v) for v in samples[max(0, i + 1 - peak_samples) : i + 1])
         assert float(window.s_max[0]) >= peak
-        assert rec.value is not None
-        assert rec.value >= peak
+        assert float(batch.value[0, column]) >= peak
 
 
 def equal_outputs(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return all(np.array_equal(x, y, equal_nan=True) for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.parametrize("name", list(RECOMMENDERS), ids=list(RECOMMENDERS))
 @settings(max_examples=10, deadline=None)
 @given(history=windows, cut=st.integers(0, 8))
 def test_vertical_state_round_trips_through_bytes(
-    name: str, history: list[tuple[dict[int, int], int]], cut: int
+    history: list[tuple[dict[int, int], int]], cut: int
 ) -> None:
-    recommender = RECOMMENDERS[name]
-    state = recommender.initial_state()
-    restored = recommender.initial_state()
+    state = initial_candidate_state(CONFIG)
+    restored = initial_candidate_state(CONFIG)
     t = 0
     for i, (window, gap) in enumerate(history):
         t += gap * FIVE
         if i == cut:
             data = restored.to_bytes()
-            restored = RecommenderState.from_bytes(data)
+            restored = CandidateState.from_bytes(data)
             assert restored.equals(state)
             assert restored.to_bytes() == data
         counts, times = dense(window)[None, :], np.array([t])
-        state, expected = recommender.update_batch(state, counts, times)
-        restored, got = recommender.update_batch(restored, counts, times)
+        state, expected = update_candidates(CONFIG, state, counts, times)
+        restored, got = update_candidates(CONFIG, restored, counts, times)
         assert np.array_equal(expected.value, got.value, equal_nan=True)
-    assert RecommenderState.from_bytes(state.to_bytes()).equals(state)
+    assert CandidateState.from_bytes(state.to_bytes()).equals(state)
 
 
 @settings(max_examples=30, deadline=None)

@@ -17,6 +17,8 @@ from cellpilot.api.v1 import (
     borglet_pb2,
     borgmaster_pb2,
     job_pb2,
+    lifetimes_pb2,
+    link_shard_pb2,
     machine_pb2,
     monitoring_pb2,
     recommendation_pb2,
@@ -29,12 +31,15 @@ SERVICES = [
     autopilot_pb2.DESCRIPTOR.services_by_name["Autopilot"],
     borglet_pb2.DESCRIPTOR.services_by_name["Borglet"],
     monitoring_pb2.DESCRIPTOR.services_by_name["Monitoring"],
+    link_shard_pb2.DESCRIPTOR.services_by_name["LinkShards"],
 ]
 ALL_METHODS = {f"/{s.full_name}/{m.name}": m for s in SERVICES for m in s.methods}
 MUTATING = sorted(
     name
     for name, m in ALL_METHODS.items()
-    if "request_id" in m.input_type.fields_by_name or ".Borglet/" in name
+    if "request_id" in m.input_type.fields_by_name
+    or ".Borglet/" in name
+    or name.endswith("/ReportMachineChanges")
 )
 
 ON, OFF, DRY = job_pb2.SCALING_MODE_ON, job_pb2.SCALING_MODE_OFF, job_pb2.SCALING_MODE_DRY_RUN
@@ -56,6 +61,7 @@ ALICE_VIA_DASHBOARD = Principal(user="alice", service="dashboard", authenticated
 
 DENIED = grpc.StatusCode.PERMISSION_DENIED
 BM, AP, BL = "/cellpilot.api.v1.Borgmaster/", "/cellpilot.api.v1.Autopilot/", "/cellpilot.api.v1.Borglet/"
+LS = "/cellpilot.api.v1.LinkShards/"
 
 
 def submit(user: str, alloc_set: str = "") -> borgmaster_pb2.SubmitJobRequest:
@@ -83,6 +89,8 @@ def register(machine_id: str) -> Message:
 CPU, MEM, COUNT = "task.limits.cpu_millicores", "task.limits.memory_bytes", "task_count"
 SET_QUOTA = borgmaster_pb2.SetQuotaRequest(request_id="r", user="alice")
 DRAIN = borgmaster_pb2.SetMachineStateRequest(request_id="r", machine_id="machine-r0-1")
+LARS_DRAIN = lifetimes_pb2.DrainMachineRequest(request_id="r", machine_id="machine-r0-1")
+TRAIN = lifetimes_pb2.TrainLifetimesRequest(request_id="r")
 PUBLISH = autopilot_pb2.PublishRecommendationsRequest(
     request_id="r", recommender_name="alice-rec", recommendations=recommendation_pb2.RecommendationSet()
 )
@@ -128,6 +136,12 @@ CASES: list[tuple[str, str, Message, Principal, grpc.StatusCode | None]] = [
     ("drain-by-user", BM + "SetMachineState", DRAIN, ALICE, DENIED),
     ("drain-by-borglet", BM + "SetMachineState", DRAIN, BORGLET, DENIED),
     ("drain-by-admin", BM + "SetMachineState", DRAIN, ROOT, None),
+    ("lars-drain-by-user", BM + "DrainMachine", LARS_DRAIN, ALICE, DENIED),
+    ("lars-drain-by-borglet", BM + "DrainMachine", LARS_DRAIN, BORGLET, DENIED),
+    ("lars-drain-by-admin", BM + "DrainMachine", LARS_DRAIN, ROOT, None),
+    # The cell's lifetime model (LAVA §3): trained for everyone, so by the administrator only.
+    ("train-lifetimes-by-user", BM + "TrainLifetimes", TRAIN, ALICE, DENIED),
+    ("train-lifetimes-by-admin", BM + "TrainLifetimes", TRAIN, ROOT, None),
     # Quotas: admin only, even one's own.
     ("quota-own-by-user", BM + "SetQuota", SET_QUOTA, ALICE, DENIED),
     ("quota-by-actuator", BM + "SetQuota", SET_QUOTA, ACTUATOR, DENIED),
@@ -164,6 +178,15 @@ CASES: list[tuple[str, str, Message, Principal, grpc.StatusCode | None]] = [
     ("borglet-update-by-borglet", BL + "UpdateTask", borglet_pb2.UpdateTaskRequest(), BORGLET, DENIED),
     ("borglet-poll-by-master", BL + "Poll", borglet_pb2.PollRequest(), BORGMASTER, None),
     ("borglet-poll-by-user", BL + "Poll", borglet_pb2.PollRequest(), ALICE, DENIED),
+    ("borglet-poll-many-by-master", BL + "PollMachines", borglet_pb2.PollMachinesRequest(), BORGMASTER, None),
+    ("borglet-poll-many-by-borglet", BL + "PollMachines", borglet_pb2.PollMachinesRequest(), BORGLET, DENIED),
+    # Only Borgmaster replicas forward link-shard reports (Borg §3.3).
+    ("shard-report-by-replica", LS + "ReportMachineChanges",
+     link_shard_pb2.ReportMachineChangesRequest(), BORGMASTER, None),
+    ("shard-report-by-borglet", LS + "ReportMachineChanges",
+     link_shard_pb2.ReportMachineChangesRequest(), BORGLET, DENIED),
+    ("shard-report-by-admin", LS + "ReportMachineChanges",
+     link_shard_pb2.ReportMachineChangesRequest(), ROOT, DENIED),
 ]  # fmt: skip
 
 

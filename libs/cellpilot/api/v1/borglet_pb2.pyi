@@ -317,6 +317,84 @@ class PollResponse(_message.Message):
 Global___PollResponse: _TypeAlias = PollResponse  # noqa: Y015
 
 @_typing.final
+class PollMachinesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def polls(self) -> _containers.RepeatedCompositeFieldContainer[Global___PollRequest]:
+        """at most one per machine"""
+
+    def __init__(
+        self,
+        *,
+        polls: _abc.Iterable[Global___PollRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["polls", b"polls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PollMachinesRequest: _TypeAlias = PollMachinesRequest  # noqa: Y015
+
+@_typing.final
+class PollRefusal(_message.Message):
+    """Why one machine's poll in a PollMachines call was not answered (what Poll would have failed with)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MACHINE_ID_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    machine_id: _builtins.str
+    code: _builtins.int
+    """the grpc status code Poll would have returned (NOT_FOUND, FAILED_PRECONDITION, ...)"""
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        machine_id: _builtins.str = ...,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "machine_id", b"machine_id", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PollRefusal: _TypeAlias = PollRefusal  # noqa: Y015
+
+@_typing.final
+class PollMachinesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSES_FIELD_NUMBER: _builtins.int
+    REFUSALS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def responses(self) -> _containers.RepeatedCompositeFieldContainer[Global___PollResponse]:
+        """the answered machines' reports"""
+
+    @_builtins.property
+    def refusals(self) -> _containers.RepeatedCompositeFieldContainer[Global___PollRefusal]:
+        """the others"""
+
+    def __init__(
+        self,
+        *,
+        responses: _abc.Iterable[Global___PollResponse] | None = ...,
+        refusals: _abc.Iterable[Global___PollRefusal] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["refusals", b"refusals", "responses", b"responses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PollMachinesResponse: _TypeAlias = PollMachinesResponse  # noqa: Y015
+
+@_typing.final
 class StartTaskRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

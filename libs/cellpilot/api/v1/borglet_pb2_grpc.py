@@ -46,6 +46,11 @@ class BorgletStub:
                 request_serializer=cellpilot_dot_api_dot_v1_dot_borglet__pb2.PollRequest.SerializeToString,
                 response_deserializer=cellpilot_dot_api_dot_v1_dot_borglet__pb2.PollResponse.FromString,
                 _registered_method=True)
+        self.PollMachines = channel.unary_unary(
+                '/cellpilot.api.v1.Borglet/PollMachines',
+                request_serializer=cellpilot_dot_api_dot_v1_dot_borglet__pb2.PollMachinesRequest.SerializeToString,
+                response_deserializer=cellpilot_dot_api_dot_v1_dot_borglet__pb2.PollMachinesResponse.FromString,
+                _registered_method=True)
         self.StartTask = channel.unary_unary(
                 '/cellpilot.api.v1.Borglet/StartTask',
                 request_serializer=cellpilot_dot_api_dot_v1_dot_borglet__pb2.StartTaskRequest.SerializeToString,
@@ -78,6 +83,14 @@ class BorgletServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PollMachines(self, request, context):
+        """Many machines' polls in one call, for a Borglet in fleet mode hosting many simulated
+        machines behind one endpoint: each poll is answered as Poll would answer it alone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def StartTask(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -103,6 +116,11 @@ def add_BorgletServicer_to_server(servicer, server):
                     servicer.Poll,
                     request_deserializer=cellpilot_dot_api_dot_v1_dot_borglet__pb2.PollRequest.FromString,
                     response_serializer=cellpilot_dot_api_dot_v1_dot_borglet__pb2.PollResponse.SerializeToString,
+            ),
+            'PollMachines': grpc.unary_unary_rpc_method_handler(
+                    servicer.PollMachines,
+                    request_deserializer=cellpilot_dot_api_dot_v1_dot_borglet__pb2.PollMachinesRequest.FromString,
+                    response_serializer=cellpilot_dot_api_dot_v1_dot_borglet__pb2.PollMachinesResponse.SerializeToString,
             ),
             'StartTask': grpc.unary_unary_rpc_method_handler(
                     servicer.StartTask,
@@ -153,6 +171,33 @@ class Borglet:
             '/cellpilot.api.v1.Borglet/Poll',
             cellpilot_dot_api_dot_v1_dot_borglet__pb2.PollRequest.SerializeToString,
             cellpilot_dot_api_dot_v1_dot_borglet__pb2.PollResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PollMachines(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cellpilot.api.v1.Borglet/PollMachines',
+            cellpilot_dot_api_dot_v1_dot_borglet__pb2.PollMachinesRequest.SerializeToString,
+            cellpilot_dot_api_dot_v1_dot_borglet__pb2.PollMachinesResponse.FromString,
             options,
             channel_credentials,
             insecure,

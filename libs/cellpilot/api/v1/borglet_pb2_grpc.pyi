@@ -41,6 +41,10 @@ class BorgletStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> BorgletAsyncStub: ...
     Poll: _grpc.UnaryUnaryMultiCallable[_borglet_pb2.PollRequest, _borglet_pb2.PollResponse]
+    PollMachines: _grpc.UnaryUnaryMultiCallable[_borglet_pb2.PollMachinesRequest, _borglet_pb2.PollMachinesResponse]
+    """Many machines' polls in one call, for a Borglet in fleet mode hosting many simulated
+    machines behind one endpoint: each poll is answered as Poll would answer it alone.
+    """
     StartTask: _grpc.UnaryUnaryMultiCallable[_borglet_pb2.StartTaskRequest, _borglet_pb2.StartTaskResponse]
     StopTask: _grpc.UnaryUnaryMultiCallable[_borglet_pb2.StopTaskRequest, _borglet_pb2.StopTaskResponse]
     UpdateTask: _grpc.UnaryUnaryMultiCallable[_borglet_pb2.UpdateTaskRequest, _borglet_pb2.UpdateTaskResponse]
@@ -57,6 +61,10 @@ class BorgletAsyncStub(BorgletStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Poll: _aio.UnaryUnaryMultiCallable[_borglet_pb2.PollRequest, _borglet_pb2.PollResponse]  # type: ignore[assignment]
+    PollMachines: _aio.UnaryUnaryMultiCallable[_borglet_pb2.PollMachinesRequest, _borglet_pb2.PollMachinesResponse]  # type: ignore[assignment]
+    """Many machines' polls in one call, for a Borglet in fleet mode hosting many simulated
+    machines behind one endpoint: each poll is answered as Poll would answer it alone.
+    """
     StartTask: _aio.UnaryUnaryMultiCallable[_borglet_pb2.StartTaskRequest, _borglet_pb2.StartTaskResponse]  # type: ignore[assignment]
     StopTask: _aio.UnaryUnaryMultiCallable[_borglet_pb2.StopTaskRequest, _borglet_pb2.StopTaskResponse]  # type: ignore[assignment]
     UpdateTask: _aio.UnaryUnaryMultiCallable[_borglet_pb2.UpdateTaskRequest, _borglet_pb2.UpdateTaskResponse]  # type: ignore[assignment]
@@ -76,6 +84,16 @@ class BorgletServicer(metaclass=_abc_1.ABCMeta):
         request: _borglet_pb2.PollRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_borglet_pb2.PollResponse, _abc.Awaitable[_borglet_pb2.PollResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PollMachines(
+        self,
+        request: _borglet_pb2.PollMachinesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_borglet_pb2.PollMachinesResponse, _abc.Awaitable[_borglet_pb2.PollMachinesResponse]]:
+        """Many machines' polls in one call, for a Borglet in fleet mode hosting many simulated
+        machines behind one endpoint: each poll is answered as Poll would answer it alone.
+        """
 
     @_abc_1.abstractmethod
     def StartTask(

@@ -25,80 +25,81 @@ _sym_db = _symbol_database.Default()
 
 from google.protobuf import field_mask_pb2 as google_dot_protobuf_dot_field__mask__pb2
 from cellpilot.api.v1 import job_pb2 as cellpilot_dot_api_dot_v1_dot_job__pb2
+from cellpilot.api.v1 import lifetimes_pb2 as cellpilot_dot_api_dot_v1_dot_lifetimes__pb2
 from cellpilot.api.v1 import machine_pb2 as cellpilot_dot_api_dot_v1_dot_machine__pb2
 from cellpilot.api.v1 import resources_pb2 as cellpilot_dot_api_dot_v1_dot_resources__pb2
 from cellpilot.api.v1 import state_pb2 as cellpilot_dot_api_dot_v1_dot_state__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!cellpilot/api/v1/borgmaster.proto\x12\x10\x63\x65llpilot.api.v1\x1a google/protobuf/field_mask.proto\x1a\x1a\x63\x65llpilot/api/v1/job.proto\x1a\x1e\x63\x65llpilot/api/v1/machine.proto\x1a cellpilot/api/v1/resources.proto\x1a\x1c\x63\x65llpilot/api/v1/state.proto\"O\n\x10SubmitJobRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.cellpilot.api.v1.JobSpec\"z\n\x11SubmitJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.cellpilot.api.v1.JobState\x12\x14\n\x0cspec_version\x18\x03 \x01(\x03\x12\x14\n\x0clog_sequence\x18\x04 \x01(\x03\"\'\n\x0cUpdatePolicy\x12\x17\n\x0fmax_disruptions\x18\x01 \x01(\x05\"\x8c\x02\n\x10UpdateJobRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\'\n\x04spec\x18\x03 \x01(\x0b\x32\x19.cellpilot.api.v1.JobSpec\x12/\n\x0bupdate_mask\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\x12\x1d\n\x15\x65xpected_spec_version\x18\x05 \x01(\x03\x12\x15\n\rfencing_token\x18\x06 \x01(\x03\x12\x14\n\x0crelease_hold\x18\x07 \x01(\x08\x12.\n\x06policy\x18\x08 \x01(\x0b\x32\x1e.cellpilot.api.v1.UpdatePolicy\"S\n\x11UpdateJobResponse\x12(\n\x03job\x18\x01 \x01(\x0b\x32\x1b.cellpilot.api.v1.JobStatus\x12\x14\n\x0clog_sequence\x18\x02 \x01(\x03\"4\n\x0eKillJobRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"\'\n\x0fKillJobResponse\x12\x14\n\x0clog_sequence\x18\x01 \x01(\x03\"6\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rinclude_tasks\x18\x02 \x01(\x08\":\n\x0eGetJobResponse\x12(\n\x03job\x18\x01 \x01(\x0b\x32\x1b.cellpilot.api.v1.JobStatus\"\xcd\x01\n\x0fListJobsRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x13\n\x0bname_prefix\x18\x02 \x01(\t\x12*\n\x06states\x18\x03 \x03(\x0e\x32\x1a.cellpilot.api.v1.JobState\x12,\n\x04\x62\x61nd\x18\x04 \x01(\x0e\x32\x1e.cellpilot.api.v1.PriorityBand\x12\x16\n\x0e\x61utopilot_only\x18\x05 \x01(\x08\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\t\"V\n\x10ListJobsResponse\x12)\n\x04jobs\x18\x01 \x03(\x0b\x32\x1b.cellpilot.api.v1.JobStatus\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"4\n\x0eGetTaskRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\"q\n\x0fGetTaskResponse\x12*\n\x04task\x18\x01 \x01(\x0b\x32\x1c.cellpilot.api.v1.TaskStatus\x12\x32\n\rrecent_events\x18\x02 \x03(\x0b\x32\x1b.cellpilot.api.v1.TaskEvent\"K\n\x11WhyPendingRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x17\n\ntask_index\x18\x02 \x01(\x05H\x00\x88\x01\x01\x42\r\n\x0b_task_index\"b\n\x13\x43onstraintExclusion\x12\x30\n\nconstraint\x18\x01 \x01(\x0b\x32\x1c.cellpilot.api.v1.Constraint\x12\x19\n\x11machines_excluded\x18\x02 \x01(\x05\"s\n\x11ResourceExclusion\x12,\n\x08resource\x18\x01 \x01(\x0e\x32\x1a.cellpilot.api.v1.Resource\x12\x19\n\x11machines_excluded\x18\x02 \x01(\x05\x12\x15\n\rmax_available\x18\x03 \x01(\x03\"\x87\x04\n\x12WhyPendingResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12-\n\tjob_state\x18\x03 \x01(\x0e\x32\x1a.cellpilot.api.v1.JobState\x12/\n\ntask_state\x18\x04 \x01(\x0e\x32\x1b.cellpilot.api.v1.TaskState\x12\x0f\n\x07summary\x18\x05 \x01(\t\x12\x16\n\x0emachines_total\x18\x06 \x01(\x05\x12\x19\n\x11machines_feasible\x18\x07 \x01(\x05\x12\x44\n\x15\x63onstraint_exclusions\x18\x08 \x03(\x0b\x32%.cellpilot.api.v1.ConstraintExclusion\x12@\n\x13resource_exclusions\x18\t \x03(\x0b\x32#.cellpilot.api.v1.ResourceExclusion\x12\x33\n\x0e\x66itting_limits\x18\n \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\x12\x17\n\x0f\x65valuated_at_ms\x18\x0b \x01(\x03\x12\x17\n\x0fnext_restart_ms\x18\x0c \x01(\x03\x12:\n\x10\x61voided_machines\x18\r \x03(\x0b\x32 .cellpilot.api.v1.AvoidedMachine\"z\n\x13ListMachinesRequest\x12.\n\x06states\x18\x01 \x03(\x0e\x32\x1e.cellpilot.api.v1.MachineState\x12\x0c\n\x04rack\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"\\\n\x14ListMachinesResponse\x12+\n\x08machines\x18\x01 \x03(\x0b\x32\x19.cellpilot.api.v1.Machine\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"Y\n\x16RegisterMachineRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\x04spec\x18\x02 \x01(\x0b\x32\x1d.cellpilot.api.v1.MachineSpec\"[\n\x17RegisterMachineResponse\x12*\n\x07machine\x18\x01 \x01(\x0b\x32\x19.cellpilot.api.v1.Machine\x12\x14\n\x0clog_sequence\x18\x02 \x01(\x03\"\x7f\n\x16SetMachineStateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nmachine_id\x18\x02 \x01(\t\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.cellpilot.api.v1.MachineState\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"[\n\x17SetMachineStateResponse\x12*\n\x07machine\x18\x01 \x01(\x0b\x32\x19.cellpilot.api.v1.Machine\x12\x14\n\x0clog_sequence\x18\x02 \x01(\x03\"\x1f\n\x0fGetQuotaRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\";\n\x10GetQuotaResponse\x12\'\n\x06quotas\x18\x01 \x03(\x0b\x32\x17.cellpilot.api.v1.Quota\"\x8d\x01\n\x0fSetQuotaRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12,\n\x04\x62\x61nd\x18\x03 \x01(\x0e\x32\x1e.cellpilot.api.v1.PriorityBand\x12*\n\x05limit\x18\x04 \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\"P\n\x10SetQuotaResponse\x12&\n\x05quota\x18\x01 \x01(\x0b\x32\x17.cellpilot.api.v1.Quota\x12\x14\n\x0clog_sequence\x18\x02 \x01(\x03\"\x12\n\x10GetLeaderRequest\"h\n\x11GetLeaderResponse\x12,\n\x06leader\x18\x01 \x01(\x0b\x32\x1c.cellpilot.api.v1.LeaderInfo\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x11\n\tis_leader\x18\x03 \x01(\x08\"\x16\n\x14GetCellStatusRequest\"\x88\x02\n\x15GetCellStatusResponse\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x11\n\tis_leader\x18\x02 \x01(\x08\x12\x0f\n\x07gpa_rho\x18\x03 \x01(\x01\x12\x15\n\rtasks_running\x18\x04 \x01(\x05\x12\x1c\n\x14tasks_with_cpu_stats\x18\x05 \x01(\x05\x12\x17\n\x0fmachines_in_use\x18\x06 \x01(\x05\x12\x17\n\x0fmachine_samples\x18\x07 \x01(\x03\x12\x1a\n\x12overflowed_samples\x18\x08 \x01(\x03\x12\x1c\n\x14recent_overflow_rate\x18\t \x01(\x01\x12\x16\n\x0erecent_samples\x18\n \x01(\x03\x32\xde\t\n\nBorgmaster\x12T\n\tSubmitJob\x12\".cellpilot.api.v1.SubmitJobRequest\x1a#.cellpilot.api.v1.SubmitJobResponse\x12T\n\tUpdateJob\x12\".cellpilot.api.v1.UpdateJobRequest\x1a#.cellpilot.api.v1.UpdateJobResponse\x12N\n\x07KillJob\x12 .cellpilot.api.v1.KillJobRequest\x1a!.cellpilot.api.v1.KillJobResponse\x12K\n\x06GetJob\x12\x1f.cellpilot.api.v1.GetJobRequest\x1a .cellpilot.api.v1.GetJobResponse\x12Q\n\x08ListJobs\x12!.cellpilot.api.v1.ListJobsRequest\x1a\".cellpilot.api.v1.ListJobsResponse\x12N\n\x07GetTask\x12 .cellpilot.api.v1.GetTaskRequest\x1a!.cellpilot.api.v1.GetTaskResponse\x12W\n\nWhyPending\x12#.cellpilot.api.v1.WhyPendingRequest\x1a$.cellpilot.api.v1.WhyPendingResponse\x12]\n\x0cListMachines\x12%.cellpilot.api.v1.ListMachinesRequest\x1a&.cellpilot.api.v1.ListMachinesResponse\x12\x66\n\x0fRegisterMachine\x12(.cellpilot.api.v1.RegisterMachineRequest\x1a).cellpilot.api.v1.RegisterMachineResponse\x12\x66\n\x0fSetMachineState\x12(.cellpilot.api.v1.SetMachineStateRequest\x1a).cellpilot.api.v1.SetMachineStateResponse\x12Q\n\x08GetQuota\x12!.cellpilot.api.v1.GetQuotaRequest\x1a\".cellpilot.api.v1.GetQuotaResponse\x12Q\n\x08SetQuota\x12!.cellpilot.api.v1.SetQuotaRequest\x1a\".cellpilot.api.v1.SetQuotaResponse\x12T\n\tGetLeader\x12\".cellpilot.api.v1.GetLeaderRequest\x1a#.cellpilot.api.v1.GetLeaderResponse\x12`\n\rGetCellStatus\x12&.cellpilot.api.v1.GetCellStatusRequest\x1a\'.cellpilot.api.v1.GetCellStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!cellpilot/api/v1/borgmaster.proto\x12\x10\x63\x65llpilot.api.v1\x1a google/protobuf/field_mask.proto\x1a\x1a\x63\x65llpilot/api/v1/job.proto\x1a cellpilot/api/v1/lifetimes.proto\x1a\x1e\x63\x65llpilot/api/v1/machine.proto\x1a cellpilot/api/v1/resources.proto\x1a\x1c\x63\x65llpilot/api/v1/state.proto\"O\n\x10SubmitJobRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.cellpilot.api.v1.JobSpec\"z\n\x11SubmitJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.cellpilot.api.v1.JobState\x12\x14\n\x0cspec_version\x18\x03 \x01(\x03\x12\x14\n\x0clog_sequence\x18\x04 \x01(\x03\"\'\n\x0cUpdatePolicy\x12\x17\n\x0fmax_disruptions\x18\x01 \x01(\x05\"\x8c\x02\n\x10UpdateJobRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\'\n\x04spec\x18\x03 \x01(\x0b\x32\x19.cellpilot.api.v1.JobSpec\x12/\n\x0bupdate_mask\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.FieldMask\x12\x1d\n\x15\x65xpected_spec_version\x18\x05 \x01(\x03\x12\x15\n\rfencing_token\x18\x06 \x01(\x03\x12\x14\n\x0crelease_hold\x18\x07 \x01(\x08\x12.\n\x06policy\x18\x08 \x01(\x0b\x32\x1e.cellpilot.api.v1.UpdatePolicy\"S\n\x11UpdateJobResponse\x12(\n\x03job\x18\x01 \x01(\x0b\x32\x1b.cellpilot.api.v1.JobStatus\x12\x14\n\x0clog_sequence\x18\x02 \x01(\x03\"4\n\x0eKillJobRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\"\'\n\x0fKillJobResponse\x12\x14\n\x0clog_sequence\x18\x01 \x01(\x03\"6\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rinclude_tasks\x18\x02 \x01(\x08\":\n\x0eGetJobResponse\x12(\n\x03job\x18\x01 \x01(\x0b\x32\x1b.cellpilot.api.v1.JobStatus\"\xcd\x01\n\x0fListJobsRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x13\n\x0bname_prefix\x18\x02 \x01(\t\x12*\n\x06states\x18\x03 \x03(\x0e\x32\x1a.cellpilot.api.v1.JobState\x12,\n\x04\x62\x61nd\x18\x04 \x01(\x0e\x32\x1e.cellpilot.api.v1.PriorityBand\x12\x16\n\x0e\x61utopilot_only\x18\x05 \x01(\x08\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\t\"V\n\x10ListJobsResponse\x12)\n\x04jobs\x18\x01 \x03(\x0b\x32\x1b.cellpilot.api.v1.JobStatus\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"4\n\x0eGetTaskRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\"q\n\x0fGetTaskResponse\x12*\n\x04task\x18\x01 \x01(\x0b\x32\x1c.cellpilot.api.v1.TaskStatus\x12\x32\n\rrecent_events\x18\x02 \x03(\x0b\x32\x1b.cellpilot.api.v1.TaskEvent\"K\n\x11WhyPendingRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x17\n\ntask_index\x18\x02 \x01(\x05H\x00\x88\x01\x01\x42\r\n\x0b_task_index\"b\n\x13\x43onstraintExclusion\x12\x30\n\nconstraint\x18\x01 \x01(\x0b\x32\x1c.cellpilot.api.v1.Constraint\x12\x19\n\x11machines_excluded\x18\x02 \x01(\x05\"s\n\x11ResourceExclusion\x12,\n\x08resource\x18\x01 \x01(\x0e\x32\x1a.cellpilot.api.v1.Resource\x12\x19\n\x11machines_excluded\x18\x02 \x01(\x05\x12\x15\n\rmax_available\x18\x03 \x01(\x03\"\xb9\x04\n\x12WhyPendingResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12-\n\tjob_state\x18\x03 \x01(\x0e\x32\x1a.cellpilot.api.v1.JobState\x12/\n\ntask_state\x18\x04 \x01(\x0e\x32\x1b.cellpilot.api.v1.TaskState\x12\x0f\n\x07summary\x18\x05 \x01(\t\x12\x16\n\x0emachines_total\x18\x06 \x01(\x05\x12\x19\n\x11machines_feasible\x18\x07 \x01(\x05\x12\x44\n\x15\x63onstraint_exclusions\x18\x08 \x03(\x0b\x32%.cellpilot.api.v1.ConstraintExclusion\x12@\n\x13resource_exclusions\x18\t \x03(\x0b\x32#.cellpilot.api.v1.ResourceExclusion\x12\x33\n\x0e\x66itting_limits\x18\n \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\x12\x17\n\x0f\x65valuated_at_ms\x18\x0b \x01(\x03\x12\x17\n\x0fnext_restart_ms\x18\x0c \x01(\x03\x12:\n\x10\x61voided_machines\x18\r \x03(\x0b\x32 .cellpilot.api.v1.AvoidedMachine\x12\x30\n\x08lifetime\x18\x0e \x01(\x0b\x32\x1e.cellpilot.api.v1.TaskLifetime\"z\n\x13ListMachinesRequest\x12.\n\x06states\x18\x01 \x03(\x0e\x32\x1e.cellpilot.api.v1.MachineState\x12\x0c\n\x04rack\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"\\\n\x14ListMachinesResponse\x12+\n\x08machines\x18\x01 \x03(\x0b\x32\x19.cellpilot.api.v1.Machine\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"Y\n\x16RegisterMachineRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\x04spec\x18\x02 \x01(\x0b\x32\x1d.cellpilot.api.v1.MachineSpec\"[\n\x17RegisterMachineResponse\x12*\n\x07machine\x18\x01 \x01(\x0b\x32\x19.cellpilot.api.v1.Machine\x12\x14\n\x0clog_sequence\x18\x02 \x01(\x03\"\x7f\n\x16SetMachineStateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nmachine_id\x18\x02 \x01(\t\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x1e.cellpilot.api.v1.MachineState\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"[\n\x17SetMachineStateResponse\x12*\n\x07machine\x18\x01 \x01(\x0b\x32\x19.cellpilot.api.v1.Machine\x12\x14\n\x0clog_sequence\x18\x02 \x01(\x03\"\x1f\n\x0fGetQuotaRequest\x12\x0c\n\x04user\x18\x01 \x01(\t\";\n\x10GetQuotaResponse\x12\'\n\x06quotas\x18\x01 \x03(\x0b\x32\x17.cellpilot.api.v1.Quota\"\x8d\x01\n\x0fSetQuotaRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12,\n\x04\x62\x61nd\x18\x03 \x01(\x0e\x32\x1e.cellpilot.api.v1.PriorityBand\x12*\n\x05limit\x18\x04 \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\"P\n\x10SetQuotaResponse\x12&\n\x05quota\x18\x01 \x01(\x0b\x32\x17.cellpilot.api.v1.Quota\x12\x14\n\x0clog_sequence\x18\x02 \x01(\x03\"\x12\n\x10GetLeaderRequest\"h\n\x11GetLeaderResponse\x12,\n\x06leader\x18\x01 \x01(\x0b\x32\x1c.cellpilot.api.v1.LeaderInfo\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x11\n\tis_leader\x18\x03 \x01(\x08\"\x16\n\x14GetCellStatusRequest\"\x88\x02\n\x15GetCellStatusResponse\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x11\n\tis_leader\x18\x02 \x01(\x08\x12\x0f\n\x07gpa_rho\x18\x03 \x01(\x01\x12\x15\n\rtasks_running\x18\x04 \x01(\x05\x12\x1c\n\x14tasks_with_cpu_stats\x18\x05 \x01(\x05\x12\x17\n\x0fmachines_in_use\x18\x06 \x01(\x05\x12\x17\n\x0fmachine_samples\x18\x07 \x01(\x03\x12\x1a\n\x12overflowed_samples\x18\x08 \x01(\x03\x12\x1c\n\x14recent_overflow_rate\x18\t \x01(\x01\x12\x16\n\x0erecent_samples\x18\n \x01(\x03\x32\x81\x0c\n\nBorgmaster\x12T\n\tSubmitJob\x12\".cellpilot.api.v1.SubmitJobRequest\x1a#.cellpilot.api.v1.SubmitJobResponse\x12T\n\tUpdateJob\x12\".cellpilot.api.v1.UpdateJobRequest\x1a#.cellpilot.api.v1.UpdateJobResponse\x12N\n\x07KillJob\x12 .cellpilot.api.v1.KillJobRequest\x1a!.cellpilot.api.v1.KillJobResponse\x12K\n\x06GetJob\x12\x1f.cellpilot.api.v1.GetJobRequest\x1a .cellpilot.api.v1.GetJobResponse\x12Q\n\x08ListJobs\x12!.cellpilot.api.v1.ListJobsRequest\x1a\".cellpilot.api.v1.ListJobsResponse\x12N\n\x07GetTask\x12 .cellpilot.api.v1.GetTaskRequest\x1a!.cellpilot.api.v1.GetTaskResponse\x12W\n\nWhyPending\x12#.cellpilot.api.v1.WhyPendingRequest\x1a$.cellpilot.api.v1.WhyPendingResponse\x12]\n\x0cListMachines\x12%.cellpilot.api.v1.ListMachinesRequest\x1a&.cellpilot.api.v1.ListMachinesResponse\x12\x66\n\x0fRegisterMachine\x12(.cellpilot.api.v1.RegisterMachineRequest\x1a).cellpilot.api.v1.RegisterMachineResponse\x12\x66\n\x0fSetMachineState\x12(.cellpilot.api.v1.SetMachineStateRequest\x1a).cellpilot.api.v1.SetMachineStateResponse\x12Q\n\x08GetQuota\x12!.cellpilot.api.v1.GetQuotaRequest\x1a\".cellpilot.api.v1.GetQuotaResponse\x12Q\n\x08SetQuota\x12!.cellpilot.api.v1.SetQuotaRequest\x1a\".cellpilot.api.v1.SetQuotaResponse\x12T\n\tGetLeader\x12\".cellpilot.api.v1.GetLeaderRequest\x1a#.cellpilot.api.v1.GetLeaderResponse\x12`\n\rGetCellStatus\x12&.cellpilot.api.v1.GetCellStatusRequest\x1a\'.cellpilot.api.v1.GetCellStatusResponse\x12\x63\n\x0eTrainLifetimes\x12\'.cellpilot.api.v1.TrainLifetimesRequest\x1a(.cellpilot.api.v1.TrainLifetimesResponse\x12]\n\x0c\x44rainMachine\x12%.cellpilot.api.v1.DrainMachineRequest\x1a&.cellpilot.api.v1.DrainMachineResponse\x12]\n\x0cGetLifetimes\x12%.cellpilot.api.v1.GetLifetimesRequest\x1a&.cellpilot.api.v1.GetLifetimesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cellpilot.api.v1.borgmaster_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SUBMITJOBREQUEST']._serialized_start=213
-  _globals['_SUBMITJOBREQUEST']._serialized_end=292
-  _globals['_SUBMITJOBRESPONSE']._serialized_start=294
-  _globals['_SUBMITJOBRESPONSE']._serialized_end=416
-  _globals['_UPDATEPOLICY']._serialized_start=418
-  _globals['_UPDATEPOLICY']._serialized_end=457
-  _globals['_UPDATEJOBREQUEST']._serialized_start=460
-  _globals['_UPDATEJOBREQUEST']._serialized_end=728
-  _globals['_UPDATEJOBRESPONSE']._serialized_start=730
-  _globals['_UPDATEJOBRESPONSE']._serialized_end=813
-  _globals['_KILLJOBREQUEST']._serialized_start=815
-  _globals['_KILLJOBREQUEST']._serialized_end=867
-  _globals['_KILLJOBRESPONSE']._serialized_start=869
-  _globals['_KILLJOBRESPONSE']._serialized_end=908
-  _globals['_GETJOBREQUEST']._serialized_start=910
-  _globals['_GETJOBREQUEST']._serialized_end=964
-  _globals['_GETJOBRESPONSE']._serialized_start=966
-  _globals['_GETJOBRESPONSE']._serialized_end=1024
-  _globals['_LISTJOBSREQUEST']._serialized_start=1027
-  _globals['_LISTJOBSREQUEST']._serialized_end=1232
-  _globals['_LISTJOBSRESPONSE']._serialized_start=1234
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1320
-  _globals['_GETTASKREQUEST']._serialized_start=1322
-  _globals['_GETTASKREQUEST']._serialized_end=1374
-  _globals['_GETTASKRESPONSE']._serialized_start=1376
-  _globals['_GETTASKRESPONSE']._serialized_end=1489
-  _globals['_WHYPENDINGREQUEST']._serialized_start=1491
-  _globals['_WHYPENDINGREQUEST']._serialized_end=1566
-  _globals['_CONSTRAINTEXCLUSION']._serialized_start=1568
-  _globals['_CONSTRAINTEXCLUSION']._serialized_end=1666
-  _globals['_RESOURCEEXCLUSION']._serialized_start=1668
-  _globals['_RESOURCEEXCLUSION']._serialized_end=1783
-  _globals['_WHYPENDINGRESPONSE']._serialized_start=1786
-  _globals['_WHYPENDINGRESPONSE']._serialized_end=2305
-  _globals['_LISTMACHINESREQUEST']._serialized_start=2307
-  _globals['_LISTMACHINESREQUEST']._serialized_end=2429
-  _globals['_LISTMACHINESRESPONSE']._serialized_start=2431
-  _globals['_LISTMACHINESRESPONSE']._serialized_end=2523
-  _globals['_REGISTERMACHINEREQUEST']._serialized_start=2525
-  _globals['_REGISTERMACHINEREQUEST']._serialized_end=2614
-  _globals['_REGISTERMACHINERESPONSE']._serialized_start=2616
-  _globals['_REGISTERMACHINERESPONSE']._serialized_end=2707
-  _globals['_SETMACHINESTATEREQUEST']._serialized_start=2709
-  _globals['_SETMACHINESTATEREQUEST']._serialized_end=2836
-  _globals['_SETMACHINESTATERESPONSE']._serialized_start=2838
-  _globals['_SETMACHINESTATERESPONSE']._serialized_end=2929
-  _globals['_GETQUOTAREQUEST']._serialized_start=2931
-  _globals['_GETQUOTAREQUEST']._serialized_end=2962
-  _globals['_GETQUOTARESPONSE']._serialized_start=2964
-  _globals['_GETQUOTARESPONSE']._serialized_end=3023
-  _globals['_SETQUOTAREQUEST']._serialized_start=3026
-  _globals['_SETQUOTAREQUEST']._serialized_end=3167
-  _globals['_SETQUOTARESPONSE']._serialized_start=3169
-  _globals['_SETQUOTARESPONSE']._serialized_end=3249
-  _globals['_GETLEADERREQUEST']._serialized_start=3251
-  _globals['_GETLEADERREQUEST']._serialized_end=3269
-  _globals['_GETLEADERRESPONSE']._serialized_start=3271
-  _globals['_GETLEADERRESPONSE']._serialized_end=3375
-  _globals['_GETCELLSTATUSREQUEST']._serialized_start=3377
-  _globals['_GETCELLSTATUSREQUEST']._serialized_end=3399
-  _globals['_GETCELLSTATUSRESPONSE']._serialized_start=3402
-  _globals['_GETCELLSTATUSRESPONSE']._serialized_end=3666
-  _globals['_BORGMASTER']._serialized_start=3669
-  _globals['_BORGMASTER']._serialized_end=4915
+  _globals['_SUBMITJOBREQUEST']._serialized_start=247
+  _globals['_SUBMITJOBREQUEST']._serialized_end=326
+  _globals['_SUBMITJOBRESPONSE']._serialized_start=328
+  _globals['_SUBMITJOBRESPONSE']._serialized_end=450
+  _globals['_UPDATEPOLICY']._serialized_start=452
+  _globals['_UPDATEPOLICY']._serialized_end=491
+  _globals['_UPDATEJOBREQUEST']._serialized_start=494
+  _globals['_UPDATEJOBREQUEST']._serialized_end=762
+  _globals['_UPDATEJOBRESPONSE']._serialized_start=764
+  _globals['_UPDATEJOBRESPONSE']._serialized_end=847
+  _globals['_KILLJOBREQUEST']._serialized_start=849
+  _globals['_KILLJOBREQUEST']._serialized_end=901
+  _globals['_KILLJOBRESPONSE']._serialized_start=903
+  _globals['_KILLJOBRESPONSE']._serialized_end=942
+  _globals['_GETJOBREQUEST']._serialized_start=944
+  _globals['_GETJOBREQUEST']._serialized_end=998
+  _globals['_GETJOBRESPONSE']._serialized_start=1000
+  _globals['_GETJOBRESPONSE']._serialized_end=1058
+  _globals['_LISTJOBSREQUEST']._serialized_start=1061
+  _globals['_LISTJOBSREQUEST']._serialized_end=1266
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1268
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1354
+  _globals['_GETTASKREQUEST']._serialized_start=1356
+  _globals['_GETTASKREQUEST']._serialized_end=1408
+  _globals['_GETTASKRESPONSE']._serialized_start=1410
+  _globals['_GETTASKRESPONSE']._serialized_end=1523
+  _globals['_WHYPENDINGREQUEST']._serialized_start=1525
+  _globals['_WHYPENDINGREQUEST']._serialized_end=1600
+  _globals['_CONSTRAINTEXCLUSION']._serialized_start=1602
+  _globals['_CONSTRAINTEXCLUSION']._serialized_end=1700
+  _globals['_RESOURCEEXCLUSION']._serialized_start=1702
+  _globals['_RESOURCEEXCLUSION']._serialized_end=1817
+  _globals['_WHYPENDINGRESPONSE']._serialized_start=1820
+  _globals['_WHYPENDINGRESPONSE']._serialized_end=2389
+  _globals['_LISTMACHINESREQUEST']._serialized_start=2391
+  _globals['_LISTMACHINESREQUEST']._serialized_end=2513
+  _globals['_LISTMACHINESRESPONSE']._serialized_start=2515
+  _globals['_LISTMACHINESRESPONSE']._serialized_end=2607
+  _globals['_REGISTERMACHINEREQUEST']._serialized_start=2609
+  _globals['_REGISTERMACHINEREQUEST']._serialized_end=2698
+  _globals['_REGISTERMACHINERESPONSE']._serialized_start=2700
+  _globals['_REGISTERMACHINERESPONSE']._serialized_end=2791
+  _globals['_SETMACHINESTATEREQUEST']._serialized_start=2793
+  _globals['_SETMACHINESTATEREQUEST']._serialized_end=2920
+  _globals['_SETMACHINESTATERESPONSE']._serialized_start=2922
+  _globals['_SETMACHINESTATERESPONSE']._serialized_end=3013
+  _globals['_GETQUOTAREQUEST']._serialized_start=3015
+  _globals['_GETQUOTAREQUEST']._serialized_end=3046
+  _globals['_GETQUOTARESPONSE']._serialized_start=3048
+  _globals['_GETQUOTARESPONSE']._serialized_end=3107
+  _globals['_SETQUOTAREQUEST']._serialized_start=3110
+  _globals['_SETQUOTAREQUEST']._serialized_end=3251
+  _globals['_SETQUOTARESPONSE']._serialized_start=3253
+  _globals['_SETQUOTARESPONSE']._serialized_end=3333
+  _globals['_GETLEADERREQUEST']._serialized_start=3335
+  _globals['_GETLEADERREQUEST']._serialized_end=3353
+  _globals['_GETLEADERRESPONSE']._serialized_start=3355
+  _globals['_GETLEADERRESPONSE']._serialized_end=3459
+  _globals['_GETCELLSTATUSREQUEST']._serialized_start=3461
+  _globals['_GETCELLSTATUSREQUEST']._serialized_end=3483
+  _globals['_GETCELLSTATUSRESPONSE']._serialized_start=3486
+  _globals['_GETCELLSTATUSRESPONSE']._serialized_end=3750
+  _globals['_BORGMASTER']._serialized_start=3753
+  _globals['_BORGMASTER']._serialized_end=5290
 # @@protoc_insertion_point(module_scope)

@@ -5,6 +5,7 @@ isort:skip_file
 """
 
 from cellpilot.api.v1 import job_pb2 as _job_pb2
+from cellpilot.api.v1 import lifetimes_pb2 as _lifetimes_pb2
 from cellpilot.api.v1 import machine_pb2 as _machine_pb2
 from cellpilot.api.v1 import resources_pb2 as _resources_pb2
 from cellpilot.api.v1 import state_pb2 as _state_pb2
@@ -482,6 +483,7 @@ class WhyPendingResponse(_message.Message):
     EVALUATED_AT_MS_FIELD_NUMBER: _builtins.int
     NEXT_RESTART_MS_FIELD_NUMBER: _builtins.int
     AVOIDED_MACHINES_FIELD_NUMBER: _builtins.int
+    LIFETIME_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     task_index: _builtins.int
     job_state: _state_pb2.JobState.ValueType
@@ -516,6 +518,10 @@ class WhyPendingResponse(_message.Message):
     def avoided_machines(self) -> _containers.RepeatedCompositeFieldContainer[_state_pb2.AvoidedMachine]:
         """Machines the task is kept off after crashing there repeatedly (Borg §4)."""
 
+    @_builtins.property
+    def lifetime(self) -> _lifetimes_pb2.TaskLifetime:
+        """The task's predicted lifetime and LAVA class (LAVA §4.3), when the cell has a model."""
+
     def __init__(
         self,
         *,
@@ -532,10 +538,11 @@ class WhyPendingResponse(_message.Message):
         evaluated_at_ms: _builtins.int = ...,
         next_restart_ms: _builtins.int = ...,
         avoided_machines: _abc.Iterable[_state_pb2.AvoidedMachine] | None = ...,
+        lifetime: _lifetimes_pb2.TaskLifetime | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["fitting_limits", b"fitting_limits"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fitting_limits", b"fitting_limits", "lifetime", b"lifetime"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["avoided_machines", b"avoided_machines", "constraint_exclusions", b"constraint_exclusions", "evaluated_at_ms", b"evaluated_at_ms", "fitting_limits", b"fitting_limits", "job_id", b"job_id", "job_state", b"job_state", "machines_feasible", b"machines_feasible", "machines_total", b"machines_total", "next_restart_ms", b"next_restart_ms", "resource_exclusions", b"resource_exclusions", "summary", b"summary", "task_index", b"task_index", "task_state", b"task_state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["avoided_machines", b"avoided_machines", "constraint_exclusions", b"constraint_exclusions", "evaluated_at_ms", b"evaluated_at_ms", "fitting_limits", b"fitting_limits", "job_id", b"job_id", "job_state", b"job_state", "lifetime", b"lifetime", "machines_feasible", b"machines_feasible", "machines_total", b"machines_total", "next_restart_ms", b"next_restart_ms", "resource_exclusions", b"resource_exclusions", "summary", b"summary", "task_index", b"task_index", "task_state", b"task_state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -5,6 +5,7 @@ import grpc
 import warnings
 
 from cellpilot.api.v1 import borgmaster_pb2 as cellpilot_dot_api_dot_v1_dot_borgmaster__pb2
+from cellpilot.api.v1 import lifetimes_pb2 as cellpilot_dot_api_dot_v1_dot_lifetimes__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -116,6 +117,21 @@ class BorgmasterStub:
                 request_serializer=cellpilot_dot_api_dot_v1_dot_borgmaster__pb2.GetCellStatusRequest.SerializeToString,
                 response_deserializer=cellpilot_dot_api_dot_v1_dot_borgmaster__pb2.GetCellStatusResponse.FromString,
                 _registered_method=True)
+        self.TrainLifetimes = channel.unary_unary(
+                '/cellpilot.api.v1.Borgmaster/TrainLifetimes',
+                request_serializer=cellpilot_dot_api_dot_v1_dot_lifetimes__pb2.TrainLifetimesRequest.SerializeToString,
+                response_deserializer=cellpilot_dot_api_dot_v1_dot_lifetimes__pb2.TrainLifetimesResponse.FromString,
+                _registered_method=True)
+        self.DrainMachine = channel.unary_unary(
+                '/cellpilot.api.v1.Borgmaster/DrainMachine',
+                request_serializer=cellpilot_dot_api_dot_v1_dot_lifetimes__pb2.DrainMachineRequest.SerializeToString,
+                response_deserializer=cellpilot_dot_api_dot_v1_dot_lifetimes__pb2.DrainMachineResponse.FromString,
+                _registered_method=True)
+        self.GetLifetimes = channel.unary_unary(
+                '/cellpilot.api.v1.Borgmaster/GetLifetimes',
+                request_serializer=cellpilot_dot_api_dot_v1_dot_lifetimes__pb2.GetLifetimesRequest.SerializeToString,
+                response_deserializer=cellpilot_dot_api_dot_v1_dot_lifetimes__pb2.GetLifetimesResponse.FromString,
+                _registered_method=True)
 
 
 class BorgmasterServicer:
@@ -222,6 +238,29 @@ class BorgmasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TrainLifetimes(self, request, context):
+        """Trains the cell's lifetime model on the finished task runs of its checkpoint log and
+        records it in the log, so every replica (and a new master) uses it (LAVA §3).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainMachine(self, request, context):
+        """Drains a machine (as SetMachineState DRAINING) and says in which order its tasks move:
+        longest predicted remaining lifetime first (LARS, LAVA §4.4).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetLifetimes(self, request, context):
+        """The placement policy, the lifetime model and LAVA's host states (§4.3).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BorgmasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -294,6 +333,21 @@ def add_BorgmasterServicer_to_server(servicer, server):
                     servicer.GetCellStatus,
                     request_deserializer=cellpilot_dot_api_dot_v1_dot_borgmaster__pb2.GetCellStatusRequest.FromString,
                     response_serializer=cellpilot_dot_api_dot_v1_dot_borgmaster__pb2.GetCellStatusResponse.SerializeToString,
+            ),
+            'TrainLifetimes': grpc.unary_unary_rpc_method_handler(
+                    servicer.TrainLifetimes,
+                    request_deserializer=cellpilot_dot_api_dot_v1_dot_lifetimes__pb2.TrainLifetimesRequest.FromString,
+                    response_serializer=cellpilot_dot_api_dot_v1_dot_lifetimes__pb2.TrainLifetimesResponse.SerializeToString,
+            ),
+            'DrainMachine': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainMachine,
+                    request_deserializer=cellpilot_dot_api_dot_v1_dot_lifetimes__pb2.DrainMachineRequest.FromString,
+                    response_serializer=cellpilot_dot_api_dot_v1_dot_lifetimes__pb2.DrainMachineResponse.SerializeToString,
+            ),
+            'GetLifetimes': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLifetimes,
+                    request_deserializer=cellpilot_dot_api_dot_v1_dot_lifetimes__pb2.GetLifetimesRequest.FromString,
+                    response_serializer=cellpilot_dot_api_dot_v1_dot_lifetimes__pb2.GetLifetimesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -685,6 +739,87 @@ class Borgmaster:
             '/cellpilot.api.v1.Borgmaster/GetCellStatus',
             cellpilot_dot_api_dot_v1_dot_borgmaster__pb2.GetCellStatusRequest.SerializeToString,
             cellpilot_dot_api_dot_v1_dot_borgmaster__pb2.GetCellStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TrainLifetimes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cellpilot.api.v1.Borgmaster/TrainLifetimes',
+            cellpilot_dot_api_dot_v1_dot_lifetimes__pb2.TrainLifetimesRequest.SerializeToString,
+            cellpilot_dot_api_dot_v1_dot_lifetimes__pb2.TrainLifetimesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainMachine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cellpilot.api.v1.Borgmaster/DrainMachine',
+            cellpilot_dot_api_dot_v1_dot_lifetimes__pb2.DrainMachineRequest.SerializeToString,
+            cellpilot_dot_api_dot_v1_dot_lifetimes__pb2.DrainMachineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLifetimes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cellpilot.api.v1.Borgmaster/GetLifetimes',
+            cellpilot_dot_api_dot_v1_dot_lifetimes__pb2.GetLifetimesRequest.SerializeToString,
+            cellpilot_dot_api_dot_v1_dot_lifetimes__pb2.GetLifetimesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,6 +5,7 @@ isort:skip_file
 """
 
 from cellpilot.api.v1 import borgmaster_pb2 as _borgmaster_pb2
+from cellpilot.api.v1 import lifetimes_pb2 as _lifetimes_pb2
 from collections import abc as _abc
 from grpc import aio as _aio
 import abc as _abc_1
@@ -66,6 +67,16 @@ class BorgmasterStub:
     overflow the Borglets' throttling shows (GPA §4). Answered by every replica; only the
     master polls, so a follower reports no samples.
     """
+    TrainLifetimes: _grpc.UnaryUnaryMultiCallable[_lifetimes_pb2.TrainLifetimesRequest, _lifetimes_pb2.TrainLifetimesResponse]
+    """Trains the cell's lifetime model on the finished task runs of its checkpoint log and
+    records it in the log, so every replica (and a new master) uses it (LAVA §3).
+    """
+    DrainMachine: _grpc.UnaryUnaryMultiCallable[_lifetimes_pb2.DrainMachineRequest, _lifetimes_pb2.DrainMachineResponse]
+    """Drains a machine (as SetMachineState DRAINING) and says in which order its tasks move:
+    longest predicted remaining lifetime first (LARS, LAVA §4.4).
+    """
+    GetLifetimes: _grpc.UnaryUnaryMultiCallable[_lifetimes_pb2.GetLifetimesRequest, _lifetimes_pb2.GetLifetimesResponse]
+    """The placement policy, the lifetime model and LAVA's host states (§4.3)."""
 
 @_typing.type_check_only
 class BorgmasterAsyncStub(BorgmasterStub):
@@ -104,6 +115,16 @@ class BorgmasterAsyncStub(BorgmasterStub):
     overflow the Borglets' throttling shows (GPA §4). Answered by every replica; only the
     master polls, so a follower reports no samples.
     """
+    TrainLifetimes: _aio.UnaryUnaryMultiCallable[_lifetimes_pb2.TrainLifetimesRequest, _lifetimes_pb2.TrainLifetimesResponse]  # type: ignore[assignment]
+    """Trains the cell's lifetime model on the finished task runs of its checkpoint log and
+    records it in the log, so every replica (and a new master) uses it (LAVA §3).
+    """
+    DrainMachine: _aio.UnaryUnaryMultiCallable[_lifetimes_pb2.DrainMachineRequest, _lifetimes_pb2.DrainMachineResponse]  # type: ignore[assignment]
+    """Drains a machine (as SetMachineState DRAINING) and says in which order its tasks move:
+    longest predicted remaining lifetime first (LARS, LAVA §4.4).
+    """
+    GetLifetimes: _aio.UnaryUnaryMultiCallable[_lifetimes_pb2.GetLifetimesRequest, _lifetimes_pb2.GetLifetimesResponse]  # type: ignore[assignment]
+    """The placement policy, the lifetime model and LAVA's host states (§4.3)."""
 
 class BorgmasterServicer(metaclass=_abc_1.ABCMeta):
     """The Borgmaster (Borg §3.1). Every replica answers reads; mutating calls on a replica that
@@ -223,5 +244,33 @@ class BorgmasterServicer(metaclass=_abc_1.ABCMeta):
         overflow the Borglets' throttling shows (GPA §4). Answered by every replica; only the
         master polls, so a follower reports no samples.
         """
+
+    @_abc_1.abstractmethod
+    def TrainLifetimes(
+        self,
+        request: _lifetimes_pb2.TrainLifetimesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lifetimes_pb2.TrainLifetimesResponse, _abc.Awaitable[_lifetimes_pb2.TrainLifetimesResponse]]:
+        """Trains the cell's lifetime model on the finished task runs of its checkpoint log and
+        records it in the log, so every replica (and a new master) uses it (LAVA §3).
+        """
+
+    @_abc_1.abstractmethod
+    def DrainMachine(
+        self,
+        request: _lifetimes_pb2.DrainMachineRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lifetimes_pb2.DrainMachineResponse, _abc.Awaitable[_lifetimes_pb2.DrainMachineResponse]]:
+        """Drains a machine (as SetMachineState DRAINING) and says in which order its tasks move:
+        longest predicted remaining lifetime first (LARS, LAVA §4.4).
+        """
+
+    @_abc_1.abstractmethod
+    def GetLifetimes(
+        self,
+        request: _lifetimes_pb2.GetLifetimesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_lifetimes_pb2.GetLifetimesResponse, _abc.Awaitable[_lifetimes_pb2.GetLifetimesResponse]]:
+        """The placement policy, the lifetime model and LAVA's host states (§4.3)."""
 
 def add_BorgmasterServicer_to_server(servicer: BorgmasterServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

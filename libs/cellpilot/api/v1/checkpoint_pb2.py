@@ -24,44 +24,49 @@ _sym_db = _symbol_database.Default()
 
 
 from cellpilot.api.v1 import job_pb2 as cellpilot_dot_api_dot_v1_dot_job__pb2
+from cellpilot.api.v1 import lifetimes_pb2 as cellpilot_dot_api_dot_v1_dot_lifetimes__pb2
 from cellpilot.api.v1 import machine_pb2 as cellpilot_dot_api_dot_v1_dot_machine__pb2
 from cellpilot.api.v1 import resources_pb2 as cellpilot_dot_api_dot_v1_dot_resources__pb2
 from cellpilot.api.v1 import state_pb2 as cellpilot_dot_api_dot_v1_dot_state__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!cellpilot/api/v1/checkpoint.proto\x12\x10\x63\x65llpilot.api.v1\x1a\x1a\x63\x65llpilot/api/v1/job.proto\x1a\x1e\x63\x65llpilot/api/v1/machine.proto\x1a cellpilot/api/v1/resources.proto\x1a\x1c\x63\x65llpilot/api/v1/state.proto\"r\n\x0cJobSubmitted\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.cellpilot.api.v1.JobSpec\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.cellpilot.api.v1.JobState\"\xa2\x01\n\nJobUpdated\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.cellpilot.api.v1.JobSpec\x12\x14\n\x0cspec_version\x18\x03 \x01(\x03\x12\x15\n\rfencing_token\x18\x04 \x01(\x03\x12\x17\n\x0fmax_disruptions\x18\x05 \x01(\x05\x12\x15\n\rhold_released\x18\x06 \x01(\x08\"\x1b\n\tJobKilled\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"L\n\x0fJobStateChanged\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.cellpilot.api.v1.JobState\"\x98\x01\n\rTaskScheduled\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x13\n\x0bincarnation\x18\x03 \x01(\x03\x12\x12\n\nmachine_id\x18\x04 \x01(\t\x12\r\n\x05ports\x18\x05 \x03(\x05\x12+\n\x06limits\x18\x06 \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\"\x97\x02\n\x10TaskStateChanged\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x13\n\x0bincarnation\x18\x03 \x01(\x03\x12*\n\x05state\x18\x04 \x01(\x0e\x32\x1b.cellpilot.api.v1.TaskState\x12/\n\x06reason\x18\x05 \x01(\x0e\x32\x1f.cellpilot.api.v1.TaskEventKind\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\x12*\n\x05usage\x18\x07 \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\x12\x31\n\x07\x62\x61\x63koff\x18\x08 \x01(\x0b\x32 .cellpilot.api.v1.RestartBackoff\"{\n\x0eRestartBackoff\x12\x10\n\x08\x66\x61ilures\x18\x01 \x01(\x05\x12\x15\n\rnot_before_ms\x18\x02 \x01(\x03\x12\x14\n\x0c\x66\x61iled_at_ms\x18\x03 \x01(\x03\x12\x12\n\nmachine_id\x18\x04 \x01(\t\x12\x16\n\x0e\x61void_until_ms\x18\x05 \x01(\x03\"@\n\x11MachineRegistered\x12+\n\x04spec\x18\x01 \x01(\x0b\x32\x1d.cellpilot.api.v1.MachineSpec\"h\n\x13MachineStateChanged\x12\x12\n\nmachine_id\x18\x01 \x01(\t\x12-\n\x05state\x18\x02 \x01(\x0e\x32\x1e.cellpilot.api.v1.MachineState\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"r\n\x08QuotaSet\x12\x0c\n\x04user\x18\x01 \x01(\t\x12,\n\x04\x62\x61nd\x18\x02 \x01(\x0e\x32\x1e.cellpilot.api.v1.PriorityBand\x12*\n\x05limit\x18\x03 \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\"C\n\rLeaderElected\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"\x81\x06\n\x10\x43heckpointRecord\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x15\n\revent_time_ms\x18\x03 \x01(\x03\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x10\n\x08\x63\x61use_id\x18\x05 \x01(\t\x12\x37\n\rjob_submitted\x18\x06 \x01(\x0b\x32\x1e.cellpilot.api.v1.JobSubmittedH\x00\x12\x33\n\x0bjob_updated\x18\x07 \x01(\x0b\x32\x1c.cellpilot.api.v1.JobUpdatedH\x00\x12\x31\n\njob_killed\x18\x08 \x01(\x0b\x32\x1b.cellpilot.api.v1.JobKilledH\x00\x12>\n\x11job_state_changed\x18\t \x01(\x0b\x32!.cellpilot.api.v1.JobStateChangedH\x00\x12\x39\n\x0etask_scheduled\x18\n \x01(\x0b\x32\x1f.cellpilot.api.v1.TaskScheduledH\x00\x12@\n\x12task_state_changed\x18\x0b \x01(\x0b\x32\".cellpilot.api.v1.TaskStateChangedH\x00\x12\x41\n\x12machine_registered\x18\x0c \x01(\x0b\x32#.cellpilot.api.v1.MachineRegisteredH\x00\x12\x46\n\x15machine_state_changed\x18\r \x01(\x0b\x32%.cellpilot.api.v1.MachineStateChangedH\x00\x12/\n\tquota_set\x18\x0e \x01(\x0b\x32\x1a.cellpilot.api.v1.QuotaSetH\x00\x12\x39\n\x0eleader_elected\x18\x0f \x01(\x0b\x32\x1f.cellpilot.api.v1.LeaderElectedH\x00\x12\x16\n\x0erequest_method\x18\x10 \x01(\t\x12\x16\n\x0erequest_digest\x18\x11 \x01(\tB\n\n\x08mutation\"f\n\x0e\x41ppliedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x0e\n\x06method\x18\x04 \x01(\t\x12\x0e\n\x06\x64igest\x18\x05 \x01(\t\"\xad\x02\n\x08Snapshot\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x15\n\revent_time_ms\x18\x03 \x01(\x03\x12)\n\x04jobs\x18\x04 \x03(\x0b\x32\x1b.cellpilot.api.v1.JobStatus\x12+\n\x08machines\x18\x05 \x03(\x0b\x32\x19.cellpilot.api.v1.Machine\x12\'\n\x06quotas\x18\x06 \x03(\x0b\x32\x17.cellpilot.api.v1.Quota\x12:\n\x10\x61pplied_requests\x18\x07 \x03(\x0b\x32 .cellpilot.api.v1.AppliedRequest\x12,\n\x06leader\x18\x08 \x01(\x0b\x32\x1c.cellpilot.api.v1.LeaderInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!cellpilot/api/v1/checkpoint.proto\x12\x10\x63\x65llpilot.api.v1\x1a\x1a\x63\x65llpilot/api/v1/job.proto\x1a cellpilot/api/v1/lifetimes.proto\x1a\x1e\x63\x65llpilot/api/v1/machine.proto\x1a cellpilot/api/v1/resources.proto\x1a\x1c\x63\x65llpilot/api/v1/state.proto\"r\n\x0cJobSubmitted\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.cellpilot.api.v1.JobSpec\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.cellpilot.api.v1.JobState\"\xa2\x01\n\nJobUpdated\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\'\n\x04spec\x18\x02 \x01(\x0b\x32\x19.cellpilot.api.v1.JobSpec\x12\x14\n\x0cspec_version\x18\x03 \x01(\x03\x12\x15\n\rfencing_token\x18\x04 \x01(\x03\x12\x17\n\x0fmax_disruptions\x18\x05 \x01(\x05\x12\x15\n\rhold_released\x18\x06 \x01(\x08\"\x1b\n\tJobKilled\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"L\n\x0fJobStateChanged\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.cellpilot.api.v1.JobState\"\x98\x01\n\rTaskScheduled\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x13\n\x0bincarnation\x18\x03 \x01(\x03\x12\x12\n\nmachine_id\x18\x04 \x01(\t\x12\r\n\x05ports\x18\x05 \x03(\x05\x12+\n\x06limits\x18\x06 \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\"\x97\x02\n\x10TaskStateChanged\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\ntask_index\x18\x02 \x01(\x05\x12\x13\n\x0bincarnation\x18\x03 \x01(\x03\x12*\n\x05state\x18\x04 \x01(\x0e\x32\x1b.cellpilot.api.v1.TaskState\x12/\n\x06reason\x18\x05 \x01(\x0e\x32\x1f.cellpilot.api.v1.TaskEventKind\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\x12*\n\x05usage\x18\x07 \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\x12\x31\n\x07\x62\x61\x63koff\x18\x08 \x01(\x0b\x32 .cellpilot.api.v1.RestartBackoff\"{\n\x0eRestartBackoff\x12\x10\n\x08\x66\x61ilures\x18\x01 \x01(\x05\x12\x15\n\rnot_before_ms\x18\x02 \x01(\x03\x12\x14\n\x0c\x66\x61iled_at_ms\x18\x03 \x01(\x03\x12\x12\n\nmachine_id\x18\x04 \x01(\t\x12\x16\n\x0e\x61void_until_ms\x18\x05 \x01(\x03\"@\n\x11MachineRegistered\x12+\n\x04spec\x18\x01 \x01(\x0b\x32\x1d.cellpilot.api.v1.MachineSpec\"h\n\x13MachineStateChanged\x12\x12\n\nmachine_id\x18\x01 \x01(\t\x12-\n\x05state\x18\x02 \x01(\x0e\x32\x1e.cellpilot.api.v1.MachineState\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"r\n\x08QuotaSet\x12\x0c\n\x04user\x18\x01 \x01(\t\x12,\n\x04\x62\x61nd\x18\x02 \x01(\x0e\x32\x1e.cellpilot.api.v1.PriorityBand\x12*\n\x05limit\x18\x03 \x01(\x0b\x32\x1b.cellpilot.api.v1.Resources\"C\n\rLeaderElected\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\"=\n\x10LavaHostsChanged\x12)\n\x05hosts\x18\x01 \x03(\x0b\x32\x1a.cellpilot.api.v1.LavaHost\"O\n\x14LifetimeModelTrained\x12\x12\n\nmodel_json\x18\x01 \x01(\t\x12\x0c\n\x04runs\x18\x02 \x01(\x05\x12\x15\n\rtrained_at_ms\x18\x03 \x01(\x03\"\x8d\x07\n\x10\x43heckpointRecord\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x15\n\revent_time_ms\x18\x03 \x01(\x03\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x10\n\x08\x63\x61use_id\x18\x05 \x01(\t\x12\x37\n\rjob_submitted\x18\x06 \x01(\x0b\x32\x1e.cellpilot.api.v1.JobSubmittedH\x00\x12\x33\n\x0bjob_updated\x18\x07 \x01(\x0b\x32\x1c.cellpilot.api.v1.JobUpdatedH\x00\x12\x31\n\njob_killed\x18\x08 \x01(\x0b\x32\x1b.cellpilot.api.v1.JobKilledH\x00\x12>\n\x11job_state_changed\x18\t \x01(\x0b\x32!.cellpilot.api.v1.JobStateChangedH\x00\x12\x39\n\x0etask_scheduled\x18\n \x01(\x0b\x32\x1f.cellpilot.api.v1.TaskScheduledH\x00\x12@\n\x12task_state_changed\x18\x0b \x01(\x0b\x32\".cellpilot.api.v1.TaskStateChangedH\x00\x12\x41\n\x12machine_registered\x18\x0c \x01(\x0b\x32#.cellpilot.api.v1.MachineRegisteredH\x00\x12\x46\n\x15machine_state_changed\x18\r \x01(\x0b\x32%.cellpilot.api.v1.MachineStateChangedH\x00\x12/\n\tquota_set\x18\x0e \x01(\x0b\x32\x1a.cellpilot.api.v1.QuotaSetH\x00\x12\x39\n\x0eleader_elected\x18\x0f \x01(\x0b\x32\x1f.cellpilot.api.v1.LeaderElectedH\x00\x12@\n\x12lava_hosts_changed\x18\x12 \x01(\x0b\x32\".cellpilot.api.v1.LavaHostsChangedH\x00\x12H\n\x16lifetime_model_trained\x18\x13 \x01(\x0b\x32&.cellpilot.api.v1.LifetimeModelTrainedH\x00\x12\x16\n\x0erequest_method\x18\x10 \x01(\t\x12\x16\n\x0erequest_digest\x18\x11 \x01(\tB\n\n\x08mutation\"f\n\x0e\x41ppliedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x0e\n\x06method\x18\x04 \x01(\t\x12\x0e\n\x06\x64igest\x18\x05 \x01(\t\"\x9d\x03\n\x08Snapshot\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x15\n\revent_time_ms\x18\x03 \x01(\x03\x12)\n\x04jobs\x18\x04 \x03(\x0b\x32\x1b.cellpilot.api.v1.JobStatus\x12+\n\x08machines\x18\x05 \x03(\x0b\x32\x19.cellpilot.api.v1.Machine\x12\'\n\x06quotas\x18\x06 \x03(\x0b\x32\x17.cellpilot.api.v1.Quota\x12:\n\x10\x61pplied_requests\x18\x07 \x03(\x0b\x32 .cellpilot.api.v1.AppliedRequest\x12,\n\x06leader\x18\x08 \x01(\x0b\x32\x1c.cellpilot.api.v1.LeaderInfo\x12.\n\nlava_hosts\x18\t \x03(\x0b\x32\x1a.cellpilot.api.v1.LavaHost\x12>\n\x0elifetime_model\x18\n \x01(\x0b\x32&.cellpilot.api.v1.LifetimeModelTrainedb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cellpilot.api.v1.checkpoint_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JOBSUBMITTED']._serialized_start=179
-  _globals['_JOBSUBMITTED']._serialized_end=293
-  _globals['_JOBUPDATED']._serialized_start=296
-  _globals['_JOBUPDATED']._serialized_end=458
-  _globals['_JOBKILLED']._serialized_start=460
-  _globals['_JOBKILLED']._serialized_end=487
-  _globals['_JOBSTATECHANGED']._serialized_start=489
-  _globals['_JOBSTATECHANGED']._serialized_end=565
-  _globals['_TASKSCHEDULED']._serialized_start=568
-  _globals['_TASKSCHEDULED']._serialized_end=720
-  _globals['_TASKSTATECHANGED']._serialized_start=723
-  _globals['_TASKSTATECHANGED']._serialized_end=1002
-  _globals['_RESTARTBACKOFF']._serialized_start=1004
-  _globals['_RESTARTBACKOFF']._serialized_end=1127
-  _globals['_MACHINEREGISTERED']._serialized_start=1129
-  _globals['_MACHINEREGISTERED']._serialized_end=1193
-  _globals['_MACHINESTATECHANGED']._serialized_start=1195
-  _globals['_MACHINESTATECHANGED']._serialized_end=1299
-  _globals['_QUOTASET']._serialized_start=1301
-  _globals['_QUOTASET']._serialized_end=1415
-  _globals['_LEADERELECTED']._serialized_start=1417
-  _globals['_LEADERELECTED']._serialized_end=1484
-  _globals['_CHECKPOINTRECORD']._serialized_start=1487
-  _globals['_CHECKPOINTRECORD']._serialized_end=2256
-  _globals['_APPLIEDREQUEST']._serialized_start=2258
-  _globals['_APPLIEDREQUEST']._serialized_end=2360
-  _globals['_SNAPSHOT']._serialized_start=2363
-  _globals['_SNAPSHOT']._serialized_end=2664
+  _globals['_JOBSUBMITTED']._serialized_start=213
+  _globals['_JOBSUBMITTED']._serialized_end=327
+  _globals['_JOBUPDATED']._serialized_start=330
+  _globals['_JOBUPDATED']._serialized_end=492
+  _globals['_JOBKILLED']._serialized_start=494
+  _globals['_JOBKILLED']._serialized_end=521
+  _globals['_JOBSTATECHANGED']._serialized_start=523
+  _globals['_JOBSTATECHANGED']._serialized_end=599
+  _globals['_TASKSCHEDULED']._serialized_start=602
+  _globals['_TASKSCHEDULED']._serialized_end=754
+  _globals['_TASKSTATECHANGED']._serialized_start=757
+  _globals['_TASKSTATECHANGED']._serialized_end=1036
+  _globals['_RESTARTBACKOFF']._serialized_start=1038
+  _globals['_RESTARTBACKOFF']._serialized_end=1161
+  _globals['_MACHINEREGISTERED']._serialized_start=1163
+  _globals['_MACHINEREGISTERED']._serialized_end=1227
+  _globals['_MACHINESTATECHANGED']._serialized_start=1229
+  _globals['_MACHINESTATECHANGED']._serialized_end=1333
+  _globals['_QUOTASET']._serialized_start=1335
+  _globals['_QUOTASET']._serialized_end=1449
+  _globals['_LEADERELECTED']._serialized_start=1451
+  _globals['_LEADERELECTED']._serialized_end=1518
+  _globals['_LAVAHOSTSCHANGED']._serialized_start=1520
+  _globals['_LAVAHOSTSCHANGED']._serialized_end=1581
+  _globals['_LIFETIMEMODELTRAINED']._serialized_start=1583
+  _globals['_LIFETIMEMODELTRAINED']._serialized_end=1662
+  _globals['_CHECKPOINTRECORD']._serialized_start=1665
+  _globals['_CHECKPOINTRECORD']._serialized_end=2574
+  _globals['_APPLIEDREQUEST']._serialized_start=2576
+  _globals['_APPLIEDREQUEST']._serialized_end=2678
+  _globals['_SNAPSHOT']._serialized_start=2681
+  _globals['_SNAPSHOT']._serialized_end=3094
 # @@protoc_insertion_point(module_scope)

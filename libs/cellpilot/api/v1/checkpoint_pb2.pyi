@@ -5,6 +5,7 @@ isort:skip_file
 """
 
 from cellpilot.api.v1 import job_pb2 as _job_pb2
+from cellpilot.api.v1 import lifetimes_pb2 as _lifetimes_pb2
 from cellpilot.api.v1 import machine_pb2 as _machine_pb2
 from cellpilot.api.v1 import resources_pb2 as _resources_pb2
 from cellpilot.api.v1 import state_pb2 as _state_pb2
@@ -362,6 +363,56 @@ class LeaderElected(_message.Message):
 Global___LeaderElected: _TypeAlias = LeaderElected  # noqa: Y015
 
 @_typing.final
+class LavaHostsChanged(_message.Message):
+    """LAVA host states that changed (LAVA §4.3); a host recorded EMPTY is dropped from the state."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOSTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def hosts(self) -> _containers.RepeatedCompositeFieldContainer[_lifetimes_pb2.LavaHost]: ...
+    def __init__(
+        self,
+        *,
+        hosts: _abc.Iterable[_lifetimes_pb2.LavaHost] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hosts", b"hosts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LavaHostsChanged: _TypeAlias = LavaHostsChanged  # noqa: Y015
+
+@_typing.final
+class LifetimeModelTrained(_message.Message):
+    """The cell's lifetime model (LAVA §3), trained on its finished task runs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_JSON_FIELD_NUMBER: _builtins.int
+    RUNS_FIELD_NUMBER: _builtins.int
+    TRAINED_AT_MS_FIELD_NUMBER: _builtins.int
+    model_json: _builtins.str
+    """cellpilot.lifetime-model/1 (LightGBM booster text)"""
+    runs: _builtins.int
+    trained_at_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        model_json: _builtins.str = ...,
+        runs: _builtins.int = ...,
+        trained_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model_json", b"model_json", "runs", b"runs", "trained_at_ms", b"trained_at_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LifetimeModelTrained: _TypeAlias = LifetimeModelTrained  # noqa: Y015
+
+@_typing.final
 class CheckpointRecord(_message.Message):
     """One log entry. Its kind is the name of the oneof case set (WhichOneof("mutation")), which
     is also the checkpoint_log.kind column.
@@ -384,6 +435,8 @@ class CheckpointRecord(_message.Message):
     MACHINE_STATE_CHANGED_FIELD_NUMBER: _builtins.int
     QUOTA_SET_FIELD_NUMBER: _builtins.int
     LEADER_ELECTED_FIELD_NUMBER: _builtins.int
+    LAVA_HOSTS_CHANGED_FIELD_NUMBER: _builtins.int
+    LIFETIME_MODEL_TRAINED_FIELD_NUMBER: _builtins.int
     REQUEST_METHOD_FIELD_NUMBER: _builtins.int
     REQUEST_DIGEST_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
@@ -422,6 +475,10 @@ class CheckpointRecord(_message.Message):
     def quota_set(self) -> Global___QuotaSet: ...
     @_builtins.property
     def leader_elected(self) -> Global___LeaderElected: ...
+    @_builtins.property
+    def lava_hosts_changed(self) -> Global___LavaHostsChanged: ...
+    @_builtins.property
+    def lifetime_model_trained(self) -> Global___LifetimeModelTrained: ...
     def __init__(
         self,
         *,
@@ -440,14 +497,16 @@ class CheckpointRecord(_message.Message):
         machine_state_changed: Global___MachineStateChanged | None = ...,
         quota_set: Global___QuotaSet | None = ...,
         leader_elected: Global___LeaderElected | None = ...,
+        lava_hosts_changed: Global___LavaHostsChanged | None = ...,
+        lifetime_model_trained: Global___LifetimeModelTrained | None = ...,
         request_method: _builtins.str = ...,
         request_digest: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["job_killed", b"job_killed", "job_state_changed", b"job_state_changed", "job_submitted", b"job_submitted", "job_updated", b"job_updated", "leader_elected", b"leader_elected", "machine_registered", b"machine_registered", "machine_state_changed", b"machine_state_changed", "mutation", b"mutation", "quota_set", b"quota_set", "task_scheduled", b"task_scheduled", "task_state_changed", b"task_state_changed"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job_killed", b"job_killed", "job_state_changed", b"job_state_changed", "job_submitted", b"job_submitted", "job_updated", b"job_updated", "lava_hosts_changed", b"lava_hosts_changed", "leader_elected", b"leader_elected", "lifetime_model_trained", b"lifetime_model_trained", "machine_registered", b"machine_registered", "machine_state_changed", b"machine_state_changed", "mutation", b"mutation", "quota_set", b"quota_set", "task_scheduled", b"task_scheduled", "task_state_changed", b"task_state_changed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause_id", b"cause_id", "epoch", b"epoch", "event_time_ms", b"event_time_ms", "job_killed", b"job_killed", "job_state_changed", b"job_state_changed", "job_submitted", b"job_submitted", "job_updated", b"job_updated", "leader_elected", b"leader_elected", "machine_registered", b"machine_registered", "machine_state_changed", b"machine_state_changed", "mutation", b"mutation", "quota_set", b"quota_set", "request_digest", b"request_digest", "request_id", b"request_id", "request_method", b"request_method", "sequence", b"sequence", "task_scheduled", b"task_scheduled", "task_state_changed", b"task_state_changed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause_id", b"cause_id", "epoch", b"epoch", "event_time_ms", b"event_time_ms", "job_killed", b"job_killed", "job_state_changed", b"job_state_changed", "job_submitted", b"job_submitted", "job_updated", b"job_updated", "lava_hosts_changed", b"lava_hosts_changed", "leader_elected", b"leader_elected", "lifetime_model_trained", b"lifetime_model_trained", "machine_registered", b"machine_registered", "machine_state_changed", b"machine_state_changed", "mutation", b"mutation", "quota_set", b"quota_set", "request_digest", b"request_digest", "request_id", b"request_id", "request_method", b"request_method", "sequence", b"sequence", "task_scheduled", b"task_scheduled", "task_state_changed", b"task_state_changed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_mutation: _TypeAlias = _typing.Literal["job_submitted", "job_updated", "job_killed", "job_state_changed", "task_scheduled", "task_state_changed", "machine_registered", "machine_state_changed", "quota_set", "leader_elected"]  # noqa: Y015
+    _WhichOneofReturnType_mutation: _TypeAlias = _typing.Literal["job_submitted", "job_updated", "job_killed", "job_state_changed", "task_scheduled", "task_state_changed", "machine_registered", "machine_state_changed", "quota_set", "leader_elected", "lava_hosts_changed", "lifetime_model_trained"]  # noqa: Y015
     _WhichOneofArgType_mutation: _TypeAlias = _typing.Literal["mutation", b"mutation"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_mutation) -> _WhichOneofReturnType_mutation | None: ...
 
@@ -504,6 +563,8 @@ class Snapshot(_message.Message):
     QUOTAS_FIELD_NUMBER: _builtins.int
     APPLIED_REQUESTS_FIELD_NUMBER: _builtins.int
     LEADER_FIELD_NUMBER: _builtins.int
+    LAVA_HOSTS_FIELD_NUMBER: _builtins.int
+    LIFETIME_MODEL_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     epoch: _builtins.int
     """epoch of the master that took it"""
@@ -521,6 +582,12 @@ class Snapshot(_message.Message):
     def applied_requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___AppliedRequest]: ...
     @_builtins.property
     def leader(self) -> _state_pb2.LeaderInfo: ...
+    @_builtins.property
+    def lava_hosts(self) -> _containers.RepeatedCompositeFieldContainer[_lifetimes_pb2.LavaHost]: ...
+    @_builtins.property
+    def lifetime_model(self) -> Global___LifetimeModelTrained:
+        """absent: no model trained yet"""
+
     def __init__(
         self,
         *,
@@ -532,10 +599,12 @@ class Snapshot(_message.Message):
         quotas: _abc.Iterable[_state_pb2.Quota] | None = ...,
         applied_requests: _abc.Iterable[Global___AppliedRequest] | None = ...,
         leader: _state_pb2.LeaderInfo | None = ...,
+        lava_hosts: _abc.Iterable[_lifetimes_pb2.LavaHost] | None = ...,
+        lifetime_model: Global___LifetimeModelTrained | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["leader", b"leader"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["leader", b"leader", "lifetime_model", b"lifetime_model"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_requests", b"applied_requests", "epoch", b"epoch", "event_time_ms", b"event_time_ms", "jobs", b"jobs", "leader", b"leader", "machines", b"machines", "quotas", b"quotas", "sequence", b"sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_requests", b"applied_requests", "epoch", b"epoch", "event_time_ms", b"event_time_ms", "jobs", b"jobs", "lava_hosts", b"lava_hosts", "leader", b"leader", "lifetime_model", b"lifetime_model", "machines", b"machines", "quotas", b"quotas", "sequence", b"sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -104,7 +104,9 @@ class _MemoryLimitKind:
 class _MemoryLimitKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MemoryLimitKind.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     MEMORY_LIMIT_KIND_UNSPECIFIED: _MemoryLimitKind.ValueType  # 0
-    """read as HARD"""
+    """Read as SOFT when the job's memory Autopilot is ON (Autopilot §4.1: Autopilot switches the
+    jobs it manages to soft limits; set HARD to keep a hard limit), as HARD otherwise.
+    """
     MEMORY_LIMIT_KIND_HARD: _MemoryLimitKind.ValueType  # 1
     """The task is OOM-killed as soon as it exceeds its limit."""
     MEMORY_LIMIT_KIND_SOFT: _MemoryLimitKind.ValueType  # 2
@@ -116,7 +118,9 @@ class MemoryLimitKind(_MemoryLimitKind, metaclass=_MemoryLimitKindEnumTypeWrappe
     """Enforcement of the RAM limit (Autopilot §2.3)."""
 
 MEMORY_LIMIT_KIND_UNSPECIFIED: MemoryLimitKind.ValueType  # 0
-"""read as HARD"""
+"""Read as SOFT when the job's memory Autopilot is ON (Autopilot §4.1: Autopilot switches the
+jobs it manages to soft limits; set HARD to keep a hard limit), as HARD otherwise.
+"""
 MEMORY_LIMIT_KIND_HARD: MemoryLimitKind.ValueType  # 1
 """The task is OOM-killed as soon as it exceeds its limit."""
 MEMORY_LIMIT_KIND_SOFT: MemoryLimitKind.ValueType  # 2

@@ -17,14 +17,16 @@ so the level never decides for it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from cellpilot.schedule.cell import LIMIT, NUM_LEVELS, Cell
 from cellpilot.schedule.lifetime_aware.lava import RANK_EMPTY, LavaHosts
-from cellpilot.schedule.lifetime_aware.lifetime_scores import MAX_TEMPORAL_COST, lifetime_class, temporal_cost
+from cellpilot.schedule.lifetime_aware.lifetime_scores import MAX_TEMPORAL_COST, temporal_cost
+from cellpilot.schedule.lifetime_aware.lifetime_scores import lifetime_class as lifetime_class_of
 from cellpilot.schedule.lifetime_aware.policies import VmRequest
 from cellpilot.schedule.plugins import MAX_SCORE, FloatArray, IntArray, Request
 
@@ -56,6 +58,25 @@ class _CellPool:
         return self.cell.machine_tasks
 
 
+class LifetimeSource(Protocol):
+    """What LAS and LAVA read: predicted remaining lifetimes and LAVA classes of the jobs being
+    placed (by job code), the clock, each machine's latest predicted exit, and LAVA's host
+    preference."""
+
+    @property
+    def job_remaining(self) -> Mapping[int, float]: ...
+
+    @property
+    def job_class(self) -> Mapping[int, int]: ...
+
+    @property
+    def now(self) -> float: ...
+
+    def machine_exit(self, machines: IntArray) -> FloatArray: ...
+
+    def ranks(self, vm_class: int, machines: IntArray) -> IntArray: ...
+
+
 class CellLifetimes:
     """Predicted exit times of a cell's tasks and LAVA's per-machine state.
 
@@ -67,46 +88,74 @@ class CellLifetimes:
         self.now = 0.0
         self.task_exit: dict[int, float] = {}
         self.job_remaining: dict[int, float] = {}
+        self.job_class: dict[int, int] = {}  # LAVA's class when the predictor gives one (§4.3)
         self.hosts = LavaHosts(_CellPool(cell))
+        # Latest tracked exit per machine (-inf: none), recomputed for machines marked stale.
+        self._machine_exit = np.full(cell.n_machines, -np.inf)
+        self._stale: set[int] = set()
 
-    def expect(self, job: str, remaining: float) -> None:
-        """The predicted remaining lifetime (s) of the tasks of ``job`` about to be scheduled."""
-        self.job_remaining[self.cell.job_code(job)] = remaining
+    def expect(self, job: str, remaining: float, lifetime_class: int = -1) -> None:
+        """The predicted remaining lifetime (s) and LAVA class (-1: the class of ``remaining``)
+        of the tasks of ``job`` about to be scheduled."""
+        code = self.cell.job_code(job)
+        self.job_remaining[code] = remaining
+        self.job_class[code] = lifetime_class if lifetime_class >= 0 else int(lifetime_class_of(remaining))
+
+    def forget_pending(self) -> None:
+        self.job_remaining.clear()
+        self.job_class.clear()
 
     def advance(self, now: float) -> None:
         self.now = now
         self.hosts.advance(now)
 
-    def started(self, handle: int, remaining: float, now: float) -> None:
-        """After ``cell.bind`` returned ``handle``."""
-        self.task_exit[handle] = now + remaining
+    def started(self, handle: int, remaining: float, now: float, lifetime_class: int = -1) -> None:
+        """After ``cell.bind`` returned ``handle``; ``lifetime_class`` -1: the class of ``remaining``."""
         machine = int(self.cell.t_machine[handle])
-        self.hosts.placed(machine, VmRequest(handle, np.zeros(0), remaining), now)
+        self.set_exit(handle, machine, now + remaining)
+        self.hosts.placed(machine, VmRequest(handle, np.zeros(0), remaining, lifetime_class), now)
+
+    def set_exit(self, handle: int, machine: int, exit_time: float) -> None:
+        """The predicted exit time of a task running on ``machine`` (no LAVA state change)."""
+        self.task_exit[handle] = exit_time
+        self._stale.add(machine)
 
     def repredicted(self, handle: int, remaining: float, now: float) -> None:
-        self.task_exit[handle] = now + remaining
+        self.set_exit(handle, int(self.cell.t_machine[handle]), now + remaining)
 
     def ended(self, handle: int, machine: int, now: float) -> None:
         """After ``cell.unbind(handle)`` removed the task from ``machine``."""
         self.task_exit.pop(handle, None)
+        self._stale.add(machine)
         self.hosts.removed(machine, handle, now)
+
+    def ranks(self, vm_class: int, machines: IntArray) -> IntArray:
+        """LAVA's preference (§4.3) for a task of ``vm_class``; machines added to the cell after
+        this was built rank as empty hosts."""
+        out = np.full(machines.shape[0], RANK_EMPTY, dtype=np.int64)
+        known = machines < self.hosts.state.shape[0]
+        out[known] = self.hosts.ranks(vm_class, machines[known].astype(np.int64))
+        return out
 
     def machine_exit(self, machines: IntArray) -> FloatArray:
         """Latest predicted exit per machine; ``now`` for machines without tracked tasks."""
-        out = np.full(machines.shape[0], self.now)
+        if self._machine_exit.shape[0] < self.cell.n_machines:
+            grown = np.full(self.cell.n_machines, -np.inf)
+            grown[: self._machine_exit.shape[0]] = self._machine_exit
+            self._machine_exit = grown
         tasks = self.cell.machine_tasks
-        for i, m in enumerate(machines.tolist()):
+        for m in self._stale:
             exits = [self.task_exit[h] for h in tasks[m] if h in self.task_exit]
-            if exits:
-                out[i] = max(self.now, max(exits))
-        return out
+            self._machine_exit[m] = max(exits) if exits else -np.inf
+        self._stale.clear()
+        return np.maximum(self._machine_exit[machines], self.now)
 
 
 @dataclass(frozen=True)
 class LasScorer:
     """LAS's temporal cost (§4.2) as a Borg scorer."""
 
-    lifetimes: CellLifetimes
+    lifetimes: LifetimeSource
     name: str = "las"
     job_dependent: bool = True
 
@@ -123,13 +172,13 @@ class LasScorer:
 class LavaScorer:
     """LAVA's host preference (§4.3) as a Borg scorer."""
 
-    lifetimes: CellLifetimes
+    lifetimes: LifetimeSource
     name: str = "lava"
     job_dependent: bool = True
 
     def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
-        remaining = self.lifetimes.job_remaining.get(req.job)
-        if remaining is None:
+        vm_class = self.lifetimes.job_class.get(req.job)
+        if vm_class is None:
             return np.full(machines.shape[0], MAX_SCORE)
-        ranks = self.lifetimes.hosts.ranks(int(lifetime_class(remaining)), machines.astype(np.int64))
+        ranks = self.lifetimes.ranks(vm_class, machines)
         return MAX_SCORE * (1.0 - ranks / RANK_EMPTY)

@@ -1,42 +1,68 @@
-"""The limit setters compared in the replay: manual limits, Autopilot's two recommenders, and VPA.
+"""The deciders compared in the closed-loop replay: Autopilot as the services run it,
+manual limits, VPA, and the clairvoyant bound.
 
-Each setter sees one 5-minute window of a chunk of jobs at a time (what the monitoring
-system would report: every running task's observed usage, its OOMs, its current limit)
-and returns, per job, the limit it wants applied from now on (NaN: no change). The replay
+Each decider sees one 5-minute window of a chunk of jobs at a time (what the monitoring
+reports: every running task's observed usage, its OOMs, its current limit) and returns, per
+job, the limit it wants applied from now on (NaN: no change). The replay
 (:mod:`cellpilot.evaluate.autopilot_replay`) applies it after the actuation delay and
-models the consequences.
+enforces it.
 
+* **Autopilot** (:class:`AutopilotDecider`): the services' own decision core, batched over
+  the chunk's jobs. Per window: the job histogram s[t] = sum over tasks of s_i[t] (§3.2.1:
+  one sample per running task at its window peak for memory, the window's usage
+  distribution for CPU) goes through the recommender worker's
+  :func:`~cellpilot.autopilot.candidates.update_candidates` (every moving-window statistic
+  and the ML ensemble, margins, max over the last hour), after the worker's OOM reaction
+  (:func:`~cellpilot.autopilot.candidates.apply_oom`); then the master's recommender
+  selection (:func:`~cellpilot.autopilot.selection.select_recommender`, AUTO included) and
+  its vertical step (:func:`~cellpilot.autopilot.vertical_targets.vertical_targets`:
+  bounds, largest machine, dead band). The compared "moving-window" and "ml" rows are this
+  decider with the recommender fixed (AUTO by the §3.2.2 table, or ML); "autopilot" is
+  AUTO as the master is configured.
 * **manual** (§4): the owner's limits from the workload; the owner reacts only to an OOM
   alert (see :class:`ManualResponse`), by raising the job's limit by hand.
-* **moving window** (§3.2.2) and **ML** (§3.2.3): the library pipelines
-  (:func:`cellpilot.recommend.pipeline.moving_window_recommender`, ``ml_recommender``)
-  fed the job's 5-minute histogram, s[t] = sum over tasks of s_i[t] (§3.2.1): one sample
-  per running task at its window peak for memory, the window's usage distribution for CPU.
-  The moving window's statistic comes from the policy table per job (class, latency, OOM
-  tolerance).
 * **VPA**: :class:`cellpilot.evaluate.vpa.VpaRecommender` plus its updater's rule for when
   to resize.
+* **clairvoyant**: the bound. It knows each window's per-job peak in advance and sets the
+  limit to just that (zero OOMs, no slack beyond the spread between the job's tasks and
+  within the window); the replay applies it without delay.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from cellpilot.evaluate.vpa import VpaConfig, VpaRecommender, updater_decision
-from cellpilot.recommend.explanation import JobSettings
-from cellpilot.recommend.ml_ensemble import EnsembleConfig
-from cellpilot.recommend.pipeline import (
-    RecommenderState,
-    VerticalRecommender,
-    ml_recommender,
-    moving_window_recommender,
+from cellpilot.autopilot.candidates import (
+    KINDS,
+    CandidateConfig,
+    CandidateKind,
+    apply_oom,
+    initial_candidate_state,
+    master_unit_factor,
+    oom_bumped_value,
+    update_candidates,
 )
-from cellpilot.recommend.policy import JobProfile, statistic_codes, statistic_for
+from cellpilot.autopilot.decisions import DecisionPolicy
+from cellpilot.autopilot.ml_config import ML_HYPERPARAMETERS
+from cellpilot.autopilot.selection import (
+    AUTO,
+    AutoMl,
+    RecommenderRef,
+    ScalingMode,
+    VerticalConfig,
+    select_recommender,
+)
+from cellpilot.autopilot.selection import (
+    JobTraits as SelectionTraits,
+)
+from cellpilot.autopilot.vertical_targets import chosen_values, vertical_targets
+from cellpilot.evaluate.vpa import VpaConfig, VpaRecommender, updater_decision
+from cellpilot.recommend.ml_ensemble import EnsembleConfig
 from cellpilot.usage.buckets import Resource
 from cellpilot.workloads.task_signals import WINDOW_MS, WINDOWS_PER_DAY, JobTraits
 
@@ -47,9 +73,15 @@ BoolArray = npt.NDArray[np.bool_]
 
 class PolicyKind(StrEnum):
     MANUAL = "manual"
-    MOVING_WINDOW = "moving-window"
-    ML = "ml"
+    MOVING_WINDOW = "moving-window"  # Autopilot, AUTO by the §3.2.2 table
+    ML = "ml"  # Autopilot, the ML recommender chosen
+    AUTOPILOT = "autopilot"  # Autopilot, AUTO as the master is configured
     VPA = "vpa"
+    CLAIRVOYANT = "clairvoyant"  # the bound
+
+    @property
+    def is_autopilot(self) -> bool:
+        return self in (PolicyKind.MOVING_WINDOW, PolicyKind.ML, PolicyKind.AUTOPILOT)
 
 
 class Enforcement(StrEnum):
@@ -57,16 +89,6 @@ class Enforcement(StrEnum):
 
     HARD = "hard"
     SOFT = "soft"
-
-
-# §3.2.3's five hyperparameters (d, w_o, w_u, w_dL, w_dm) as EnsembleConfig fields.
-ML_HYPERPARAMETERS: tuple[str, ...] = (
-    "cost_decay",
-    "w_overrun",
-    "w_underrun",
-    "w_limit_change",
-    "w_model_change",
-)
 
 
 @dataclass(frozen=True)
@@ -105,7 +127,13 @@ STANDARD_RECOMMENDERS: dict[str, RecommenderSpec] = {
     "moving-window": RecommenderSpec("moving-window", PolicyKind.MOVING_WINDOW, Enforcement.SOFT),
     "ml": RecommenderSpec("ml", PolicyKind.ML, Enforcement.SOFT),
     "vpa": RecommenderSpec("vpa", PolicyKind.VPA, Enforcement.SOFT),
+    "clairvoyant": RecommenderSpec("clairvoyant", PolicyKind.CLAIRVOYANT, Enforcement.HARD),
 }
+# Named but not in every study: AUTO as the master runs it (per job the window or ML).
+EXTRA_RECOMMENDERS: dict[str, RecommenderSpec] = {
+    "autopilot": RecommenderSpec("autopilot", PolicyKind.AUTOPILOT, Enforcement.SOFT),
+}
+KNOWN_RECOMMENDERS = {**STANDARD_RECOMMENDERS, **EXTRA_RECOMMENDERS}
 
 
 def parse_recommenders(text: str) -> tuple[RecommenderSpec, ...]:
@@ -115,9 +143,9 @@ def parse_recommenders(text: str) -> tuple[RecommenderSpec, ...]:
         if not item:
             continue
         name, _, enforcement = item.partition(":")
-        if name not in STANDARD_RECOMMENDERS:
-            raise ValueError(f"unknown recommender {name!r} (known: {', '.join(STANDARD_RECOMMENDERS)})")
-        spec = STANDARD_RECOMMENDERS[name]
+        if name not in KNOWN_RECOMMENDERS:
+            raise ValueError(f"unknown recommender {name!r} (known: {', '.join(KNOWN_RECOMMENDERS)})")
+        spec = KNOWN_RECOMMENDERS[name]
         if enforcement:
             spec = RecommenderSpec(item, spec.kind, Enforcement(enforcement), spec.manual_owner)
         if any(s.name == spec.name for s in specs):
@@ -162,7 +190,7 @@ class Observation:
     fractions: FloatArray | None = None  # CPU: (N, P) share of the window's samples per point
 
 
-class Setter(Protocol):
+class Decider(Protocol):
     def step(self, obs: Observation) -> FloatArray: ...
 
 
@@ -185,60 +213,105 @@ class ChunkLayout:
         return np.where(np.isneginf(out), np.nan, out)
 
 
-def _statistics(traits: tuple[JobTraits, ...], resource: Resource) -> npt.NDArray[np.int8]:
-    return statistic_codes(
-        [statistic_for(JobProfile(resource, t.job_class, t.latency, t.oom_tolerance)) for t in traits]
+def job_histograms(layout: ChunkLayout, config: CandidateConfig, obs: Observation) -> FloatArray:
+    """s[t] per job in the recommender's bucket scheme (§3.2.1), as the aggregator sums it:
+    memory, one sample per running task at its window peak; CPU, 300 one-second samples per
+    task spread over the window's usage points."""
+    jobs, k = layout.jobs, config.scheme.size
+    run = np.flatnonzero(obs.running)
+    if obs.points is None:
+        flat = layout.job_of_task[run] * k + config.scheme.index_of(obs.observed[run])
+        return np.asarray(np.bincount(flat, minlength=jobs * k).reshape(jobs, k), dtype=np.float64)
+    assert obs.fractions is not None
+    points = obs.points[run]
+    flat = (layout.job_of_task[run][:, None] * k + config.scheme.index_of(points)).ravel()
+    weights = (obs.fractions[run] * (WINDOW_MS / 1000.0)).ravel()
+    return np.asarray(
+        np.bincount(flat, weights=weights, minlength=jobs * k).reshape(jobs, k), dtype=np.float64
     )
 
 
-class PipelineSetter:
-    """A :class:`VerticalRecommender` fed each window's per-job histogram."""
+def selected_columns(
+    kind: PolicyKind, layout: ChunkLayout, resource: Resource, policy: DecisionPolicy
+) -> IntpArray:
+    """Per job the candidate column the master selects (the same :func:`select_recommender`)."""
+    ref = RecommenderRef.builtin(CandidateKind.ML) if kind is PolicyKind.ML else RecommenderRef(AUTO)
+    auto_ml = policy.auto_ml if kind is PolicyKind.AUTOPILOT else AutoMl.NEVER
+    config = VerticalConfig(mode=ScalingMode.ON, recommender=ref)
+    columns = []
+    for t in layout.traits:
+        traits = SelectionTraits(t.job_class, t.latency, t.oom_tolerance)
+        chosen = select_recommender(resource, config, traits, (), auto_ml).ref
+        columns.append(KINDS.index(CandidateKind(chosen.kind)))
+    return np.asarray(columns, dtype=np.intp)
 
-    def __init__(self, recommender: VerticalRecommender, layout: ChunkLayout, settings: JobSettings) -> None:
-        self.recommender = recommender
+
+class AutopilotDecider:
+    """The recommender worker's and the master's code on a chunk's jobs (module docstring)."""
+
+    def __init__(
+        self,
+        kind: PolicyKind,
+        layout: ChunkLayout,
+        resource: Resource,
+        ensemble: EnsembleConfig,
+        policy: DecisionPolicy,
+    ) -> None:
         self.layout = layout
-        self.settings = settings
-        self.state: RecommenderState = recommender.initial_state(layout.jobs)
-        self.boundaries = recommender.scheme.boundaries
-        self.buckets = recommender.scheme.size
-
-    def _bucket(self, values: FloatArray) -> IntpArray:
-        index = np.searchsorted(self.boundaries, values, side="right")
-        return np.asarray(np.minimum(index, self.buckets - 1), dtype=np.intp)
-
-    def counts(self, obs: Observation) -> FloatArray:
-        jobs, k = self.layout.jobs, self.buckets
-        if obs.points is None:
-            run = np.flatnonzero(obs.running)
-            flat = self.layout.job_of_task[run] * k + self._bucket(obs.observed[run])
-            return np.asarray(np.bincount(flat, minlength=jobs * k).reshape(jobs, k), dtype=np.float64)
-        assert obs.fractions is not None
-        run = np.flatnonzero(obs.running)
-        points = obs.points[run]
-        flat = (self.layout.job_of_task[run][:, None] * k + self._bucket(points)).ravel()
-        # 300 one-second samples per window (§3.2.1), spread over the window's points.
-        weights = (obs.fractions[run] * (WINDOW_MS / 1000.0)).ravel()
-        return np.asarray(
-            np.bincount(flat, weights=weights, minlength=jobs * k).reshape(jobs, k), dtype=np.float64
+        self.resource = resource
+        self.policy = policy
+        self.columns = selected_columns(kind, layout, resource, policy)
+        ml = KINDS.index(CandidateKind.ML)
+        self.config = replace(
+            CandidateConfig.for_resource(resource, ensemble),
+            with_window=bool(np.any(self.columns != ml)),
+            with_ml=bool(np.any(self.columns == ml)),
         )
+        self.state = initial_candidate_state(self.config, layout.jobs)
+        self.factor = master_unit_factor(resource)
+        # Per job, the limit the master wants after the latest window (bounded, whole units of
+        # the master, NaN before the first recommendation), actuated or not (the dead band).
+        self.wanted = np.full(layout.jobs, np.nan)
+
+    def _react_to_ooms(self, obs: Observation) -> None:
+        """The worker's OOM feedback: one :func:`apply_oom` round per OOM of a job."""
+        oom = np.flatnonzero(obs.oom)
+        job = self.layout.job_of_task[oom]
+        order = np.argsort(job, kind="stable")
+        oom, job = oom[order], job[order]
+        first = np.searchsorted(job, job)
+        rank = np.arange(job.size) - first
+        bumped_all = oom_bumped_value(self.config, obs.task_limit[oom], obs.observed[oom])
+        for r in range(int(rank.max()) + 1):
+            this = rank == r
+            bumped = np.full(self.layout.jobs, np.nan)
+            bumped[job[this]] = bumped_all[this]
+            times = np.full(self.layout.jobs, obs.time_ms - 1, dtype=np.int64)
+            self.state, _ = apply_oom(self.config, self.state, bumped, times)
 
     def step(self, obs: Observation) -> FloatArray:
+        if obs.oom.any():
+            self._react_to_ooms(obs)
         times = np.full(self.layout.jobs, obs.time_ms, dtype=np.int64)
-        self.state, batch = self.recommender.update_batch(self.state, self.counts(obs), times, self.settings)
-        return np.asarray(batch.value, dtype=np.float64)
+        counts = job_histograms(self.layout, self.config, obs)
+        self.state, batch = update_candidates(self.config, self.state, counts, times)
+        chosen, raised = chosen_values(batch.value, batch.raised_by_window_max, self.columns)
+        current = np.where(np.isnan(obs.job_limit), self.layout.per_job_max(obs.task_limit), obs.job_limit)
+        f = self.factor
+        targets = vertical_targets(
+            chosen * f,
+            raised,
+            current * f,
+            on=True,
+            machine_capacity=self.policy.machine(self.resource),
+            min_increase=self.policy.min_increase_fraction,
+            min_decrease=self.policy.min_decrease_fraction,
+        )
+        self.wanted = targets.value
+        return np.where(targets.actuate, targets.value / f, np.nan)
 
 
-def moving_window_setter(layout: ChunkLayout, resource: Resource) -> PipelineSetter:
-    recommender = moving_window_recommender(JobProfile(resource))
-    settings = JobSettings(statistic=_statistics(layout.traits, resource))
-    return PipelineSetter(recommender, layout, settings)
-
-
-def ml_setter(layout: ChunkLayout, resource: Resource, config: EnsembleConfig) -> PipelineSetter:
-    return PipelineSetter(ml_recommender(resource, config=config), layout, JobSettings())
-
-
-class VpaSetter:
+class VpaDecider:
     """VPA's recommender (memory: per-task interval peaks and OOM bump-ups; CPU: all samples)
     plus its updater's decision of when to resize."""
 
@@ -262,14 +335,8 @@ class VpaSetter:
             assert obs.fractions is not None
             p = obs.points.shape[1]
             jobs = np.repeat(layout.job_of_task[run], p)
-            request = np.repeat(obs.task_limit[run], p)
             self.vpa.add_cpu_samples(
-                self.state,
-                jobs,
-                obs.points[run].ravel(),
-                obs.fractions[run].ravel(),
-                np.where(np.isnan(request), 0.0, request),
-                obs.time_ms,
+                self.state, jobs, obs.points[run].ravel(), obs.fractions[run].ravel(), obs.time_ms
             )
         estimate = self.vpa.estimate(self.state)
         current = np.where(np.isnan(self.decided), layout.per_job_max(obs.task_limit), self.decided)
@@ -285,7 +352,7 @@ class VpaSetter:
         return np.where(update, estimate.target, np.nan)
 
 
-class ManualSetter:
+class ManualDecider:
     """The owner of a manually-limited job: returns a raised floor for the job's limit, or NaN."""
 
     def __init__(self, layout: ChunkLayout, response: ManualResponse) -> None:

@@ -8,8 +8,9 @@ into the study's budget: 500 jobs x (14 + 2 warm-up) days.
 Baselines measured in the same run, on the same synthetic jobs:
 
 * job by job: chunks of one job (what a replay without batching across jobs would do),
-  timed on a subset of the jobs; its per-job-day results are checked to equal the batched
-  replay's before anything is reported;
+  timed on a subset of the jobs, each job alone on its machines (pools of one job); its
+  per-job-day results are checked to equal the batched replay's with the same pools before
+  anything is reported;
 * manual + VPA: the same jobs through only the deciders the closed loop did not replace
   (manual hard, manual soft, VPA). The replay this one replaces ran Autopilot's two
   recommenders as stand-alone library pipelines; that code is gone, so the honest
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -31,6 +33,7 @@ from bench.harness import Report
 from cellpilot.evaluate.autopilot_deciders import STANDARD_RECOMMENDERS, RecommenderSpec
 from cellpilot.evaluate.autopilot_metrics import JobDays
 from cellpilot.evaluate.autopilot_replay import ReplayConfig, StudyResult, run_study
+from cellpilot.evaluate.replay_machines import CellModel
 from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig
 
 FIGURES = [
@@ -70,19 +73,23 @@ def _same_rows(a: JobDays, b: JobDays) -> bool:
 
 def run(report: Report) -> None:
     specs = tuple(STANDARD_RECOMMENDERS.values())
-    config = ReplayConfig(warmup_days=1, seed=SEED)
+    config = ReplayConfig(warmup_days=1)
+    alone = replace(config, cell=CellModel(pool_jobs=1))
 
     def study(
-        jobs: int, chunk_jobs: int, chosen: tuple[RecommenderSpec, ...] = specs
+        jobs: int,
+        chunk_jobs: int,
+        chosen: tuple[RecommenderSpec, ...] = specs,
+        cfg: ReplayConfig = config,
     ) -> Callable[[], StudyResult]:
         workload = AutopilotWorkloadConfig(jobs=jobs, days=DAYS, seed=SEED)
-        return lambda: run_study(workload, chosen, config, max_chunk_jobs=chunk_jobs)
+        return lambda: run_study(workload, chosen, cfg, max_chunk_jobs=chunk_jobs)
 
     seconds, batched = _cpu_best_of(2, study(JOBS, 64))
     unchanged = tuple(STANDARD_RECOMMENDERS[n] for n in ("manual-hard", "manual-soft", "vpa"))
     base_seconds, _ = _cpu_best_of(2, study(JOBS, 64, unchanged))
-    per_job_seconds, per_job = _cpu_best_of(2, study(PER_JOB_JOBS, 1))
-    subset = study(PER_JOB_JOBS, 64)()
+    per_job_seconds, per_job = _cpu_best_of(2, study(PER_JOB_JOBS, 1, cfg=alone))
+    subset = study(PER_JOB_JOBS, 64, cfg=alone)()
     for spec in specs:
         if not _same_rows(subset.rows[spec.name], per_job.rows[spec.name]):
             raise AssertionError(f"{spec.name}: batched and job-by-job replays disagree")

@@ -28,6 +28,7 @@ from cellpilot.evaluate.autopilot_deciders import parse_recommenders
 from cellpilot.evaluate.autopilot_metrics import TABLE2_ROWS, JobDays, cdf, table2_label
 from cellpilot.evaluate.autopilot_replay import ReplayConfig, StudyResult, run_study
 from cellpilot.evaluate.autopilot_tuning import MODEL_GRIDS, TuningGrid, TuningSetup, run_sweep
+from cellpilot.evaluate.replay_machines import CellModel
 from cellpilot.evaluate.report import markdown_table, write_markdown, write_summary
 from cellpilot.recommend.ml_ensemble import EnsembleConfig
 from cellpilot.traces.google import TRACES, open_google_trace
@@ -256,7 +257,7 @@ def autopilot(
     ] = "synthetic",
     jobs: Annotated[int, typer.Option(help="synthetic jobs")] = 500,
     days: Annotated[int, typer.Option(help="synthetic days measured (warm-up days come on top)")] = 14,
-    seed: Annotated[int, typer.Option(help="seed of the synthetic workload and of machine pressure")] = 0,
+    seed: Annotated[int, typer.Option(help="seed of the synthetic workload")] = 0,
     trace: Annotated[
         str | None, typer.Option(help="google2011:PATH or google2019:PATH (a trace directory)")
     ] = None,
@@ -280,6 +281,12 @@ def autopilot(
         float, typer.Option(help="from recommendation to limit in force")
     ] = 5.0,
     min_coverage: Annotated[float, typer.Option(help="trace jobs must run in this share of windows")] = 0.9,
+    pool_jobs: Annotated[
+        int, typer.Option(help="consecutive jobs whose tasks share machines (soft-limit pressure)")
+    ] = CellModel.pool_jobs,
+    free_memory: Annotated[
+        float, typer.Option(help="share of each machine's memory no task reserves, in [0, 1]")
+    ] = CellModel.free_fraction,
 ) -> None:
     """Replays manual limits, Autopilot's moving window and ML recommenders and VPA (Autopilot §4)."""
     try:
@@ -290,13 +297,17 @@ def autopilot(
         raise typer.BadParameter("--jobs, --days and --workers must be >= 1, --warmup-days >= 0")
     if population not in ("serving", "all"):
         raise typer.BadParameter("--population must be 'serving' or 'all'")
+    if pool_jobs < 1:
+        raise typer.BadParameter("must be >= 1", param_hint="--pool-jobs")
+    if not 0.0 <= free_memory <= 1.0:
+        raise typer.BadParameter("must be in [0, 1]", param_hint="--free-memory")
     ml, ml_source = choose_ml_config(ml_config, tuned_ml)
     config = ReplayConfig(
         warmup_days=warmup_days,
         actuation_delay_ms=int(actuation_delay_minutes * 60_000),
         cpu=cpu,
-        seed=seed,
         ml=ml,
+        cell=CellModel(pool_jobs=pool_jobs, free_fraction=free_memory),
     )
     source: AutopilotWorkloadConfig | list[JobSignals]
     if trace:

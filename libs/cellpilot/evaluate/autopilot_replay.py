@@ -8,12 +8,11 @@ earliest the next window); that limit shapes the usage the next window sees. Con
 
 * **hard RAM limit**: a task whose 5-minute peak exceeds its limit is OOM-killed (one OOM
   per task and window) and restarts; the monitoring saw usage up to the limit;
-* **soft RAM limit**: a task over its limit is killed only when its machine runs short of
-  memory: the machine's free memory ("headroom") is drawn per task and window — zero with
-  probability ``short_probability``, otherwise exponential with mean ``mean_headroom`` of a
-  machine — and the task dies if its overage exceeds it; the monitoring saw usage up to
-  the kill. The draws are common to all setters (same job, task, window, same machine), so
-  the comparison is paired;
+* **soft RAM limit**: a task over its limit is killed only while its machine is short of
+  memory. The replay places its tasks on machines and judges each window with the Borglet's
+  enforcement over the co-located replayed tasks (:mod:`cellpilot.evaluate.replay_machines`:
+  the placement, shared by every setter so the comparison is paired, and why a machine runs
+  short); the monitoring saw the killed task's usage up to its peak;
 * a restart costs ``restart_seconds`` of runtime and resets any memory growth since the
   task's start (a leak); a planned restart (roll-out) does too;
 * **CPU** (optional): usage above the limit is throttled, the monitoring sees the throttled
@@ -59,6 +58,7 @@ from cellpilot.evaluate.autopilot_metrics import (
     goals,
     summarise_study,
 )
+from cellpilot.evaluate.replay_machines import CellModel, ReplayMachines, place_tasks, pools_of
 from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner
 from cellpilot.evaluate.vpa import VpaConfig
 from cellpilot.recommend.ml_ensemble import EnsembleConfig
@@ -74,23 +74,14 @@ BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
-class SoftKillModel:
-    """Machine memory pressure for soft limits (see the module docstring)."""
-
-    short_probability: float = 0.01
-    mean_headroom: float = 0.02  # fraction of a machine's memory
-
-
-@dataclass(frozen=True)
 class ReplayConfig:
     warmup_days: int = 2
     actuation_delay_ms: int = WINDOW_MS
     machine_memory_bytes: float = 256 * GIB
     restart_seconds: float = 60.0
-    soft_kill: SoftKillModel = field(default_factory=SoftKillModel)
+    cell: CellModel = field(default_factory=CellModel)  # which replayed tasks share machines
     manual_response: ManualResponse = field(default_factory=ManualResponse)
     cpu: bool = False
-    seed: int = 0  # of the machine-pressure draws
     # The recommender workers' ML configuration: the shipped (tuned) file unless overridden.
     ml: EnsembleConfig = field(default_factory=load_ml_config)
     # The master's decision settings (dead band, AUTO's choice); the largest machine is
@@ -118,7 +109,6 @@ class ReplayConfig:
 class Chunk:
     job_ids: npt.NDArray[np.int64]
     layout: ChunkLayout
-    task_in_job: npt.NDArray[np.int64]
     memory_mean: F32
     memory_peak: F32
     limit_hard: F32
@@ -130,13 +120,16 @@ class Chunk:
     restart: BoolArray
     running: BoolArray
     leak: FloatArray
+    machines: ReplayMachines
 
     @property
     def windows(self) -> int:
         return int(self.memory_mean.shape[0])
 
     @classmethod
-    def build(cls, jobs: Sequence[JobSignals], with_cpu: bool) -> Chunk:
+    def build(cls, jobs: Sequence[JobSignals], config: ReplayConfig) -> Chunk:
+        """Stack the jobs' tasks; the chunk's first job starts a pool of machines."""
+        with_cpu = config.cpu
         if not jobs:
             raise ValueError("empty chunk")
         windows = {j.windows for j in jobs}
@@ -152,15 +145,25 @@ class Chunk:
         if with_cpu and all(j.cpu_deciles is not None for j in jobs):
             deciles = np.concatenate([j.cpu_deciles for j in jobs if j.cpu_deciles is not None], axis=1)
         empty = np.zeros((1, 1), dtype=np.float32)
+        job_of_task = np.repeat(np.arange(len(jobs)), sizes).astype(np.intp)
+        limit_hard = stack("memory_limit_hard")
+        with np.errstate(invalid="ignore"):
+            requests = np.nanmax(np.where(np.isfinite(limit_hard), limit_hard, np.nan), axis=0, initial=0.0)
+        machine, count = place_tasks(
+            requests, pools_of(len(jobs), config.cell.pool_jobs)[job_of_task], config.machine_memory_bytes
+        )
+        machines = ReplayMachines(
+            machine=machine,
+            count=count,
+            priority=np.array([j.traits.priority for j in jobs], dtype=np.int64)[job_of_task],
+            free_bytes=config.cell.free_fraction * config.machine_memory_bytes,
+        )
         return cls(
             job_ids=np.array([j.job_id for j in jobs], dtype=np.int64),
-            layout=ChunkLayout(
-                np.repeat(np.arange(len(jobs)), sizes).astype(np.intp), bounds, tuple(j.traits for j in jobs)
-            ),
-            task_in_job=np.concatenate([np.arange(n) for n in sizes]).astype(np.int64),
+            layout=ChunkLayout(job_of_task, bounds, tuple(j.traits for j in jobs)),
             memory_mean=stack("memory_mean"),
             memory_peak=stack("memory_peak"),
-            limit_hard=stack("memory_limit_hard"),
+            limit_hard=limit_hard,
             limit_soft=stack("memory_limit_soft"),
             cpu_mean=stack("cpu_mean") if with_cpu else empty,
             cpu_peak=stack("cpu_peak") if with_cpu else empty,
@@ -169,40 +172,8 @@ class Chunk:
             restart=np.ascontiguousarray(np.concatenate([j.restart for j in jobs], axis=1)),
             running=np.ascontiguousarray(np.concatenate([j.running for j in jobs], axis=1)),
             leak=np.concatenate([j.memory_leak_per_window for j in jobs]).astype(np.float64),
+            machines=machines,
         )
-
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """splitmix64's finaliser (wrapping uint64 arithmetic)."""
-    with np.errstate(over="ignore"):
-        x = x ^ (x >> np.uint64(30))
-        x = x * np.uint64(0xBF58476D1CE4E5B9)
-        x = x ^ (x >> np.uint64(27))
-        x = x * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
-
-
-def task_keys(seed: int, job_ids: npt.ArrayLike, task_in_job: npt.ArrayLike) -> npt.NDArray[np.uint64]:
-    """A hash key per (seed, job, task): machine-pressure draws do not depend on chunking."""
-    with np.errstate(over="ignore"):
-        j = np.asarray(job_ids).astype(np.uint64)
-        t = np.asarray(task_in_job).astype(np.uint64)
-        return _mix(_mix(np.uint64(seed & 0xFFFFFFFFFFFFFFFF) ^ (j * _GOLDEN)) ^ (t + np.uint64(1)))
-
-
-def machine_headroom(
-    keys: npt.NDArray[np.uint64], window: int, model: SoftKillModel, machine: float
-) -> FloatArray:
-    """Free memory (bytes) of each task's machine in one window, per :class:`SoftKillModel`."""
-    with np.errstate(over="ignore"):
-        h = _mix(keys ^ (np.uint64(window + 1) * _GOLDEN))
-    u = ((h >> np.uint64(11)).astype(np.float64) + 0.5) / 9007199254740992.0
-    p = model.short_probability
-    tail = np.maximum((u - p) / max(1.0 - p, 1e-300), 1e-300)
-    return np.where(u < p, 0.0, -np.log(tail) * model.mean_headroom * machine)
 
 
 CPU_POINTS = 10
@@ -301,7 +272,7 @@ class _Run:
         limit = job_peak[self.chunk.layout.job_of_task]
         return np.where(np.isnan(limit), manual.astype(np.float64), limit)
 
-    def window(self, t: int, headroom: FloatArray) -> None:
+    def window(self, t: int) -> None:
         chunk, layout = self.chunk, self.chunk.layout
         self.actuation.start_window(t)
         running = chunk.running[t]
@@ -312,12 +283,11 @@ class _Run:
             limit = self._clairvoyant(self.manual[t], peak, running)
         else:
             limit = self._limits(self.manual[t], self.actuation)
-        over = running & (peak > limit)
-        if self.spec.enforcement is Enforcement.HARD:
-            oom, kill = over, limit
-        else:
-            oom, kill = over & (peak - limit > headroom), limit + headroom
-        observed = np.where(oom, np.minimum(peak, kill), peak)
+        hard = self.spec.enforcement is Enforcement.HARD
+        oom = chunk.machines.memory_kills(running, peak, limit, hard)
+        # A hard limit kills at the limit; a soft-limit task dies at the machine's shortage,
+        # at its peak (replay_machines).
+        observed = np.where(oom & hard, np.minimum(peak, limit), peak)
         weight = np.where(running, 1.0 - self.restart_fraction * oom, 0.0)
         changed = running & self.previous_running & (limit != self.previous_limit)
         changes = np.bincount(layout.job_of_task[changed], minlength=layout.jobs) > 0
@@ -375,13 +345,11 @@ def replay_chunk(
     jobs: Sequence[JobSignals], specs: Sequence[RecommenderSpec], config: ReplayConfig
 ) -> dict[str, JobDays]:
     """Replay every setter over the jobs (one chunk); per setter the measured job-days."""
-    chunk = Chunk.build(jobs, config.cpu)
+    chunk = Chunk.build(jobs, config)
     runs = [_Run(spec, chunk, config) for spec in specs]
-    keys = task_keys(config.seed, chunk.job_ids[chunk.layout.job_of_task], chunk.task_in_job)
     for t in range(chunk.windows):
-        headroom = machine_headroom(keys, t, config.soft_kill, config.machine_memory_bytes)
         for run in runs:
-            run.window(t, headroom)
+            run.window(t)
         if (t + 1) % WINDOWS_PER_DAY == 0:
             day = (t + 1) // WINDOWS_PER_DAY - 1
             for run in runs:
@@ -415,16 +383,24 @@ def _run_chunk(
     return replay_chunk(jobs, specs, config)
 
 
-def plan_chunks(sizes: Sequence[int], max_tasks: int = 2000, max_jobs: int = 64) -> list[list[int]]:
-    """Group job indices into chunks of at most ``max_tasks`` tasks and ``max_jobs`` jobs (in order)."""
+def plan_chunks(
+    sizes: Sequence[int], max_tasks: int = 2000, max_jobs: int = 64, pool_jobs: int = 1
+) -> list[list[int]]:
+    """Group job indices into chunks of at most ``max_tasks`` tasks and ``max_jobs`` jobs (in order).
+
+    Pools of ``pool_jobs`` consecutive jobs (which share machines) are never split: a pool
+    larger than the limits is a chunk of its own.
+    """
     chunks: list[list[int]] = []
     current: list[int] = []
     tasks = 0
-    for index, size in enumerate(sizes):
-        if current and (tasks + size > max_tasks or len(current) >= max_jobs):
+    for start in range(0, len(sizes), pool_jobs):
+        pool = list(range(start, min(start + pool_jobs, len(sizes))))
+        size = sum(sizes[i] for i in pool)
+        if current and (tasks + size > max_tasks or len(current) + len(pool) > max_jobs):
             chunks.append(current)
             current, tasks = [], 0
-        current.append(index)
+        current.extend(pool)
         tasks += size
     if current:
         chunks.append(current)
@@ -469,7 +445,7 @@ def run_study(
     items: list[SyntheticChunk | TraceChunk]
     if isinstance(source, AutopilotWorkloadConfig):
         sizes = task_counts(source)
-        plan = plan_chunks(sizes, max_chunk_tasks, max_chunk_jobs)
+        plan = plan_chunks(sizes, max_chunk_tasks, max_chunk_jobs, config.cell.pool_jobs)
         items = [SyntheticChunk(source, tuple(c)) for c in plan]
         total_days = source.jobs * source.days
         grid_days = source.days
@@ -478,7 +454,7 @@ def run_study(
         if not trace_jobs:
             raise ValueError("no jobs to replay")
         sizes = [j.tasks for j in trace_jobs]
-        plan = plan_chunks(sizes, max_chunk_tasks, max_chunk_jobs)
+        plan = plan_chunks(sizes, max_chunk_tasks, max_chunk_jobs, config.cell.pool_jobs)
         items = [TraceChunk(tuple(trace_jobs[i] for i in c)) for c in plan]
         grid_days = trace_jobs[0].windows // WINDOWS_PER_DAY
         total_days = len(trace_jobs) * grid_days

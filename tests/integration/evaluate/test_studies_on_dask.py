@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from cellpilot.cli.main import app
 from cellpilot.evaluate import autopilot_replay, compaction, gpa_study, lava_study
 from cellpilot.evaluate.autopilot_deciders import STANDARD_RECOMMENDERS
+from cellpilot.evaluate.replay_machines import CellModel
 from cellpilot.evaluate.sharding import IN_PROCESS
 from cellpilot.lifetimes.model import TrainingParams
 from cellpilot.platform.dask_shards import DaskShards, dask_runner
@@ -43,7 +44,8 @@ def test_two_workers_are_separate_processes(cluster: DaskShards) -> None:
 def test_autopilot_replay_is_identical_on_the_cluster(cluster: DaskShards) -> None:
     workload = AutopilotWorkloadConfig(jobs=4, days=2, seed=6, max_tasks=4, with_cpu=True)
     specs = [STANDARD_RECOMMENDERS[name] for name in ("manual-soft", "moving-window", "ml", "vpa")]
-    config = autopilot_replay.ReplayConfig(warmup_days=1, cpu=True)
+    # Pools of one job: each job on its own machines, so every chunk is one job.
+    config = autopilot_replay.ReplayConfig(warmup_days=1, cpu=True, cell=CellModel(pool_jobs=1))
     seen: list[int] = []
     local = autopilot_replay.run_study(workload, specs, config, runner=IN_PROCESS, max_chunk_tasks=4)
     remote = autopilot_replay.run_study(

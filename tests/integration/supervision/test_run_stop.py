@@ -1,5 +1,7 @@
 """Stopping a foreground ``cellpilot run`` (``cellpilot stop`` from elsewhere, or Ctrl-C): everything
-is gone within 10 s, ``cellpilot run`` exits 0 saying so, and no process, zombie or port is left."""
+is gone within the two grace periods (the services', then the stores', each given to all at
+once, not one after another), ``cellpilot run`` exits 0 saying so, and no process, zombie or
+port is left."""
 
 from __future__ import annotations
 
@@ -23,9 +25,13 @@ from run_command import (
 )
 
 from cellpilot.stack.config import port_in_use
+from cellpilot.stack.services import STOP_GRACE_S as SERVICES_GRACE_S
 from cellpilot.stack.supervision_state import SupervisorState
+from cellpilot.stack.supervisor import STOP_GRACE_S as STORES_GRACE_S
 
-STOP_BUDGET_S = 10.0
+# The services all at once (SIGKILL after their grace), then the stores all at once; plus a few
+# seconds for port release and a loaded machine. Serial stops (a grace per component) take 30 s+.
+STOP_BUDGET_S = SERVICES_GRACE_S + STORES_GRACE_S + 5.0
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The replay: actuation delay, hard / soft OOMs, restarts and leaks, limit changes, chunk independence."""
+"""The replay: actuation delay, hard / soft OOMs on shared machines, restarts and leaks, limit
+changes, chunk independence."""
 
 from __future__ import annotations
 
@@ -13,21 +14,21 @@ from cellpilot.evaluate.autopilot_deciders import STANDARD_RECOMMENDERS, parse_r
 from cellpilot.evaluate.autopilot_replay import (
     Actuation,
     ReplayConfig,
-    SoftKillModel,
     cpu_points,
-    machine_headroom,
     plan_chunks,
     replay_chunk,
     run_study,
-    task_keys,
 )
+from cellpilot.evaluate.replay_machines import CellModel
 from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig, generate_job, task_counts
 from cellpilot.workloads.task_signals import GIB, WINDOWS_PER_DAY, JobSignals, JobTraits
 
 DAYS = 2
 T = DAYS * WINDOWS_PER_DAY
-NO_PRESSURE = SoftKillModel(short_probability=0.0, mean_headroom=1e6)  # soft limits never kill
-ALWAYS_SHORT = SoftKillModel(short_probability=1.0)  # soft limits kill like hard ones
+# A whole free 256 GiB machine covers any overage; with none free, a task alone on its machine
+# that goes over its soft limit makes the machine short.
+NO_PRESSURE = CellModel(free_fraction=1.0)
+ALWAYS_SHORT = CellModel(free_fraction=0.0)
 
 
 def constant_job(
@@ -70,9 +71,9 @@ def config(**overrides: object) -> ReplayConfig:
     ],
     ids=["hard-kills", "soft-spared", "soft-under-pressure"],
 )
-def test_a_task_above_its_limit(name: str, model: SoftKillModel, ooms_per_day: int) -> None:
+def test_a_task_above_its_limit(name: str, model: CellModel, ooms_per_day: int) -> None:
     # One 2 GiB task under a 1 GiB limit; the owner never reacts (alert threshold out of reach).
-    cfg = config(soft_kill=model)
+    cfg = config(cell=model)
     cfg = dataclasses.replace(cfg, manual_response=dataclasses.replace(cfg.manual_response, alert_ooms=10**9))
     rows = replay_chunk([constant_job([2 * GIB], 1 * GIB)], parse_recommenders(name), cfg)[name]
     assert list(rows.ooms) == [ooms_per_day] * DAYS
@@ -83,7 +84,7 @@ def test_a_task_above_its_limit(name: str, model: SoftKillModel, ooms_per_day: i
 
 
 def test_the_owner_raises_a_hard_limit_after_an_oom_alert() -> None:
-    cfg = config(soft_kill=NO_PRESSURE)
+    cfg = config(cell=NO_PRESSURE)
     rows = replay_chunk([constant_job([2 * GIB], 1 * GIB)], parse_recommenders("manual-hard"), cfg)[
         "manual-hard"
     ]
@@ -115,7 +116,7 @@ def leaking_oom_windows(base: float, leak: float, limit: float, windows: int) ->
     ids=["ten-steps", "three-steps", "slow"],
 )
 def test_a_leak_resets_at_each_oom(base: float, leak: float, limit: float) -> None:
-    cfg = config(soft_kill=NO_PRESSURE)
+    cfg = config(cell=NO_PRESSURE)
     cfg = dataclasses.replace(cfg, manual_response=dataclasses.replace(cfg.manual_response, alert_ooms=10**9))
     job = constant_job([base * GIB], limit * GIB, leak=leak * GIB)
     rows = replay_chunk([job], parse_recommenders("manual-hard"), cfg)["manual-hard"]
@@ -149,7 +150,7 @@ def test_actuation_applies_a_decision_after_the_delay(delay: int) -> None:
 
 def test_autopilot_recommenders_size_a_steady_job_and_avoid_its_ooms() -> None:
     job = constant_job([1 * GIB, 1.1 * GIB], 0.5 * GIB)  # the manual limit is far too small
-    rows = replay_chunk([job], parse_recommenders("moving-window,ml,vpa"), config(soft_kill=ALWAYS_SHORT))
+    rows = replay_chunk([job], parse_recommenders("moving-window,ml,vpa"), config(cell=ALWAYS_SHORT))
     for name, r in rows.items():
         # Only the first windows (before a recommendation is in force) can OOM.
         assert r.ooms[1] == 0, name
@@ -159,28 +160,47 @@ def test_autopilot_recommenders_size_a_steady_job_and_avoid_its_ooms() -> None:
         assert 0.0 < r.relative_slack[1] < 0.4, name
 
 
-def test_jobs_replay_the_same_alone_or_together() -> None:
+def test_jobs_on_their_own_machines_replay_the_same_alone_or_together() -> None:
     workload = AutopilotWorkloadConfig(jobs=3, days=2, seed=4, max_tasks=5, with_cpu=False)
     jobs = [generate_job(workload, j) for j in range(3)]
     specs = parse_recommenders("manual-soft,moving-window,ml,vpa")
-    together = replay_chunk(jobs, specs, config())
+    cfg = config(cell=CellModel(pool_jobs=1))
+    together = replay_chunk(jobs, specs, cfg)
     for job in jobs:
-        alone = replay_chunk([job], specs, config())
+        alone = replay_chunk([job], specs, cfg)
         for name in together:
             mine = together[name].select(together[name].job_id == job.job_id)
             np.testing.assert_array_equal(mine.ooms, alone[name].ooms, err_msg=name)
             np.testing.assert_allclose(mine.footprint, alone[name].footprint, rtol=1e-12, err_msg=name)
 
 
-def test_machine_headroom_is_paired_and_follows_the_model() -> None:
-    keys = task_keys(7, np.arange(2000) // 10, np.arange(2000) % 10)
-    again = task_keys(7, np.arange(2000) // 10, np.arange(2000) % 10)
-    model = SoftKillModel(short_probability=0.2, mean_headroom=0.05)
-    a = machine_headroom(keys, 5, model, 100.0)
-    np.testing.assert_array_equal(a, machine_headroom(again, 5, model, 100.0))
-    assert not np.array_equal(a, machine_headroom(keys, 6, model, 100.0))
-    assert np.mean(a == 0.0) == pytest.approx(0.2, abs=0.03)
-    assert np.mean(a[a > 0]) == pytest.approx(5.0, rel=0.1)
+def test_a_study_does_not_depend_on_how_pools_are_grouped_into_chunks() -> None:
+    workload = AutopilotWorkloadConfig(jobs=6, days=3, seed=4, max_tasks=5, with_cpu=False)
+    specs = parse_recommenders("manual-soft,ml")
+    cfg = dataclasses.replace(ReplayConfig(warmup_days=1), cell=CellModel(pool_jobs=2))
+    one = run_study(workload, specs, cfg, max_chunk_jobs=64)
+    many = run_study(workload, specs, cfg, max_chunk_jobs=1)  # one pool per chunk
+    for name in one.rows:
+        a, b = one.rows[name], many.rows[name]
+        ia, ib = np.lexsort((a.day, a.job_id)), np.lexsort((b.day, b.job_id))
+        np.testing.assert_array_equal(a.job_id[ia], b.job_id[ib])
+        np.testing.assert_array_equal(a.ooms[ia], b.ooms[ib], err_msg=name)
+        np.testing.assert_allclose(a.footprint[ia], b.footprint[ib], rtol=1e-12, err_msg=name)
+
+
+def test_a_soft_limit_overage_is_covered_by_a_neighbours_unused_limit() -> None:
+    # Two 1-task jobs on one machine (one pool); job 1 uses 2 GiB under a 1 GiB soft limit.
+    over = constant_job([2 * GIB], 1 * GIB, job_id=1)
+    roomy = constant_job([1 * GIB], 3 * GIB, job_id=2)  # 2 GiB of its limit unused
+    tight = constant_job([1 * GIB], 1 * GIB, job_id=2)  # at its limit
+    cfg = config(cell=CellModel(pool_jobs=2, free_fraction=0.0))
+    cfg = dataclasses.replace(cfg, manual_response=dataclasses.replace(cfg.manual_response, alert_ooms=10**9))
+    spec = parse_recommenders("manual-soft")
+    spared = replay_chunk([over, roomy], spec, cfg)["manual-soft"]
+    assert int(spared.ooms.sum()) == 0
+    killed = replay_chunk([over, tight], spec, cfg)["manual-soft"]
+    by_job = {int(j): int(killed.ooms[killed.job_id == j].sum()) for j in (1, 2)}
+    assert by_job == {1: T, 2: 0}  # the task over its limit dies; its neighbour at its limit lives
 
 
 @settings(max_examples=50, deadline=None)
@@ -210,6 +230,12 @@ def test_plan_chunks_bounds_tasks_and_jobs() -> None:
     assert plan_chunks([1] * 5, max_tasks=100, max_jobs=2) == [[0, 1], [2, 3], [4]]
 
 
+def test_plan_chunks_keeps_pools_whole() -> None:
+    # Pools of two jobs: [0, 1], [2, 3], [4]; a pool over the limits is a chunk of its own.
+    assert plan_chunks([5, 5, 5, 20, 1], max_tasks=10, max_jobs=64, pool_jobs=2) == [[0, 1], [2, 3], [4]]
+    assert plan_chunks([1] * 5, max_tasks=100, max_jobs=3, pool_jobs=2) == [[0, 1], [2, 3, 4]]
+
+
 def test_run_study_counts_days_and_reports_progress_per_chunk() -> None:
     """Chunks are the shards (on a cluster too: tests/integration/evaluate/test_studies_on_dask.py)."""
     workload = AutopilotWorkloadConfig(jobs=4, days=3, seed=6, max_tasks=4, with_cpu=False)
@@ -219,7 +245,8 @@ def test_run_study_counts_days_and_reports_progress_per_chunk() -> None:
     serial = run_study(workload, specs, cfg, max_chunk_tasks=4, progress=lambda d, t: seen.append((d, t)))
     assert seen[0] == (0, 12)
     assert seen[-1] == (12, 12)
-    assert len(seen) == 1 + len(plan_chunks(task_counts(workload), 4))
+    chunks = plan_chunks(task_counts(workload), 4, pool_jobs=cfg.cell.pool_jobs)
+    assert len(seen) == 1 + len(chunks)
     assert serial.measured_days == 2
     assert serial.replayed_job_days == 12
     with pytest.raises(ValueError):

@@ -24,11 +24,9 @@ from cellpilot.cli.output import (
     TimeoutOption,
     connect,
     console,
-    cores,
-    enum_label,
-    gib,
     print_json,
 )
+from cellpilot.client.wording import cores, enum_label, gib
 
 app = typer.Typer(help="The cell: machines, utilisation, quotas.", no_args_is_help=True)
 MACHINE_STATES = {

@@ -28,13 +28,11 @@ from cellpilot.cli.output import (
     TimeoutOption,
     connect,
     console,
-    cores,
-    enum_label,
     errors,
-    gib,
     print_json,
 )
 from cellpilot.cli.text_file import TextFileError, read_text_file
+from cellpilot.client.wording import autopilot_modes, cores, enum_label, gib
 
 app = typer.Typer(help="Submit, inspect, change and kill jobs (Borg §2).", no_args_is_help=True)
 
@@ -127,18 +125,6 @@ def list_jobs(
             autopilot_modes(job.spec.autopilot),
         )
     console.print(table)
-
-
-def autopilot_modes(config: job_pb2.AutopilotConfig) -> str:
-    parts = []
-    for name, mode in (
-        ("cpu", config.cpu.mode),
-        ("mem", config.memory.mode),
-        ("tasks", config.horizontal.mode),
-    ):
-        if mode not in (job_pb2.SCALING_MODE_UNSPECIFIED, job_pb2.SCALING_MODE_OFF):
-            parts.append(f"{name}:{enum_label(job_pb2.ScalingMode, mode, 'SCALING_MODE_')}")
-    return " ".join(parts) or "off"
 
 
 @app.command()

@@ -27,8 +27,8 @@ from cellpilot.evaluate.report import markdown_table, write_markdown, write_summ
 from cellpilot.lifetimes.distribution_model import DistributionParams
 from cellpilot.lifetimes.model import LabelTransform, TrainingParams
 from cellpilot.lifetimes.predictors import DEFAULT_CLASS_RISK
+from cellpilot.lifetimes.vm_table import HOUR, VmTrace
 from cellpilot.traces.azure import read_azure_vm_table
-from cellpilot.workloads.vm_trace import HOUR, VmTrace
 
 console = Console()
 

@@ -17,9 +17,9 @@ from cellpilot.borg.health_checks import resolve, validate_health_check
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
 from cellpilot.borg.model import HealthCheck, SharedDemand
 from cellpilot.borg.validation import demand_in
-from cellpilot.workloads.job_demand import DemandError, JobDemand
-from cellpilot.workloads.usage_models import resolve_params
-from cellpilot.workloads.world import WorldStep, WorldTasks
+from cellpilot.world.job_demand import DemandError, JobDemand
+from cellpilot.world.step import WorldStep, WorldTasks
+from cellpilot.world.usage_models import resolve_params
 from cellpilot_services.borglet.task_record import (
     BorgletEvent,
     Limits,

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 from opentelemetry import trace
 
-from cellpilot.borg.enforcement import KillReason
 from cellpilot.borg.lifecycle import TaskEvent
-from cellpilot.workloads.world import MeasuredUsage, WorldStep, WorldTasks
+from cellpilot.world.enforcement import KillReason
+from cellpilot.world.step import MeasuredUsage, WorldStep, WorldTasks
 from cellpilot_services.borglet.convert import SampleChunk
 from cellpilot_services.borglet.desired_set import diff_desired
 from cellpilot_services.borglet.event_clock import EventClock

@@ -1,5 +1,5 @@
 """One step of event time for every running task of every hosted machine: the Borglet's side of
-the world model (:mod:`cellpilot.workloads.world`).
+the world model (:mod:`cellpilot.world.step`).
 
 The Borglet samples each task once per event-second (Autopilot §3.2.1: r_i[τ], about one
 sample a second) and enforces limits on every sample. A fleet-mode Borglet does this for
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from cellpilot.workloads.job_demand import JobDemand
-from cellpilot.workloads.world import (
+from cellpilot.world.job_demand import JobDemand
+from cellpilot.world.step import (
     DemandGroup,
     MeasuredUsage,
     UsageGroup,

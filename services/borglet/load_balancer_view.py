@@ -1,6 +1,6 @@
 """How a simulated job's load balancer sees the job: which of its tasks take traffic.
 
-A job's demand is shared by its ready tasks (:mod:`cellpilot.workloads.job_demand`), which may
+A job's demand is shared by its ready tasks (:mod:`cellpilot.world.job_demand`), which may
 run on many machines hosted by many Borglet processes. Each Borglet must split it the same
 way, so it reads the job the way a real load balancer does: from the cell's naming service,
 where "Borg also writes job size and task health information ... so load balancers can see

@@ -16,7 +16,7 @@ from cellpilot.cli.text_file import TextFileError, read_text_file
 from cellpilot.evaluate.horizontal_config import DECIDERS, HorizontalStudyConfig, Workload
 from cellpilot.evaluate.horizontal_study import run_study, shards, with_workloads
 from cellpilot.evaluate.report import markdown_table, plot_line_panels, write_markdown, write_summary
-from cellpilot.workloads.job_demand import DemandError, DemandSeries
+from cellpilot.world.job_demand import DemandError, DemandSeries
 
 console = Console()
 
@@ -205,10 +205,10 @@ def report_sections(summary: dict[str, Any], plots: list[str]) -> list[str]:
 _SETTING = """\
 **Setting.** One job per workload, replayed in event time for {days:g} days with {seeds} seeds
 (the seed changes the demand's noise and spikes). Every {step} s each decider sees what a real
-one would and sets the task count; the world (`cellpilot.workloads.world.step_world`, sampled
-every {sample} s) splits the job's demand (`cellpilot.workloads.job_demand`) among the tasks
+one would and sets the task count; the world (`cellpilot.world.step.step_world`, sampled
+every {sample} s) splits the job's demand (`cellpilot.world.job_demand`) among the tasks
 that are *ready*, {startup} s after they start, and gives each at most its CPU limit of
-{limit:g} millicores (`cellpilot.borg.enforcement`). Demand beyond the ready tasks' limits is
+{limit:g} millicores (`cellpilot.world.enforcement`). Demand beyond the ready tasks' limits is
 unmet: that sample is overloaded. Removed tasks are the youngest. Every decider aims at the same
 target utilisation r* = {r:g} of the limit, and every one starts with the tasks the first minutes need.
 

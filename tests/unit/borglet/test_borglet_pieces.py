@@ -10,7 +10,7 @@ import pytest
 
 from cellpilot.api.v1 import borglet_pb2, job_pb2, resources_pb2, state_pb2
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
-from cellpilot.workloads.world import WorldStep, WorldTasks
+from cellpilot.world.step import WorldStep, WorldTasks
 from cellpilot_services.borglet import convert
 from cellpilot_services.borglet.convert import InvalidFieldError, MachineProfile, RuntimeDefaults, SampleChunk
 from cellpilot_services.borglet.desired_set import KnownTask, diff_desired

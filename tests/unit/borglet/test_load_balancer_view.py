@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from cellpilot.api.v1 import job_pb2, state_pb2
-from cellpilot.workloads.job_demand import JobDemand
+from cellpilot.world.job_demand import JobDemand
 from cellpilot_services.borglet.fleet_ticks import MachineShape, build_table
 from cellpilot_services.borglet.load_balancer_view import JobRouting, routing_of
 from cellpilot_services.borglet.task_record import Limits, Phase, SimulatedPlan, TaskPlan, TaskRecord

@@ -4,7 +4,7 @@ set, the machine's fence, its unacknowledged events and forgetting settled tasks
 from __future__ import annotations
 
 import pytest
-from borglet_builders import task_plan
+from borglet_plan_builders import task_plan
 
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
 from cellpilot.borglet.desired_set import KnownTask, diff_desired

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from borglet_builders import task_plan
+from borglet_plan_builders import task_plan
 
 from cellpilot.api.v1 import borglet_pb2, job_pb2, resources_pb2, state_pb2
 from cellpilot.borg.lifecycle import TaskEvent

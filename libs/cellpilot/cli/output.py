@@ -13,9 +13,9 @@ the stack's ``stack.env`` like every service) and say who the user is with a bea
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from google.protobuf.json_format import MessageToDict
@@ -39,6 +39,8 @@ from cellpilot.security.tls import SecurityConfigError, SecuritySettings
 DEFAULT_BORGMASTER = "127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102"
 DEFAULT_AUTOPILOT = "127.0.0.1:7400,127.0.0.1:7401"
 DEFAULT_MONITORING = "127.0.0.1:7300,127.0.0.1:7301"
+
+T = TypeVar("T")
 
 console = Console()
 errors = Console(stderr=True)
@@ -179,3 +181,25 @@ def print_json(value: Any) -> None:
     elif isinstance(value, list):
         value = [message_dict(v) if isinstance(v, Message) else v for v in value]
     typer.echo(json.dumps(value, indent=2, sort_keys=True))
+
+
+def ask_borgmaster(
+    borgmaster: str, timeout_s: float, as_json: bool, call: Callable[[SyncCellpilotClient], T]
+) -> T | None:
+    """One call to the Borgmaster: its answer to print, or None once printed as JSON (``--json``)."""
+    with connect(borgmaster, timeout_s=timeout_s) as client:
+        answer = call(client)
+    if as_json:
+        print_json(answer)
+        return None
+    return answer
+
+
+def state_filter(names: list[str] | None, states: Mapping[str, int], option: str = "--state") -> list[int]:
+    """The wire values of the states named on the command line; an unknown name is refused."""
+    values = []
+    for name in names or []:
+        if name not in states:
+            raise typer.BadParameter(f"{name!r}; one of {', '.join(states)}", param_hint=option)
+        values.append(states[name])
+    return values

@@ -43,7 +43,8 @@ from bench.harness import Report, best_of, stopwatch
 from cellpilot.lifetimes.distribution_model import DistributionModel
 from cellpilot.lifetimes.features import vm_features
 from cellpilot.lifetimes.model import LifetimeModel, TrainingParams
-from cellpilot.workloads.vm_trace import HOUR, VmTraceConfig, generate_vm_trace
+from cellpilot.lifetimes.vm_table import HOUR
+from cellpilot.workloads.vm_trace import VmTraceConfig, generate_vm_trace
 
 FIGURES = [
     "lava.repredict.batched_us_per_vm",

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.lifetimes.vm_table import VmTrace
 from cellpilot.recommend.policy import JobClass, LatencySensitivity, default_oom_tolerance
 from cellpilot.workloads.google_traces import (
     PRODUCTION_PRIORITY,
@@ -31,7 +32,6 @@ from cellpilot.workloads.google_traces import (
     UsageRows,
 )
 from cellpilot.workloads.task_signals import CPU_DECILES, JobTraits, TaskSignal
-from cellpilot.workloads.vm_trace import VmTrace
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

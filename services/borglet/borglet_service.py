@@ -15,24 +15,24 @@ from pathlib import Path
 
 from cellpilot.api.v1 import borglet_pb2_grpc
 from cellpilot.borg.cgroup_v2 import CgroupDecision
+from cellpilot.borglet.machine_agent import MachineAgent, MachineProfile
+from cellpilot.borglet.task_record import Limits
 from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
 from cellpilot.platform.kafka import MessageProducer
 from cellpilot.platform.system_accounts import RunAs
 from cellpilot.platform.telemetry import Telemetry
 from cellpilot_services.borglet import convert
-from cellpilot_services.borglet.convert import MachineProfile, RuntimeDefaults
+from cellpilot_services.borglet.convert import RuntimeDefaults
 from cellpilot_services.borglet.event_clock import ClockAnchor, EventClock
 from cellpilot_services.borglet.fleet import Fleet, FleetOptions
 from cellpilot_services.borglet.health_prober import HealthProber
 from cellpilot_services.borglet.load_balancer_view import LoadBalancerView
-from cellpilot_services.borglet.machine_agent import MachineAgent
 from cellpilot_services.borglet.process_runtime import ProcessRunner
 from cellpilot_services.borglet.registration import BorgmasterLocator, register_all
 from cellpilot_services.borglet.sample_publisher import SamplePublisher
 from cellpilot_services.borglet.servicer import BorgletServicer
 from cellpilot_services.borglet.settings import BorgletSettings
 from cellpilot_services.borglet.task_cgroups import TaskCgroups
-from cellpilot_services.borglet.task_record import Limits
 from cellpilot_services.borglet.task_sandbox import make_interpreter_reachable, task_account
 
 log = logging.getLogger(__name__)

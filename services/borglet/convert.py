@@ -9,7 +9,7 @@ arrays become replies and Kafka messages on the way out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from cellpilot.api.v1 import borglet_pb2, job_pb2, machine_pb2, resources_pb2, state_pb2, usage_pb2
@@ -17,10 +17,8 @@ from cellpilot.borg.health_checks import resolve, validate_health_check
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
 from cellpilot.borg.model import HealthCheck, SharedDemand
 from cellpilot.borg.validation import demand_in
-from cellpilot.workloads.job_demand import DemandError, JobDemand
-from cellpilot.workloads.usage_models import resolve_params
-from cellpilot.workloads.world import WorldStep, WorldTasks
-from cellpilot_services.borglet.task_record import (
+from cellpilot.borglet.machine_agent import MachineProfile
+from cellpilot.borglet.task_record import (
     BorgletEvent,
     Limits,
     Phase,
@@ -31,6 +29,9 @@ from cellpilot_services.borglet.task_record import (
     TaskRecord,
     UnrunnablePlan,
 )
+from cellpilot.world.job_demand import DemandError, JobDemand
+from cellpilot.world.step import WorldStep, WorldTasks
+from cellpilot.world.usage_models import resolve_params
 
 
 class InvalidFieldError(ValueError):
@@ -44,18 +45,6 @@ class RuntimeDefaults:
     runtime: str = "simulated"  # for a spec without a runtime: "simulated" or "process"
     usage_model: str = "steady"
     allow_process: bool = True
-
-
-@dataclass(frozen=True)
-class MachineProfile:
-    """What a hosted machine is (registered with the Borgmaster as a MachineSpec)."""
-
-    machine_id: str
-    capacity: Limits
-    attributes: Mapping[str, str]
-    rack: str
-    power_domain: str
-    first_port: int
 
 
 EVENT_KINDS: dict[TaskEvent, state_pb2.TaskEventKind.ValueType] = {

@@ -2,7 +2,7 @@
 
 One process hosts one machine (the normal Borglet, Borg §3.3) or many simulated ones (fleet
 mode, for scale tests). Every event-second the loop samples every running task and enforces
-limits (:mod:`fleet_ticks`, off the event loop for large fleets), then applies the outcome:
+limits (:mod:`cellpilot.borglet.fleet_ticks`, off the event loop for large fleets), then applies the outcome:
 OOM kills, finished simulated tasks, the latest usage for reports, and samples handed to the
 publisher. Tasks keep running whether or not a master polls (Borg §3.3, §4).
 
@@ -25,18 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 from opentelemetry import trace
 
-from cellpilot.borg.enforcement import KillReason
 from cellpilot.borg.lifecycle import TaskEvent
-from cellpilot.workloads.world import MeasuredUsage, WorldStep, WorldTasks
-from cellpilot_services.borglet.convert import SampleChunk
-from cellpilot_services.borglet.desired_set import diff_desired
-from cellpilot_services.borglet.event_clock import EventClock
-from cellpilot_services.borglet.fleet_ticks import MachineShape, build_table, run_ticks
-from cellpilot_services.borglet.load_balancer_view import JobRouting
-from cellpilot_services.borglet.machine_agent import MachineAgent
-from cellpilot_services.borglet.process_runtime import ProcessHandle, ProcessRunner
-from cellpilot_services.borglet.sample_publisher import SamplePublisher
-from cellpilot_services.borglet.task_record import (
+from cellpilot.borglet.desired_set import diff_desired
+from cellpilot.borglet.fleet_ticks import JobRouting, MachineShape, build_table, run_ticks
+from cellpilot.borglet.machine_agent import MachineAgent
+from cellpilot.borglet.task_record import (
     Limits,
     Phase,
     ProcessPlan,
@@ -45,6 +38,12 @@ from cellpilot_services.borglet.task_record import (
     TaskRecord,
     UnrunnablePlan,
 )
+from cellpilot.world.enforcement import KillReason
+from cellpilot.world.step import MeasuredUsage, WorldStep, WorldTasks
+from cellpilot_services.borglet.convert import SampleChunk
+from cellpilot_services.borglet.event_clock import EventClock
+from cellpilot_services.borglet.process_runtime import ProcessHandle, ProcessRunner
+from cellpilot_services.borglet.sample_publisher import SamplePublisher
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)

@@ -21,10 +21,10 @@ import time
 from urllib.parse import urlsplit
 
 from cellpilot.borg.health_checks import ResolvedCheck, record_check
+from cellpilot.borglet.machine_agent import MachineAgent
+from cellpilot.borglet.task_record import Phase, ProcessPlan, TaskRecord
 from cellpilot_services.borglet.fleet import Fleet
-from cellpilot_services.borglet.machine_agent import MachineAgent
 from cellpilot_services.borglet.process_runtime import ProcessHandle, ProcessRunner
-from cellpilot_services.borglet.task_record import Phase, ProcessPlan, TaskRecord
 
 log = logging.getLogger(__name__)
 

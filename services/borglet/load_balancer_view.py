@@ -1,6 +1,6 @@
 """How a simulated job's load balancer sees the job: which of its tasks take traffic.
 
-A job's demand is shared by its ready tasks (:mod:`cellpilot.workloads.job_demand`), which may
+A job's demand is shared by its ready tasks (:mod:`cellpilot.world.job_demand`), which may
 run on many machines hosted by many Borglet processes. Each Borglet must split it the same
 way, so it reads the job the way a real load balancer does: from the cell's naming service,
 where "Borg also writes job size and task health information ... so load balancers can see
@@ -14,7 +14,7 @@ balancer — and a task that died keeps its share until the master notices (that
 
 If the master cannot be reached the last view stays (a balancer keeps routing). A Borglet with
 no Borgmaster configured has no view: each job's tasks on this Borglet share its demand once
-past their start-up (see :func:`cellpilot_services.borglet.fleet_ticks.build_table`).
+past their start-up (see :func:`cellpilot.borglet.fleet_ticks.build_table`).
 """
 
 from __future__ import annotations
@@ -23,23 +23,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import grpc
 
 from cellpilot.api.v1 import borgmaster_pb2, state_pb2
+from cellpilot.borglet.fleet_ticks import JobRouting
 from cellpilot.platform.error_reasons import leader_named
 from cellpilot_services.borglet.registration import CALL_TIMEOUT_S, BorgmasterLocator
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class JobRouting:
-    """One job as its load balancer sees it."""
-
-    origin_s: float  # the job's submission, event seconds (age effects of its demand count from it)
-    ready: frozenset[int]  # indices of the tasks it routes to
 
 
 def routing_of(status: state_pb2.JobStatus) -> JobRouting:

@@ -32,10 +32,10 @@ from typing import IO
 import psutil
 
 from cellpilot.borg.cgroup_v2 import CgroupUsage
+from cellpilot.borglet.task_record import Limits, ProcessPlan, TaskRecord
 from cellpilot.platform.system_accounts import RunAs
 from cellpilot_services.borglet import task_launcher
 from cellpilot_services.borglet.task_cgroups import TaskCgroups
-from cellpilot_services.borglet.task_record import Limits, ProcessPlan, TaskRecord
 from cellpilot_services.borglet.task_sandbox import (
     check_exec_strings,
     make_working_dir,

@@ -18,11 +18,11 @@ import grpc
 from opentelemetry import trace
 
 from cellpilot.api.v1 import borglet_pb2, borglet_pb2_grpc
+from cellpilot.borglet.machine_agent import MachineAgent
+from cellpilot.borglet.task_record import Phase, TaskRecord
 from cellpilot_services.borglet import convert
 from cellpilot_services.borglet.convert import InvalidFieldError, RuntimeDefaults
 from cellpilot_services.borglet.fleet import Fleet, StaleIncarnationError
-from cellpilot_services.borglet.machine_agent import MachineAgent
-from cellpilot_services.borglet.task_record import Phase, TaskRecord
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)

@@ -8,7 +8,7 @@
   millicores (``500m``) or cores (``0.5``); durations in ``s`` or ``ms``. After the last step
   the program exits with ``--exit-code`` (default 0), or with ``--then hold`` keeps the last
   step's usage until killed;
-* ``model:NAME`` to follow a usage model of :mod:`cellpilot.workloads.usage_models` in real
+* ``model:NAME`` to follow a usage model of :mod:`cellpilot.world.usage_models` in real
   time (``--param name=value``, repeatable; ``--seed``; ``--duration`` seconds, 0 = forever).
 
 Memory grows at most ``--grow-rate`` per second (default 256MiB), in 4 MiB chunks whose every
@@ -127,7 +127,7 @@ def burn(millicores: float, slice_s: float = SLICE_S) -> None:
 
 
 def _model_target(name: str, params: dict[str, float], seed: int) -> Callable[[float], Step]:
-    from cellpilot.workloads.usage_models import evaluate_usage, resolve_params
+    from cellpilot.world.usage_models import evaluate_usage, resolve_params
 
     resolve_params(name, params)
 

@@ -23,10 +23,8 @@ from cellpilot.api.v1 import (
     state_pb2,
     usage_pb2,
 )
-from cellpilot.cli.autopilot_cmd import why
-from cellpilot.cli.job import autopilot_modes
-from cellpilot.cli.output import enum_label, recommender_name
 from cellpilot.client import CellpilotClient, CellpilotError, NotFoundError, RetryPolicy
+from cellpilot.client.wording import autopilot_modes, enum_label, recommender_name, why
 from cellpilot.platform.metrics import CellpilotMetrics
 from cellpilot_services.dashboard import models, series
 from cellpilot_services.dashboard.settings import DashboardSettings

@@ -19,7 +19,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from cellpilot.api.v1 import recommendation_pb2, resources_pb2, state_pb2
-from cellpilot.cli.output import recommender_name
+from cellpilot.client.wording import recommender_name
 from cellpilot.platform.kafka import Record
 from cellpilot.platform.kafka_consumers import MessageConsumer
 from cellpilot.platform.metrics import CellpilotMetrics

@@ -151,7 +151,7 @@ async def test_autopilot_resizes_an_oversized_job(
         limits = job.spec.task.limits
         return limits if job.spec_version > 1 and limits.cpu_millicores < 8000 else None
 
-    # The steady model uses ~500 millicores and 256 MiB (cellpilot.workloads.usage_models).
+    # The steady model uses ~500 millicores and 256 MiB (cellpilot.world.usage_models).
     limits = await eventually(resized, 240, "Autopilot to lower the job's 8-core CPU limit")
     assert limits.cpu_millicores < 8000
     recommendation = (await client.autopilot.get_recommendation(job_id)).recommendations

@@ -382,7 +382,3 @@ def master_unit_factor(resource: Resource) -> float:
     """From the bucket scheme's unit (cores, bytes) to the master's (millicores, bytes): the
     unit of recommendations on the wire, of user bounds and of the limits the master rounds."""
     return 1000.0 if resource is Resource.CPU else 1.0
-
-
-def per_job_values(batch: CandidateBatch, kind: CandidateKind) -> FloatArray:
-    return batch.value[:, KINDS.index(kind)]

@@ -7,7 +7,7 @@ much improved control because the OS kernel is in the loop". A Borglet does the 
 the host delegates a cgroup v2 subtree to it, and falls back to the first elsewhere.
 
 Pure: file contents in, plain data or file contents out (the Borglet's ``task_cgroups``
-module does the file I/O). The rules of :mod:`cellpilot.borg.enforcement` map as follows:
+module does the file I/O). The rules of :mod:`cellpilot.world.enforcement` map as follows:
 
 * **Hard RAM limit** -> ``memory.max`` = the limit. Above it the kernel reclaims and then
   OOM-kills inside the cgroup; ``memory.oom.group`` = 1 kills the whole task (not one of its

@@ -154,7 +154,7 @@ class ProcessRuntime:
 
 @dataclass(frozen=True)
 class SharedDemand:
-    """A job's demand shared among its ready tasks (:mod:`cellpilot.workloads.job_demand`)."""
+    """A job's demand shared among its ready tasks (:mod:`cellpilot.world.job_demand`)."""
 
     usage_model: str = ""
     params: tuple[tuple[str, float], ...] = ()

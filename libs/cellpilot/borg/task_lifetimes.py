@@ -34,13 +34,9 @@ from cellpilot.borg.model import AppClass, JobSpec, PriorityBand
 from cellpilot.borg.mutations import LogRecord
 from cellpilot.lifetimes.distribution_model import DistributionModel, DistributionParams
 from cellpilot.lifetimes.features import NUM_FEATURES
+from cellpilot.lifetimes.lifetime_classes import LIFETIME_CLASS_UPPER, NUM_LIFETIME_CLASSES, lifetime_class
 from cellpilot.lifetimes.predictors import DEFAULT_CLASS_RISK, estimate_lifetimes
 from cellpilot.schedule.lifetime_aware.lars import MigrationOrder, migration_key
-from cellpilot.schedule.lifetime_aware.lifetime_scores import (
-    LIFETIME_CLASS_UPPER,
-    NUM_LIFETIME_CLASSES,
-    lifetime_class,
-)
 
 FloatArray = npt.NDArray[np.float64]
 

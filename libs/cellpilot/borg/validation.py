@@ -7,10 +7,10 @@ relative to the request message, e.g. ``spec.task.limits.memory_bytes``.
 Admission checks everything a Borglet will interpret (Borg §2.3: a job's tasks run what its
 spec names), so that one typo fails at the door instead of on every machine the task lands
 on: the simulated runtime's usage model and each of its parameters against the model
-registry (:mod:`cellpilot.workloads.usage_models`), and a process runtime's command, arguments
+registry (:mod:`cellpilot.world.usage_models`), and a process runtime's command, arguments
 and environment as the Borglet's process runtime will hand them to ``exec``, a process's
 health check (:mod:`cellpilot.borg.health_checks`), and a job's shared demand (its model and
-parameters, or its trace: :mod:`cellpilot.workloads.job_demand`). What can still
+parameters, or its trace: :mod:`cellpilot.world.job_demand`). What can still
 go wrong on a machine (a command missing there) fails that task, not the machine's poll.
 The CLI runs the same :func:`validate_job_spec` before it sends a spec.
 """
@@ -43,8 +43,8 @@ from cellpilot.borg.model import (
 )
 from cellpilot.borg.rejection import Rejection, invalid
 from cellpilot.schedule import NUM_PRIORITIES
-from cellpilot.workloads.job_demand import DemandError, DemandSeries, JobDemand
-from cellpilot.workloads.usage_models import model_names, model_parameters, resolve_params
+from cellpilot.world.job_demand import DemandError, DemandSeries, JobDemand
+from cellpilot.world.usage_models import model_names, model_parameters, resolve_params
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 MACHINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")

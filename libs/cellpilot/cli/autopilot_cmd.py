@@ -29,15 +29,12 @@ from cellpilot.cli.output import (
     TimeoutOption,
     connect,
     console,
-    cores,
-    enum_label,
     errors,
-    gib,
     message_dict,
     print_json,
-    recommender_name,
 )
 from cellpilot.client import SyncCellpilotClient, UnavailableError
+from cellpilot.client.wording import amount, cores, enum_label, gib, recommender_name, why
 
 app = typer.Typer(
     help="Autopilot's recommendations and per-job settings (Autopilot §3).", no_args_is_help=True
@@ -47,33 +44,6 @@ JobArgument = Annotated[str, typer.Argument(help="The job, <user>/<name>.", show
 RESOURCES = ("cpu", "memory", "tasks")
 
 
-def _amount(resource: int, value: float) -> str:
-    return f"{cores(value)} cores" if resource == resources_pb2.RESOURCE_CPU else gib(value)
-
-
-def why(recommendation: recommendation_pb2.Recommendation) -> str:
-    """The chosen value's explanation in words (Autopilot §3.2: limits must be explainable)."""
-    e = recommendation.explanation
-    parts = []
-    if e.statistic:
-        parts.append(e.statistic)
-    if e.HasField("ml_model"):
-        m = e.ml_model
-        margin = _amount(recommendation.resource, m.safety_margin)
-        parts.append(f"ML model #{m.model_index} (decay {m.decay_rate:g}, margin {margin})")
-    if recommendation.margin:
-        parts.append(f"+ margin {_amount(recommendation.resource, recommendation.margin)}")
-    if e.clamped_by not in (
-        recommendation_pb2.CLAMP_REASON_UNSPECIFIED,
-        recommendation_pb2.CLAMP_REASON_NONE,
-    ):
-        clamp = enum_label(recommendation_pb2.ClampReason, e.clamped_by, "CLAMP_REASON_")
-        parts.append(f"clamped by {clamp} (from {_amount(recommendation.resource, e.unclamped_value)})")
-    if e.note:
-        parts.append(e.note)
-    return ", ".join(parts)
-
-
 def _print_recommendations(job: str, recs: autopilot_pb2.JobRecommendations) -> None:
     held = " [yellow](held until its first recommendation)[/yellow]" if recs.held else ""
     console.print(f"[bold]{job}[/bold]{held}", highlight=False)
@@ -81,7 +51,7 @@ def _print_recommendations(job: str, recs: autopilot_pb2.JobRecommendations) -> 
         resource = enum_label(resources_pb2.Resource, decision.resource, "RESOURCE_")
         mode = _mode_label(decision.mode)
         table = Table(
-            title=f"{resource}: mode {mode}, limit now {_amount(decision.resource, decision.current_limit)}",
+            title=f"{resource}: mode {mode}, limit now {amount(decision.resource, decision.current_limit)}",
             title_justify="left",
         )
         for column in ("recommender", "value", "raw", "margin", "why", ""):
@@ -91,9 +61,9 @@ def _print_recommendations(job: str, recs: autopilot_pb2.JobRecommendations) -> 
             selected = candidate.recommender == decision.selected
             table.add_row(
                 recommender_name(candidate.recommender),
-                _amount(decision.resource, candidate.value),
-                _amount(decision.resource, candidate.raw_value),
-                _amount(decision.resource, candidate.margin),
+                amount(decision.resource, candidate.value),
+                amount(decision.resource, candidate.raw_value),
+                amount(decision.resource, candidate.margin),
                 why(candidate),
                 "[green]selected[/green]" if selected else "",
             )
@@ -101,7 +71,7 @@ def _print_recommendations(job: str, recs: autopilot_pb2.JobRecommendations) -> 
         if chosen.recommendation_id:
             console.print(
                 f"  chosen: {recommender_name(decision.selected)} -> "
-                f"{_amount(decision.resource, chosen.value)} ({why(chosen) or 'no explanation'})",
+                f"{amount(decision.resource, chosen.value)} ({why(chosen) or 'no explanation'})",
                 highlight=False,
             )
         else:
@@ -318,7 +288,7 @@ def _print_config(config: job_pb2.AutopilotConfig) -> None:
     for name in ("cpu", "memory"):
         section: job_pb2.VerticalScalingConfig = getattr(config, name)
         resource = resources_pb2.RESOURCE_CPU if name == "cpu" else resources_pb2.RESOURCE_MEMORY
-        low, high = (_amount(resource, v) if v else "-" for v in (section.min_limit, section.max_limit))
+        low, high = (amount(resource, v) if v else "-" for v in (section.min_limit, section.max_limit))
         console.print(
             f"  {name}: {_mode_label(section.mode)}, bounds {low}..{high}, "
             f"recommender {recommender_name(section.recommender)}",

@@ -22,13 +22,13 @@ from cellpilot.cli.output import (
     BorgmasterOption,
     JsonOption,
     TimeoutOption,
+    ask_borgmaster,
     connect,
     console,
-    cores,
-    enum_label,
-    gib,
     print_json,
+    state_filter,
 )
+from cellpilot.client.wording import cores, enum_label, gib
 
 app = typer.Typer(help="The cell: machines, utilisation, quotas.", no_args_is_help=True)
 MACHINE_STATES = {
@@ -54,14 +54,11 @@ def machines(
 ) -> None:
     """Every machine: capacity, and usage vs reservation vs allocation (Borg §5.5)."""
     request = borgmaster_pb2.ListMachinesRequest(rack=rack)
-    for name in state or []:
-        if name not in MACHINE_STATES:
-            raise typer.BadParameter(f"{name!r}; one of {', '.join(MACHINE_STATES)}", param_hint="--state")
-        request.states.append(MACHINE_STATES[name])  # type: ignore[arg-type]
-    with connect(borgmaster, timeout_s=timeout) as client:
-        found: list[machine_pb2.Machine] = client.borgmaster.list_machines(request)
-    if as_json:
-        print_json(found)
+    request.states.extend(state_filter(state, MACHINE_STATES))  # type: ignore[arg-type]
+    found: list[machine_pb2.Machine] | None = ask_borgmaster(
+        borgmaster, timeout, as_json, lambda client: client.borgmaster.list_machines(request)
+    )
+    if found is None:
         return
     table = Table(title=f"{len(found)} machines (shares of capacity: used / reserved / allocated)")
     for column in ("machine", "state", "rack", "tasks", "cores", "cpu u/r/a", "memory", "mem u/r/a"):
@@ -167,10 +164,10 @@ def status(
     timeout: TimeoutOption = 10.0,
 ) -> None:
     """The GPA fit test's overflow probability rho next to the CPU overflow the polls observed."""
-    with connect(borgmaster, timeout_s=timeout) as client:
-        answer: borgmaster_pb2.GetCellStatusResponse = client.borgmaster.get_cell_status()
-    if as_json:
-        print_json(answer)
+    answer: borgmaster_pb2.GetCellStatusResponse | None = ask_borgmaster(
+        borgmaster, timeout, as_json, lambda client: client.borgmaster.get_cell_status()
+    )
+    if answer is None:
         return
     fit = f"GPA, rho {answer.gpa_rho:g}" if answer.gpa_rho > 0 else "CPU limits (GPA off)"
     overall = f"{answer.overflowed_samples / answer.machine_samples:.4f}" if answer.machine_samples else "-"
@@ -205,10 +202,10 @@ def train_lifetimes(
     timeout: TimeoutOption = 300.0,
 ) -> None:
     """Trains the cell's lifetime model on its own history (LAVA §3) for LAS / LAVA / LARS."""
-    with connect(borgmaster, timeout_s=timeout) as client:
-        answer: lifetimes_pb2.TrainLifetimesResponse = client.borgmaster.train_lifetimes(min_runs)
-    if as_json:
-        print_json(answer)
+    answer: lifetimes_pb2.TrainLifetimesResponse | None = ask_borgmaster(
+        borgmaster, timeout, as_json, lambda client: client.borgmaster.train_lifetimes(min_runs)
+    )
+    if answer is None:
         return
     classes = ", ".join(f"LC{i + 1} {n}" for i, n in enumerate(answer.runs_per_class))
     console.print(
@@ -226,10 +223,10 @@ def lifetimes(
     timeout: TimeoutOption = 10.0,
 ) -> None:
     """The placement policy, the lifetime model and LAVA's host states (§4.3)."""
-    with connect(borgmaster, timeout_s=timeout) as client:
-        answer: lifetimes_pb2.GetLifetimesResponse = client.borgmaster.get_lifetimes()
-    if as_json:
-        print_json(answer)
+    answer: lifetimes_pb2.GetLifetimesResponse | None = ask_borgmaster(
+        borgmaster, timeout, as_json, lambda client: client.borgmaster.get_lifetimes()
+    )
+    if answer is None:
         return
     model = f"model trained on {answer.model_runs} runs" if answer.model_loaded else "no lifetime model"
     console.print(f"placement policy {answer.placement_policy}; {model}", highlight=False)
@@ -256,10 +253,10 @@ def drain(
     timeout: TimeoutOption = 10.0,
 ) -> None:
     """Drains a machine: its tasks move elsewhere, longest predicted lifetime first (LARS, LAVA §4.4)."""
-    with connect(borgmaster, timeout_s=timeout) as client:
-        answer: lifetimes_pb2.DrainMachineResponse = client.borgmaster.drain_machine(machine, detail)
-    if as_json:
-        print_json(answer)
+    answer: lifetimes_pb2.DrainMachineResponse | None = ask_borgmaster(
+        borgmaster, timeout, as_json, lambda client: client.borgmaster.drain_machine(machine, detail)
+    )
+    if answer is None:
         return
     console.print(
         f"draining {answer.machine_id}: {len(answer.moves)} tasks move, {answer.reason}", highlight=False

@@ -18,10 +18,10 @@ import typer
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cellpilot.autopilot.ml_config import MAX_ML_CONFIG_BYTES, TUNED_FILE, load_ml_config, ml_config_from_json
+from cellpilot.cli.output import console
+from cellpilot.cli.study_command import OutOption, comma_list, replay_progress
 from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
 from cellpilot.cli.text_file import TextFileError, read_text_file
 from cellpilot.evaluate.autopilot_deciders import parse_recommenders
@@ -34,8 +34,6 @@ from cellpilot.recommend.ml_ensemble import EnsembleConfig
 from cellpilot.traces.google import TRACES, open_google_trace
 from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig
 from cellpilot.workloads.task_signals import WINDOWS_PER_DAY, JobSignals
-
-console = Console()
 
 DEFAULT_RECOMMENDERS = "manual-hard,manual-soft,moving-window,ml,vpa,clairvoyant"
 SUMMARY_KEYS = (
@@ -251,7 +249,7 @@ def _sections(result: StudyResult, description: str) -> list[str]:
 
 
 def autopilot(
-    out: Annotated[Path, typer.Option("--out", help="directory for summary.json, results.md and the plots")],
+    out: OutOption,
     workload: Annotated[
         str, typer.Option(help="synthetic workload generator (ignored with --trace)")
     ] = "synthetic",
@@ -321,14 +319,7 @@ def autopilot(
     cpu_started = _cpu_seconds()
     with (
         study_runner(dask, workers) as runner,
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as progress,
+        replay_progress() as progress,
     ):
         bar = progress.add_task("replaying job-days", total=None)
         result = run_study(
@@ -446,20 +437,13 @@ def autopilot_tune(
 ) -> None:
     """The §3.2.3 off-line sweep over the ML recommender's hyperparameters."""
     try:
-        grid = TuningGrid(model_grids=tuple(g.strip() for g in model_grids.split(",") if g.strip()))
+        grid = TuningGrid(model_grids=comma_list(model_grids))
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--model-grids") from None
     setup = TuningSetup(jobs=jobs, days=days, grid=grid, incumbent=load_ml_config())
     with (
         study_runner(dask, workers) as runner,
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as progress,
+        replay_progress() as progress,
     ):
         bar = progress.add_task("sweep replays", total=None)
         sweep = run_sweep(

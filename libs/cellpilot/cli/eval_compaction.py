@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import Progress
 
+from cellpilot.cli.output import console
+from cellpilot.cli.study_command import OutOption, checked_options, comma_list, met_goal_rows
 from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
 from cellpilot.evaluate.compaction import CompactionConfig, run_compaction
 from cellpilot.evaluate.report import markdown_table, plot_bars, write_markdown, write_summary
 from cellpilot.workloads.cell_workload import MACHINE_MIXES
-
-console = Console()
 
 COLUMNS = ("policy", "machines", "machines_min", "machines_max", "fraction_of_original", "did_not_fit")
 FORMATS = {"machines": ".0f", "fraction_of_original": ".1%"}
 
 
 def compaction(
-    out: Annotated[Path, typer.Option("--out", help="directory for summary.json, results.md and plots")],
+    out: OutOption,
     workload: Annotated[
         str, typer.Option(help=f"synthetic workload: machine mix, one of {sorted(MACHINE_MIXES)}")
     ] = "heterogeneous",
@@ -41,20 +39,19 @@ def compaction(
     dask: DaskOption = None,
 ) -> None:
     """Removes machines until the workload no longer fits, per policy; reports the 90th percentile."""
-    try:
-        config = CompactionConfig(
+    config = checked_options(
+        lambda: CompactionConfig(
             machines=machines,
             tasks=tasks,
             fill=fill,
             mix=workload,
             workload_seed=seed,
             seeds=seeds,
-            policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
+            policies=comma_list(policies),
             reclaimed=reclamation,
             relaxed_randomization=relaxed_randomization,
         )
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from err
+    )
     with study_runner(dask, workers) as runner, Progress(console=console, transient=True) as progress:
         bars = {p: progress.add_task(f"{p}: seeds", total=seeds) for p in config.policies}
         summary = run_compaction(
@@ -72,7 +69,7 @@ def compaction(
             high=[row["machines_max"] for row in rows],
         )
     table = markdown_table(summary["rows"], COLUMNS, FORMATS)
-    goal_rows = [{"goal": name, "met": "yes" if v["met"] else "NO"} for name, v in summary["goals"].items()]
+    goal_rows = met_goal_rows(summary["goals"])
     write_summary(out, summary)
     write_markdown(
         out,

@@ -7,17 +7,16 @@ from typing import Annotated, Any
 
 import numpy as np
 import typer
-from rich.console import Console
 from rich.progress import Progress
 
+from cellpilot.cli.output import console
+from cellpilot.cli.study_command import OutOption, checked_options, met_goal_rows
 from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
 from cellpilot.cli.text_file import TextFileError, read_text_file
 from cellpilot.evaluate.gpa_study import GpaStudyConfig, run_study
 from cellpilot.evaluate.report import markdown_table, plot_bars, plot_scatter, write_markdown, write_summary
 from cellpilot.evaluate.sharding import ShardRunner
 from cellpilot.workloads.gpa_tasks import read_gpa_trace
-
-console = Console()
 
 MAX_TRACE_BYTES = 256 << 20  # a trace is read into memory whole
 COLUMNS = ("method", "m", "m_std", "m_abs", "q", "q_std", "q_relative_error")
@@ -54,12 +53,12 @@ def _report(summary: dict[str, Any], out: Path, prefix: str = "") -> list[str]:
             "(q - rho) / rho",
             "GPA: measured overflow vs requested rho",
         )
-    goal_rows = [{"goal": name, "met": "yes" if v["met"] else "NO"} for name, v in summary["goals"].items()]
+    goal_rows = met_goal_rows(summary["goals"])
     return [markdown_table(rows, COLUMNS, FORMATS), "## Goals\n", markdown_table(goal_rows, ("goal", "met"))]
 
 
 def gpa(
-    out: Annotated[Path, typer.Option("--out", help="directory for summary.json, results.md and plots")],
+    out: OutOption,
     instances: Annotated[int, typer.Option(help="instances (GPA §5.1 uses 50)")] = 50,
     tasks: Annotated[int, typer.Option(help="tasks per instance (GPA §5.1 uses 1000)")] = 1000,
     observe: Annotated[
@@ -76,8 +75,8 @@ def gpa(
     dask: DaskOption = None,
 ) -> None:
     """Runs GPA §5's Monte Carlo experiment on synthetic tasks (and on trace files if given)."""
-    try:
-        config = GpaStudyConfig(
+    config = checked_options(
+        lambda: GpaStudyConfig(
             instances=instances,
             tasks=tasks,
             realizations=realizations,
@@ -86,8 +85,7 @@ def gpa(
             algorithm=algorithm,
             rebalance=rebalance,
         )
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from err
+    )
     parsed = None
     if trace:
         lines: list[str] = []

@@ -8,17 +8,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cellpilot.cli.output import console
+from cellpilot.cli.study_command import comma_list, replay_progress
 from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
 from cellpilot.cli.text_file import TextFileError, read_text_file
 from cellpilot.evaluate.horizontal_config import DECIDERS, HorizontalStudyConfig, Workload
 from cellpilot.evaluate.horizontal_study import run_study, shards, with_workloads
 from cellpilot.evaluate.report import markdown_table, plot_line_panels, write_markdown, write_summary
-from cellpilot.workloads.job_demand import DemandError, DemandSeries
-
-console = Console()
+from cellpilot.world.job_demand import DemandError, DemandSeries
 
 MAX_TRACE_BYTES = 16 << 20
 REPORT = "horizontal.md"
@@ -133,16 +131,15 @@ def horizontal(
             target_utilisation=target_utilisation,
             task_cpu_limit=task_cpu,
             machine_cpu_millicores=machine_cpu,
-            deciders=tuple(d.strip() for d in deciders.split(",") if d.strip()),
+            deciders=comma_list(deciders),
         )
-        config = with_workloads(config, [w.strip() for w in workloads.split(",") if w.strip()], traced)
+        config = with_workloads(config, list(comma_list(workloads)), traced)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     total = len(shards(config))
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with (
         study_runner(dask, workers) as runner,
-        Progress(*columns, console=console, transient=True) as progress,
+        replay_progress() as progress,
     ):
         bar = progress.add_task("replays (workload x decider x seed)", total=total)
         summary, series = run_study(config, lambda done: progress.update(bar, completed=done), runner)
@@ -205,10 +202,10 @@ def report_sections(summary: dict[str, Any], plots: list[str]) -> list[str]:
 _SETTING = """\
 **Setting.** One job per workload, replayed in event time for {days:g} days with {seeds} seeds
 (the seed changes the demand's noise and spikes). Every {step} s each decider sees what a real
-one would and sets the task count; the world (`cellpilot.workloads.world.step_world`, sampled
-every {sample} s) splits the job's demand (`cellpilot.workloads.job_demand`) among the tasks
+one would and sets the task count; the world (`cellpilot.world.step.step_world`, sampled
+every {sample} s) splits the job's demand (`cellpilot.world.job_demand`) among the tasks
 that are *ready*, {startup} s after they start, and gives each at most its CPU limit of
-{limit:g} millicores (`cellpilot.borg.enforcement`). Demand beyond the ready tasks' limits is
+{limit:g} millicores (`cellpilot.world.enforcement`). Demand beyond the ready tasks' limits is
 unmet: that sample is overloaded. Removed tasks are the youngest. Every decider aims at the same
 target utilisation r* = {r:g} of the limit, and every one starts with the tasks the first minutes need.
 

@@ -16,9 +16,9 @@ from typing import Annotated, Any
 import typer
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cellpilot.cli.output import console
+from cellpilot.cli.study_command import comma_list, met_goal_rows, replay_progress
 from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
 from cellpilot.cli.text_file import TextFileError, check_readable_file, check_text_file
 from cellpilot.evaluate.lava_simulator import POLICIES, DrainConfig
@@ -27,10 +27,8 @@ from cellpilot.evaluate.report import markdown_table, write_markdown, write_summ
 from cellpilot.lifetimes.distribution_model import DistributionParams
 from cellpilot.lifetimes.model import LabelTransform, TrainingParams
 from cellpilot.lifetimes.predictors import DEFAULT_CLASS_RISK
+from cellpilot.lifetimes.vm_table import HOUR, VmTrace
 from cellpilot.traces.azure import read_azure_vm_table
-from cellpilot.workloads.vm_trace import HOUR, VmTrace
-
-console = Console()
 
 COLUMNS = (
     "name",
@@ -61,7 +59,7 @@ HEADERS = {
 
 
 def _split(text: str, known: Sequence[str], what: str) -> tuple[str, ...]:
-    items = tuple(item.strip() for item in text.split(",") if item.strip())
+    items = comma_list(text)
     bad = [item for item in items if item not in known]
     if bad or not items:
         raise typer.BadParameter(f"unknown {what} {bad}; choose from {', '.join(known)}")
@@ -188,10 +186,7 @@ def write_report(summary: dict[str, Any], out: Path) -> list[str]:
     if summary["lars"]:
         lars_rows = [{"key": k, "value": v} for k, v in summary["lars"].items()]
         sections += ["## LARS migration order (§6.3, Table 2)\n", markdown_table(lars_rows, ("key", "value"))]
-    goal_rows = [
-        {"goal": name, "met": {True: "yes", False: "NO", None: "not run"}[g["met"]], "detail": g["detail"]}
-        for name, g in summary["goals"].items()
-    ]
+    goal_rows = met_goal_rows(summary["goals"])
     sections += ["## Goals\n", markdown_table(goal_rows, ("goal", "met", "detail"))]
     trace_rows = [{"statistic": k, "value": v} for k, v in summary["trace"].items()]
     sections += ["## Trace (§2.1, Figure 2)\n", markdown_table(trace_rows, ("statistic", "value"))]
@@ -201,7 +196,7 @@ def write_report(summary: dict[str, Any], out: Path) -> list[str]:
 
 def lava(
     out: Annotated[
-        Path, typer.Option("--out", help="directory for summary.json, results.md and plots")
+        Path, typer.Option("--out", help="directory for summary.json, results.md and the plots")
     ] = Path("lava-report"),
     trace: Annotated[
         str,
@@ -279,13 +274,7 @@ def lava(
             raise typer.BadParameter(str(err), param_hint="--trace") from err
     with (
         study_runner(dask, workers) as runner,
-        Progress(
-            TextColumn("{task.description:<22}"),
-            BarColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as progress,
+        replay_progress(description_width=22, counted=False) as progress,
     ):
         tasks: dict[str, Any] = {}
 

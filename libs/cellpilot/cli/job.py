@@ -26,15 +26,15 @@ from cellpilot.cli.output import (
     BorgmasterOption,
     JsonOption,
     TimeoutOption,
+    ask_borgmaster,
     connect,
     console,
-    cores,
-    enum_label,
     errors,
-    gib,
     print_json,
+    state_filter,
 )
 from cellpilot.cli.text_file import TextFileError, read_text_file
+from cellpilot.client.wording import autopilot_modes, cores, enum_label, gib
 
 app = typer.Typer(help="Submit, inspect, change and kill jobs (Borg §2).", no_args_is_help=True)
 
@@ -77,10 +77,10 @@ def submit(
     except job_spec_file.JobSpecError as error:
         errors.print(f"[red]error:[/red] {escape(f'{file}: {error}')}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
-    with connect(borgmaster, timeout_s=timeout) as client:
-        answer: borgmaster_pb2.SubmitJobResponse = client.borgmaster.submit_job(spec)
-    if as_json:
-        print_json(answer)
+    answer: borgmaster_pb2.SubmitJobResponse | None = ask_borgmaster(
+        borgmaster, timeout, as_json, lambda client: client.borgmaster.submit_job(spec)
+    )
+    if answer is None:
         return
     state = enum_label(state_pb2.JobState, answer.state, "JOB_STATE_")
     console.print(
@@ -101,14 +101,11 @@ def list_jobs(
 ) -> None:
     """Every job (not its tasks), ordered by id."""
     request = borgmaster_pb2.ListJobsRequest(user=user)
-    for name in state or []:
-        if name not in STATES:
-            raise typer.BadParameter(f"{name!r}; one of {', '.join(STATES)}", param_hint="--state")
-        request.states.append(STATES[name])  # type: ignore[arg-type]
-    with connect(borgmaster, timeout_s=timeout) as client:
-        jobs: list[state_pb2.JobStatus] = client.borgmaster.list_jobs(request)
-    if as_json:
-        print_json(jobs)
+    request.states.extend(state_filter(state, STATES))  # type: ignore[arg-type]
+    jobs: list[state_pb2.JobStatus] | None = ask_borgmaster(
+        borgmaster, timeout, as_json, lambda client: client.borgmaster.list_jobs(request)
+    )
+    if jobs is None:
         return
     table = Table(title=f"{len(jobs)} jobs")
     for column in ("job", "state", "priority", "tasks", "pending", "running", "cpu", "memory", "autopilot"):
@@ -129,18 +126,6 @@ def list_jobs(
     console.print(table)
 
 
-def autopilot_modes(config: job_pb2.AutopilotConfig) -> str:
-    parts = []
-    for name, mode in (
-        ("cpu", config.cpu.mode),
-        ("mem", config.memory.mode),
-        ("tasks", config.horizontal.mode),
-    ):
-        if mode not in (job_pb2.SCALING_MODE_UNSPECIFIED, job_pb2.SCALING_MODE_OFF):
-            parts.append(f"{name}:{enum_label(job_pb2.ScalingMode, mode, 'SCALING_MODE_')}")
-    return " ".join(parts) or "off"
-
-
 @app.command()
 def show(
     job: JobArgument,
@@ -149,10 +134,13 @@ def show(
     timeout: TimeoutOption = 10.0,
 ) -> None:
     """A job's spec, state and every task."""
-    with connect(borgmaster, timeout_s=timeout) as client:
-        status: state_pb2.JobStatus = client.borgmaster.get_job(job_id(job), include_tasks=True).job
-    if as_json:
-        print_json(status)
+    status: state_pb2.JobStatus | None = ask_borgmaster(
+        borgmaster,
+        timeout,
+        as_json,
+        lambda client: client.borgmaster.get_job(job_id(job), include_tasks=True).job,
+    )
+    if status is None:
         return
     spec, limits = status.spec, status.spec.task.limits
     console.print(
@@ -287,10 +275,10 @@ def why_pending(
     timeout: TimeoutOption = 10.0,
 ) -> None:
     """What keeps a task from scheduling and the smallest change that would let it (Borg §2.6)."""
-    with connect(borgmaster, timeout_s=timeout) as client:
-        answer: borgmaster_pb2.WhyPendingResponse = client.borgmaster.why_pending(job_id(job), task)
-    if as_json:
-        print_json(answer)
+    answer: borgmaster_pb2.WhyPendingResponse | None = ask_borgmaster(
+        borgmaster, timeout, as_json, lambda client: client.borgmaster.why_pending(job_id(job), task)
+    )
+    if answer is None:
         return
     state = enum_label(state_pb2.TaskState, answer.task_state, "TASK_STATE_")
     console.print(f"[bold]{answer.job_id}/{answer.task_index}[/bold] is {state}", highlight=False)

@@ -1,4 +1,5 @@
-"""What the API commands share: service addresses, the client, JSON output, error messages.
+"""What the API commands share: service addresses, the client, JSON output, error messages
+(the words for API messages are :mod:`cellpilot.client.wording`, shared with the dashboard).
 
 Addresses default to the stack's agreed ports (Borgmaster 7100-7102, Monitoring 7300-7301,
 Autopilot 7400-7401) and can be set per command (``--borgmaster``, ``--autopilot``) or
@@ -12,16 +13,15 @@ the stack's ``stack.env`` like every service) and say who the user is with a bea
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from rich.console import Console
 
-from cellpilot.api.v1 import job_pb2
 from cellpilot.client import CellpilotError, RetryPolicy, SyncCellpilotClient
 from cellpilot.client.errors import (
     AlreadyExistsError,
@@ -39,8 +39,8 @@ from cellpilot.security.tls import SecurityConfigError, SecuritySettings
 DEFAULT_BORGMASTER = "127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102"
 DEFAULT_AUTOPILOT = "127.0.0.1:7400,127.0.0.1:7401"
 DEFAULT_MONITORING = "127.0.0.1:7300,127.0.0.1:7301"
-GIB = 1 << 30
-MIB = 1 << 20
+
+T = TypeVar("T")
 
 console = Console()
 errors = Console(stderr=True)
@@ -183,22 +183,23 @@ def print_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, sort_keys=True))
 
 
-def enum_label(enum: Any, value: int, prefix: str) -> str:
-    """``JOB_STATE_RUNNING`` -> ``running``."""
-    name: str = enum.Name(value)
-    return name.removeprefix(prefix).lower().replace("_", "-")
+def ask_borgmaster(
+    borgmaster: str, timeout_s: float, as_json: bool, call: Callable[[SyncCellpilotClient], T]
+) -> T | None:
+    """One call to the Borgmaster: its answer to print, or None once printed as JSON (``--json``)."""
+    with connect(borgmaster, timeout_s=timeout_s) as client:
+        answer = call(client)
+    if as_json:
+        print_json(answer)
+        return None
+    return answer
 
 
-def cores(millicores: float) -> str:
-    return f"{millicores / 1000:.3g}"
-
-
-def gib(memory_bytes: float) -> str:
-    return f"{memory_bytes / GIB:.3g}Gi" if memory_bytes >= GIB else f"{memory_bytes / MIB:.4g}Mi"
-
-
-def recommender_name(ref: job_pb2.RecommenderRef) -> str:
-    """``RECOMMENDER_KIND_MOVING_WINDOW_P95`` -> ``moving-window-p95``; custom ones by name."""
-    if ref.kind == job_pb2.RECOMMENDER_KIND_CUSTOM:
-        return f"custom:{ref.custom_name}"
-    return enum_label(job_pb2.RecommenderKind, ref.kind or job_pb2.RECOMMENDER_KIND_AUTO, "RECOMMENDER_KIND_")
+def state_filter(names: list[str] | None, states: Mapping[str, int], option: str = "--state") -> list[int]:
+    """The wire values of the states named on the command line; an unknown name is refused."""
+    values = []
+    for name in names or []:
+        if name not in states:
+            raise typer.BadParameter(f"{name!r}; one of {', '.join(states)}", param_hint=option)
+        values.append(states[name])
+    return values

@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cellpilot.recommend.horizontal import raw_task_count
-from cellpilot.workloads.job_demand import DemandSeries, JobDemand
+from cellpilot.world.job_demand import DemandSeries, JobDemand
 
 FloatArray = npt.NDArray[np.float64]
 DAY_S = 86_400

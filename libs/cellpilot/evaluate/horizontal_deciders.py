@@ -28,7 +28,7 @@ from cellpilot.recommend.horizontal import (
     raw_task_count,
     stabilise,
 )
-from cellpilot.workloads.job_demand import JobDemand
+from cellpilot.world.job_demand import JobDemand
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -3,11 +3,11 @@ and fixed task counts, each driving one job in a closed loop through the simulat
 
 Every decision step (default 1 minute) of several simulated days:
 
-1. the world runs the job's tasks over the step (:func:`cellpilot.workloads.world.step_world`,
-   sampled every ``sample_s``): the job's demand (:mod:`cellpilot.workloads.job_demand`) is
+1. the world runs the job's tasks over the step (:func:`cellpilot.world.step.step_world`,
+   sampled every ``sample_s``): the job's demand (:mod:`cellpilot.world.job_demand`) is
    split by the load balancer among the *ready* tasks — a task takes traffic only
    ``startup_s`` after it started — and each task gets at most its CPU limit (or, with
-   ``machine_cpu_millicores``, what its machine has spare, :mod:`cellpilot.borg.enforcement`);
+   ``machine_cpu_millicores``, what its machine has spare, :mod:`cellpilot.world.enforcement`);
 2. the decider sees what a real one would (the tasks' served CPU, how many are ready) and
    returns a task count; new tasks start now, surplus tasks (the youngest first) stop now.
 
@@ -62,7 +62,7 @@ from cellpilot.evaluate.horizontal_deciders import (
 from cellpilot.evaluate.horizontal_metrics import series_metrics
 from cellpilot.evaluate.hpa import HpaConfig
 from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner
-from cellpilot.workloads.world import WorldTasks, step_world
+from cellpilot.world.step import WorldTasks, step_world
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -32,14 +32,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.lifetimes.lifetime_classes import LIFETIME_CLASS_UPPER, NUM_LIFETIME_CLASSES, lifetime_class
+from cellpilot.lifetimes.vm_table import DAY, VmTrace
 from cellpilot.schedule.lifetime_aware.host_pool import CORES, MEMORY, HostPool
-from cellpilot.schedule.lifetime_aware.lifetime_scores import (
-    HOUR,
-    LIFETIME_CLASS_UPPER,
-    NUM_LIFETIME_CLASSES,
-    lifetime_class,
-)
-from cellpilot.workloads.vm_trace import DAY, VmTrace
+from cellpilot.schedule.lifetime_aware.lifetime_scores import HOUR
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from cellpilot.workloads.vm_trace import VmTrace
+from cellpilot.lifetimes.vm_table import VmTrace
 
 FloatArray = npt.NDArray[np.float64]
 

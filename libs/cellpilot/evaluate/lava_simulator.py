@@ -30,6 +30,7 @@ import numpy.typing as npt
 from cellpilot.evaluate.lava_diagnostics import ANY, ReplayDiagnostics, per_host_day, placement_reason
 from cellpilot.evaluate.lava_inflation import ShapeMix, shape_mix, stranding_pct
 from cellpilot.lifetimes.predictors import LifetimePredictor
+from cellpilot.lifetimes.vm_table import DAY, HOUR, VmTrace
 from cellpilot.schedule.lifetime_aware.host_pool import CORES, MEMORY, HostPool, HostShape
 from cellpilot.schedule.lifetime_aware.lars import (
     MIGRATION_SECONDS,
@@ -40,7 +41,6 @@ from cellpilot.schedule.lifetime_aware.lars import (
 from cellpilot.schedule.lifetime_aware.lava import RANK_OPEN_SAME, Lava
 from cellpilot.schedule.lifetime_aware.lifetime_ledger import LifetimeLedger
 from cellpilot.schedule.lifetime_aware.policies import BestFit, LaBinary, Las, PlacementPolicy, VmRequest
-from cellpilot.workloads.vm_trace import DAY, HOUR, VmTrace
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

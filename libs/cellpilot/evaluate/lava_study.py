@@ -46,6 +46,7 @@ from cellpilot.lifetimes.calibration import calibration_report
 from cellpilot.lifetimes.distribution import LifetimeDistribution
 from cellpilot.lifetimes.distribution_model import DistributionModel, DistributionParams
 from cellpilot.lifetimes.features import vm_features
+from cellpilot.lifetimes.lifetime_classes import LIFETIME_CLASS_UPPER, NUM_LIFETIME_CLASSES, lifetime_class
 from cellpilot.lifetimes.model import LifetimeModel, TrainingParams
 from cellpilot.lifetimes.predictors import (
     DEFAULT_CLASS_RISK,
@@ -54,23 +55,10 @@ from cellpilot.lifetimes.predictors import (
     ModelPredictor,
     OraclePredictor,
 )
+from cellpilot.lifetimes.vm_table import DAY, HOUR, VmTrace, lifetime_shape, thin_to_pool, window_trace
 from cellpilot.schedule.lifetime_aware.host_pool import HostShape
 from cellpilot.schedule.lifetime_aware.lars import MigrationOrder, MigrationRequests, replay_migrations
-from cellpilot.schedule.lifetime_aware.lifetime_scores import (
-    LIFETIME_CLASS_UPPER,
-    NUM_LIFETIME_CLASSES,
-    lifetime_class,
-)
-from cellpilot.workloads.vm_trace import (
-    DAY,
-    HOUR,
-    VmTrace,
-    VmTraceConfig,
-    generate_vm_trace,
-    lifetime_shape,
-    thin_to_pool,
-    window_trace,
-)
+from cellpilot.workloads.vm_trace import VmTraceConfig, generate_vm_trace
 
 PREDICTORS = ("model", "oracle")
 MODELS = ("distribution", "point")  # §3's lifetime distributions, or one E[T_r | T_u] value

@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from cellpilot.workloads.vm_trace import DAY
+from cellpilot.lifetimes.vm_table import DAY
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from cellpilot.workloads.vm_trace import DAY, HOUR, VmTrace
+from cellpilot.lifetimes.vm_table import DAY, HOUR, VmTrace
 
 FloatArray = npt.NDArray[np.float64]
 

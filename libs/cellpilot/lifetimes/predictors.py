@@ -17,9 +17,9 @@ import numpy.typing as npt
 from cellpilot.lifetimes.distribution import LifetimeDistribution
 from cellpilot.lifetimes.distribution_model import DistributionModel
 from cellpilot.lifetimes.features import vm_features
+from cellpilot.lifetimes.lifetime_classes import LIFETIME_CLASS_UPPER
 from cellpilot.lifetimes.model import LifetimeModel
-from cellpilot.schedule.lifetime_aware.lifetime_scores import LIFETIME_CLASS_UPPER
-from cellpilot.workloads.vm_trace import VmTrace
+from cellpilot.lifetimes.vm_table import VmTrace
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

@@ -18,7 +18,7 @@ GPA §2 suggests ("comparing the task to previously submitted tasks belonging to
 job"): the mixture of their distributions (:func:`pooled_moments`).
 
 :class:`OverflowMeter` counts, per machine sample, whether the machine's CPU demand exceeded
-its capacity — with the Borglets' CPU sharing (:func:`cellpilot.borg.enforcement.share_cpu`)
+its capacity — with the Borglets' CPU sharing (:func:`cellpilot.world.enforcement.share_cpu`)
 that is exactly "some task's demand went unserved because the machine was full" — giving the
 observed overflow frequency q that GPA §5 compares with the requested rho.
 """

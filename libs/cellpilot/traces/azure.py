@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cellpilot.lifetimes.vm_table import VmTrace
 from cellpilot.traces.engine import (
     EngineSettings,
     TraceSession,
@@ -38,7 +39,6 @@ from cellpilot.traces.engine import (
     parquet_source,
     quoted,
 )
-from cellpilot.workloads.vm_trace import VmTrace
 
 COLUMNS = (
     "vmid",

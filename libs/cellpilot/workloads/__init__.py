@@ -1,4 +1,6 @@
-"""Workload generators: usage models, synthetic jobs, cells and VM populations.
+"""Workload generators: synthetic Autopilot jobs, Borg cells, GPA tasks and VM populations, and
+the Google trace formats they share with the trace readers (the usage models and the rest of
+the world model are :mod:`cellpilot.world`).
 
 Trace readers live in ``cellpilot.traces`` (file I/O, outside the pure core).
 

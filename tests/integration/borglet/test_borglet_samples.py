@@ -10,7 +10,7 @@ from borglet_builders import MIB, BorgletFactory, collect_samples, simulated_tas
 
 from cellpilot.api.v1 import borglet_pb2, usage_pb2
 from cellpilot.stack import StackEndpoints
-from cellpilot.workloads.usage_models import evaluate_usage
+from cellpilot.world.usage_models import evaluate_usage
 
 LEAK = {"memory_start_bytes": 64 * MIB, "leak_bytes_per_second": 1 * MIB, "memory_noise": 0, "cpu_noise": 0}
 

@@ -39,10 +39,10 @@ from borglet_builders import (
 
 from cellpilot.api.v1 import borglet_pb2, job_pb2, resources_pb2, state_pb2
 from cellpilot.borg.cgroup_v2 import parse_cpu_stat
+from cellpilot.borglet.task_record import TaskRecord
 from cellpilot.stack import StackEndpoints
 from cellpilot_services.borglet import convert
 from cellpilot_services.borglet.borglet_service import LIMIT_ENFORCEMENT_ATTRIBUTE, Borglet
-from cellpilot_services.borglet.task_record import TaskRecord
 from cellpilot_services.borglet.task_sandbox import DEFAULT_TASK_USER, MINIMAL_PATH
 
 RUNNING, DEAD = state_pb2.TASK_STATE_RUNNING, state_pb2.TASK_STATE_DEAD

@@ -2,7 +2,7 @@
 limit, they do not.
 
 A closed loop through the code the services run, in event time: the world model
-(:mod:`cellpilot.workloads.world`: a diurnal job demand split by the load balancer among the
+(:mod:`cellpilot.world.step`: a diurnal job demand split by the load balancer among the
 ready tasks, each task on a machine with spare CPU to burst into, Autopilot §2.3) gives each
 task's CPU every minute; a 5-minute window's histograms go through the recommender workers'
 core (:func:`apply_histograms`) and their wire form (the recommender's ``recommendation_set``,
@@ -41,9 +41,9 @@ from cellpilot.autopilot.job_recommendations import (
     apply_horizontal_settings,
 )
 from cellpilot.usage.buckets import GIB, MEMORY_SCHEME, Resource, default_scheme
-from cellpilot.workloads.job_demand import JobDemand
-from cellpilot.workloads.usage_models import resolve_params
-from cellpilot.workloads.world import WorldTasks, step_world
+from cellpilot.world.job_demand import JobDemand
+from cellpilot.world.step import WorldTasks, step_world
+from cellpilot.world.usage_models import resolve_params
 from cellpilot_services.autopilot.convert import candidate_in, horizontal_input_in
 from cellpilot_services.recommender.convert import recommendation_set
 

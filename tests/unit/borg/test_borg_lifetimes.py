@@ -25,10 +25,10 @@ from cellpilot.borg.task_lifetimes import (
     train_lifetime_model,
 )
 from cellpilot.lifetimes.distribution_model import DistributionModel
+from cellpilot.lifetimes.lifetime_classes import lifetime_class
 from cellpilot.lifetimes.predictors import DEFAULT_CLASS_RISK, estimate_lifetimes
 from cellpilot.schedule import SchedulerConfig, default_profile
 from cellpilot.schedule.lifetime_aware.lava import EMPTY, OPEN
-from cellpilot.schedule.lifetime_aware.lifetime_scores import lifetime_class
 
 HOUR_MS = 3_600_000
 SHORT_H, LONG_H = 0.5, 20.0  # LC1 and LC3 (LAVA §4.3)

@@ -25,8 +25,7 @@ from cellpilot.borg.mutations import TaskStateChanged
 from cellpilot.borg.poll_diff import MachineReport, ReportedTask, diff_report
 from cellpilot.borg.rejection import Rejection
 from cellpilot.borg.validation import validate_job_spec
-from cellpilot_services.borglet import convert as borglet_convert
-from cellpilot_services.borglet.task_record import (
+from cellpilot.borglet.task_record import (
     Limits,
     Phase,
     ProcessPlan,
@@ -34,6 +33,7 @@ from cellpilot_services.borglet.task_record import (
     TaskPlan,
     TaskRecord,
 )
+from cellpilot_services.borglet import convert as borglet_convert
 from cellpilot_services.borgmaster.convert import SoftState, task_status_out
 
 P = "spec.task.runtime.process.health_check"

@@ -21,7 +21,7 @@ from cellpilot.borg.validation import (
     validate_process,
     validate_simulated,
 )
-from cellpilot.workloads.usage_models import model_names, model_parameters
+from cellpilot.world.usage_models import model_names, model_parameters
 
 F = "spec.task.runtime.simulated"
 P = "spec.task.runtime.process"

@@ -1,5 +1,5 @@
-"""The Borglet's small pure pieces: desired-set diff, event clock, machine fence and events,
-request conversion and validation, sample batching, settings parsing."""
+"""The Borglet service's small pieces: event clock, request conversion and validation, sample
+batching, settings parsing (the pure per-machine logic is tested in test_borglet_machine_state)."""
 
 from __future__ import annotations
 
@@ -7,88 +7,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from borglet_plan_builders import task_plan
 
 from cellpilot.api.v1 import borglet_pb2, job_pb2, resources_pb2, state_pb2
-from cellpilot.borg.lifecycle import TaskEvent, TaskState
-from cellpilot.workloads.world import WorldStep, WorldTasks
-from cellpilot_services.borglet import convert
-from cellpilot_services.borglet.convert import InvalidFieldError, MachineProfile, RuntimeDefaults, SampleChunk
-from cellpilot_services.borglet.desired_set import KnownTask, diff_desired
-from cellpilot_services.borglet.event_clock import ClockAnchor, EventClock
-from cellpilot_services.borglet.machine_agent import MachineAgent
-from cellpilot_services.borglet.settings import BorgletSettings
-from cellpilot_services.borglet.task_record import (
-    Limits,
+from cellpilot.borg.lifecycle import TaskEvent
+from cellpilot.borglet.task_record import (
     Phase,
     SimulatedPlan,
-    TaskPlan,
     TaskRecord,
     UnrunnablePlan,
 )
+from cellpilot.world.step import WorldStep, WorldTasks
+from cellpilot_services.borglet import convert
+from cellpilot_services.borglet.convert import InvalidFieldError, RuntimeDefaults, SampleChunk
+from cellpilot_services.borglet.event_clock import ClockAnchor, EventClock
+from cellpilot_services.borglet.settings import BorgletSettings
 from cellpilot_services.borglet.task_sandbox import MINIMAL_PATH
 
 DEFAULTS = RuntimeDefaults()
-
-
-def _plan(job: str = "u/j", index: int = 0, incarnation: int = 1, spec_version: int = 1) -> TaskPlan:
-    return TaskPlan(
-        job_id=job,
-        task_index=index,
-        incarnation=incarnation,
-        priority=0,
-        band=0,
-        limits=Limits(),
-        hard_memory_limit=True,
-        runtime=SimulatedPlan("steady", ()),
-        spec_version=spec_version,
-    )
-
-
-# ----- desired set ---------------------------------------------------------------------------
-
-K = KnownTask
-DIFF_CASES = [
-    ([], [_plan()], [], [("u/j", 0)], []),
-    ([K(("u/j", 0), 1, 1, True)], [], [("u/j", 0)], [], []),
-    ([K(("u/j", 0), 1, 1, True)], [_plan()], [], [], []),
-    ([K(("u/j", 0), 1, 1, True)], [_plan(incarnation=2)], [("u/j", 0)], [("u/j", 0)], []),
-    ([K(("u/j", 0), 1, 1, True)], [_plan(spec_version=2)], [], [], [("u/j", 0)]),
-    ([K(("u/j", 0), 1, 1, False)], [_plan()], [], [], []),
-    ([K(("u/j", 0), 1, 1, False)], [], [], [], []),
-    ([K(("u/j", 0), 1, 1, False)], [_plan(incarnation=2)], [], [("u/j", 0)], []),
-]
-
-
-@pytest.mark.parametrize(
-    ("known", "desired", "kill", "start", "update"),
-    DIFF_CASES,
-    ids=[
-        "new-task-started",
-        "undesired-duplicate-killed",
-        "same-incarnation-untouched",
-        "newer-incarnation-replaces",
-        "spec-change-updated-in-place",
-        "dead-same-incarnation-stays-dead",
-        "dead-undesired-left-alone",
-        "dead-then-new-incarnation-started",
-    ],
-)
-def test_desired_set_diff(
-    known: list[KnownTask],
-    desired: list[TaskPlan],
-    kill: list[tuple[str, int]],
-    start: list[tuple[str, int]],
-    update: list[tuple[str, int]],
-) -> None:
-    changes = diff_desired(known, desired)
-    assert [k.key for k in changes.kill] == kill
-    assert [p.key for p in changes.start] == start
-    assert [p.key for p in changes.update] == update
-
-
-def test_desired_set_naming_a_task_twice_is_refused() -> None:
-    with pytest.raises(ValueError, match="twice"):
-        diff_desired([], [_plan(), _plan(incarnation=2)])
 
 
 # ----- event clock ---------------------------------------------------------------------------
@@ -126,59 +62,6 @@ def test_clock_anchor_keeps_the_event_time_across_boots_and_names_a_damaged_file
     anchor.path.write_text("{not json")
     with pytest.raises(ValueError, match=r"clock-r0\.json: not a Borglet clock anchor"):
         anchor.load()
-
-
-# ----- machine agent: fencing, events, forgetting ----------------------------------------------
-
-
-def _agent(max_events: int = 100) -> MachineAgent:
-    profile = MachineProfile("m1", Limits(1000, 1 << 30), {}, "r", "p", 20000)
-    return MachineAgent(profile, 0, first_sequence=5000, max_unacked_events=max_events)
-
-
-def test_fence_refuses_older_epochs_and_remembers_newer() -> None:
-    agent = _agent()
-    assert agent.admit_epoch(3) is None
-    assert agent.admit_epoch(3) is None
-    refusal = agent.admit_epoch(2)
-    assert refusal is not None
-    assert "2" in refusal
-    assert "3" in refusal
-    assert agent.admit_epoch(7) is None
-    assert agent.admit_epoch(3) is not None
-
-
-def test_events_are_kept_until_acknowledged_and_dead_tasks_forgotten_after() -> None:
-    agent = _agent()
-    record = TaskRecord("m1", _plan(), Phase.RUNNING, started_ms=0)
-    agent.tasks[record.plan.key] = record
-    started = agent.record_event(record, TaskEvent.RUNNING, 10, "c1")
-    record.phase = Phase.DEAD
-    died = agent.record_event(record, TaskEvent.OOM, 20, "c2", "over")
-    record.exit_sequence = died.sequence
-    assert (started.sequence, died.sequence) == (5000, 5001)
-    assert died.state is TaskState.PENDING  # an OOM-killed task is rescheduled (Figure 2)
-    agent.acknowledge(5000)
-    agent.forget_settled()
-    assert [e.sequence for e in agent.events] == [5001]
-    assert record.plan.key in agent.tasks  # its exit is not acknowledged yet
-    agent.desired = {record.plan.key: 1}
-    agent.acknowledge(5001)
-    agent.forget_settled()
-    assert not agent.events
-    assert record.plan.key in agent.tasks  # still named by the desired set
-    agent.desired = {}
-    agent.forget_settled()
-    assert record.plan.key not in agent.tasks
-
-
-def test_unacknowledged_events_are_bounded() -> None:
-    agent = _agent(max_events=3)
-    record = TaskRecord("m1", _plan(), Phase.RUNNING, started_ms=0)
-    for t in range(5):
-        agent.record_event(record, TaskEvent.RUNNING, t, "c")
-    assert [e.event_time_ms for e in agent.events] == [2, 3, 4]
-    assert agent.dropped_events == 2
 
 
 # ----- conversion and validation ----------------------------------------------------------------
@@ -249,7 +132,7 @@ def test_assignment_defaults_to_the_default_runtime_and_hard_limit() -> None:
 
 
 def test_a_dead_task_reports_its_exit_and_its_event_the_kind() -> None:
-    record = TaskRecord("m1", _plan(), Phase.DEAD, started_ms=5, exit_kind=TaskEvent.OOM, exit_code=-9)
+    record = TaskRecord("m1", task_plan(), Phase.DEAD, started_ms=5, exit_kind=TaskEvent.OOM, exit_code=-9)
     report = convert.task_report(record, now_ms=100)
     assert report.state == state_pb2.TASK_STATE_DEAD
     assert report.exit_reason == state_pb2.TASK_EVENT_KIND_OOM

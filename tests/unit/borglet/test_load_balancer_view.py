@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from cellpilot.api.v1 import job_pb2, state_pb2
-from cellpilot.workloads.job_demand import JobDemand
-from cellpilot_services.borglet.fleet_ticks import MachineShape, build_table
-from cellpilot_services.borglet.load_balancer_view import JobRouting, routing_of
-from cellpilot_services.borglet.task_record import Limits, Phase, SimulatedPlan, TaskPlan, TaskRecord
+from cellpilot.borglet.fleet_ticks import JobRouting, MachineShape, build_table
+from cellpilot.borglet.task_record import Limits, Phase, SimulatedPlan, TaskPlan, TaskRecord
+from cellpilot.world.job_demand import JobDemand
+from cellpilot_services.borglet.load_balancer_view import routing_of
 
 DEMAND = JobDemand.build("steady", {"cpu_millicores": 3000.0}, imbalance=0.4, seed=2)
 SHAPE = MachineShape(np.full(2, 8000.0), np.full(2, 1e12), 0.95)

@@ -15,7 +15,7 @@ from cellpilot.evaluate.horizontal_config import HorizontalStudyConfig, Workload
 from cellpilot.evaluate.horizontal_deciders import bound_count, demand_outlook
 from cellpilot.evaluate.horizontal_metrics import series_metrics
 from cellpilot.evaluate.horizontal_study import replay, replay_metrics
-from cellpilot.workloads.job_demand import DemandError, DemandSeries, JobDemand
+from cellpilot.world.job_demand import DemandError, DemandSeries, JobDemand
 
 
 def test_metrics_of_a_hand_made_series() -> None:

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from cellpilot.lifetimes.vm_table import VmTrace
 from cellpilot.schedule.lifetime_aware.host_pool import HostPool, HostShape
-from cellpilot.workloads.vm_trace import VmTrace
 
 HOUR = 3600.0
 MINUTE = 60.0

@@ -7,13 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cellpilot.schedule.lifetime_aware.lifetime_scores import (
-    best_fit_cost,
-    class_upper,
-    lexicographic_min,
-    lifetime_class,
-    temporal_cost,
-)
+from cellpilot.lifetimes.lifetime_classes import class_upper, lifetime_class
+from cellpilot.schedule.lifetime_aware.lifetime_scores import best_fit_cost, lexicographic_min, temporal_cost
 
 M = 60.0
 H = 3600.0

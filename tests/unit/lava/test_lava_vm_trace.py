@@ -9,16 +9,9 @@ import numpy as np
 import pytest
 from lava_builders import HOUR, trace
 
+from cellpilot.lifetimes.vm_table import DAY, VmTrace, lifetime_shape, thin_to_pool, window_trace
 from cellpilot.traces.azure import parse_azure_vm_table, read_azure_vm_table
-from cellpilot.workloads.vm_trace import (
-    DAY,
-    VmTrace,
-    VmTraceConfig,
-    generate_vm_trace,
-    lifetime_shape,
-    thin_to_pool,
-    window_trace,
-)
+from cellpilot.workloads.vm_trace import VmTraceConfig, generate_vm_trace
 
 SMALL = VmTraceConfig(days=3.0, hosts=20, calibration_samples=20_000)
 

@@ -12,7 +12,7 @@ from cellpilot.lifetimes.calibration import (
     reliability_table,
 )
 from cellpilot.lifetimes.distribution import BIN_EDGES, NUM_BINS, LifetimeDistribution, lifetime_bin
-from cellpilot.schedule.lifetime_aware.lifetime_scores import LIFETIME_CLASS_UPPER, lifetime_class
+from cellpilot.lifetimes.lifetime_classes import LIFETIME_CLASS_UPPER, lifetime_class
 
 HOUR = 3600.0
 

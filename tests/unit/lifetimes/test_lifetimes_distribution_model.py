@@ -11,10 +11,11 @@ import pytest
 from cellpilot.lifetimes.distribution import NUM_BINS, LifetimeDistribution, lifetime_bin
 from cellpilot.lifetimes.distribution_model import DistributionModel, DistributionParams
 from cellpilot.lifetimes.features import NUM_FEATURES, vm_features
+from cellpilot.lifetimes.lifetime_classes import LIFETIME_CLASS_UPPER
 from cellpilot.lifetimes.predictors import DEFAULT_CLASS_RISK, DistributionPredictor, estimate_lifetimes
 from cellpilot.lifetimes.training_examples import expand_at_uptimes
-from cellpilot.schedule.lifetime_aware.lifetime_scores import LIFETIME_CLASS_UPPER
-from cellpilot.workloads.vm_trace import VmTrace, VmTraceConfig, generate_vm_trace
+from cellpilot.lifetimes.vm_table import VmTrace
+from cellpilot.workloads.vm_trace import VmTraceConfig, generate_vm_trace
 
 HOUR = 3600.0
 SMALL = DistributionParams(max_trees=60, num_leaves=4, min_data_in_leaf=20, learning_rate=0.2)

@@ -22,6 +22,7 @@ import duckdb
 import numpy as np
 import pytest
 
+from cellpilot.lifetimes.vm_table import VmTrace
 from cellpilot.traces.azure import read_azure_vm_table
 from cellpilot.traces.engine import EngineSettings
 from cellpilot.traces.google import open_google_trace, read_google2011, read_google2019
@@ -33,7 +34,6 @@ from cellpilot.workloads.google_traces import (
     MachineScale,
     TraceTasks,
 )
-from cellpilot.workloads.vm_trace import VmTrace
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "libs" / "cellpilot" / "workloads" / "data"

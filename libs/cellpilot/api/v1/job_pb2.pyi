@@ -503,7 +503,7 @@ Global___ProcessRuntime: _TypeAlias = ProcessRuntime  # noqa: Y015
 @_typing.final
 class DemandTrace(_message.Message):
     """A job's demand as a series of points, replayed instead of a model (e.g. the summed usage of
-    a traced job's tasks, cellpilot.workloads.job_demand.DemandSeries.from_job_signals). Point k
+    a traced job's tasks, cellpilot.world.job_demand.DemandSeries.from_job_signals). Point k
     holds from k * step_seconds after the job's submission; the series repeats after its end.
     """
 
@@ -573,7 +573,7 @@ class SharedDemand(_message.Message):
     TRACE_FIELD_NUMBER: _builtins.int
     IMBALANCE_FIELD_NUMBER: _builtins.int
     usage_model: _builtins.str
-    """A usage model (cellpilot.workloads.usage_models) evaluated once for the whole job: its CPU
+    """A usage model (cellpilot.world.usage_models) evaluated once for the whole job: its CPU
     and memory are the job's total demand. Age effects (step, leak, growth, batch ramp) count
     from the job's submission.
     """

@@ -23,10 +23,10 @@ from typing import Protocol
 
 import numpy as np
 
+from cellpilot.lifetimes.lifetime_classes import lifetime_class as lifetime_class_of
 from cellpilot.schedule.cell import LIMIT, NUM_LEVELS, Cell
 from cellpilot.schedule.lifetime_aware.lava import RANK_EMPTY, LavaHosts
 from cellpilot.schedule.lifetime_aware.lifetime_scores import MAX_TEMPORAL_COST, temporal_cost
-from cellpilot.schedule.lifetime_aware.lifetime_scores import lifetime_class as lifetime_class_of
 from cellpilot.schedule.lifetime_aware.policies import VmRequest
 from cellpilot.schedule.plugins import MAX_SCORE, FloatArray, IntArray, Request
 

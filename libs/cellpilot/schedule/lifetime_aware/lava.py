@@ -35,15 +35,10 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.lifetimes.lifetime_classes import NUM_LIFETIME_CLASSES, class_upper
 from cellpilot.schedule.lifetime_aware.host_pool import CORES, MEMORY, HostPool
 from cellpilot.schedule.lifetime_aware.lifetime_ledger import LifetimeLedger
-from cellpilot.schedule.lifetime_aware.lifetime_scores import (
-    NUM_LIFETIME_CLASSES,
-    best_fit_cost,
-    class_upper,
-    lexicographic_min,
-    temporal_cost,
-)
+from cellpilot.schedule.lifetime_aware.lifetime_scores import best_fit_cost, lexicographic_min, temporal_cost
 from cellpilot.schedule.lifetime_aware.policies import VmRequest
 
 FloatArray = npt.NDArray[np.float64]

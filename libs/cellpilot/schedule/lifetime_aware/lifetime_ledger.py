@@ -18,13 +18,11 @@ uptime (the oracle) are not re-run.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-if TYPE_CHECKING:  # predictors imports the schedule package, which imports this module
-    from cellpilot.lifetimes.predictors import LifetimePredictor
+from cellpilot.lifetimes.predictors import LifetimePredictor
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

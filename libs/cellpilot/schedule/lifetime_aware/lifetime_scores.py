@@ -5,8 +5,7 @@
 * LAS temporal cost (§4.2): dT = max(vm_exit - host_exit, 0), quantised by the bucket
   boundaries {0, 30 m, 60 m, 90 m, 2 h, 3 h, 4 h, 6 h, 12 h, 24 h, 168 h}; the bucket
   index is the cost (dT = 70 m costs 2).
-* LAVA lifetime classes (§4.3): <1 h, 1-10 h, 10-100 h, 100-1000 h (LC1..LC4 as 0..3;
-  longer predictions stay in the top class).
+* LAVA lifetime classes (§4.3) come from :mod:`cellpilot.lifetimes.lifetime_classes`.
 * Lexicographic choice (§2.2): the first level decides, later levels break its ties.
 """
 
@@ -25,29 +24,11 @@ HOUR = 3600.0
 LAS_BUCKETS = np.array([0, 30, 60, 90, 120, 180, 240, 360, 720, 1440, 10080], dtype=np.float64) * MINUTE
 MAX_TEMPORAL_COST = LAS_BUCKETS.size - 1
 
-LIFETIME_CLASS_UPPER = np.array([1.0, 10.0, 100.0, 1000.0]) * HOUR  # §4.3: LC1..LC4
-NUM_LIFETIME_CLASSES = LIFETIME_CLASS_UPPER.size
-
 
 def temporal_cost(vm_exit: float | FloatArray, host_exit: FloatArray) -> IntArray:
     """LAS temporal cost (§4.2) of putting a VM exiting at ``vm_exit`` on hosts exiting at ``host_exit``."""
     delta = np.maximum(np.asarray(vm_exit, dtype=np.float64) - host_exit, 0.0)
     return (np.searchsorted(LAS_BUCKETS, delta, side="right") - 1).astype(np.int64)
-
-
-def lifetime_class(remaining_seconds: float | FloatArray) -> IntArray:
-    """LAVA lifetime class (§4.3) of predicted remaining lifetimes: 0 (<1 h) .. 3 (>= 100 h)."""
-    r = np.asarray(remaining_seconds, dtype=np.float64)
-    return np.minimum(
-        np.searchsorted(LIFETIME_CLASS_UPPER, r, side="right"), NUM_LIFETIME_CLASSES - 1
-    ).astype(np.int64)
-
-
-def class_upper(lifetime_class_index: int) -> float:
-    """Longest lifetime (seconds) of a class; classes below LC1 have none left (0)."""
-    if lifetime_class_index < 0:
-        return 0.0
-    return float(LIFETIME_CLASS_UPPER[min(lifetime_class_index, NUM_LIFETIME_CLASSES - 1)])
 
 
 def best_fit_cost(capacity: FloatArray, used: FloatArray, demand: FloatArray) -> FloatArray:

@@ -26,13 +26,13 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.lifetimes.lifetime_classes import lifetime_class
 from cellpilot.schedule.lifetime_aware.host_pool import HostPool
 from cellpilot.schedule.lifetime_aware.lifetime_ledger import LifetimeLedger
 from cellpilot.schedule.lifetime_aware.lifetime_scores import (
     HOUR,
     best_fit_cost,
     lexicographic_min,
-    lifetime_class,
     temporal_cost,
 )
 

@@ -3,9 +3,9 @@
 One world model drives the Borglet's simulated runtime and the studies. For each event time
 asked about, every task's demand is its own usage model (its base: idle CPU, resident
 memory, its own age effects) plus its share of its job's demand when the job has one
-(:mod:`cellpilot.workloads.job_demand`: a load balancer splits it among the job's ready
+(:mod:`cellpilot.world.job_demand`: a load balancer splits it among the job's ready
 tasks); tasks with measured usage (a real process) take what was measured. Then the machine
-enforces (:func:`cellpilot.borg.enforcement.enforce_limits`): it shares its CPU (bursting
+enforces (:func:`cellpilot.world.enforcement.enforce_limits`): it shares its CPU (bursting
 into spare, latency-sensitive first under contention, Borg §6.2, Autopilot §2.3) and OOM-kills
 for memory; a task killed at time s is gone from the next time on. What each task demanded
 and did not get is its unmet demand.
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from cellpilot.borg.enforcement import KillReason, MachineCapacity, TaskUsage, enforce_limits
-from cellpilot.workloads.job_demand import JobDemand, split_demand
-from cellpilot.workloads.usage_models import evaluate_usage
+from cellpilot.world.enforcement import KillReason, MachineCapacity, TaskUsage, enforce_limits
+from cellpilot.world.job_demand import JobDemand, split_demand
+from cellpilot.world.usage_models import evaluate_usage
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

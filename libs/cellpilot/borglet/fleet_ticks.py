@@ -1,5 +1,5 @@
 """One step of event time for every running task of every hosted machine: the Borglet's side of
-the world model (:mod:`cellpilot.workloads.world`).
+the world model (:mod:`cellpilot.world.step`).
 
 The Borglet samples each task once per event-second (Autopilot §3.2.1: r_i[τ], about one
 sample a second) and enforces limits on every sample. A fleet-mode Borglet does this for
@@ -7,7 +7,7 @@ thousands of tasks, several event-seconds per wall second when sped up, so the w
 vectorised call per batch of seconds: :func:`build_table` turns the running tasks into the
 world's struct-of-arrays table — simulated tasks grouped by usage model (their base load) and
 by job (their share of the job's demand, split among the tasks the job's load balancer routes
-to: :mod:`load_balancer_view`), process tasks with their latest metering — and
+to: the service's load balancer view), process tasks with their latest metering — and
 :func:`run_ticks` steps the world: demand, CPU sharing on each machine (bursting into spare,
 latency-sensitive first), OOM enforcement, second by second.
 
@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from cellpilot.workloads.job_demand import JobDemand
-from cellpilot.workloads.world import (
+from cellpilot.borglet.task_record import SimulatedPlan, TaskRecord
+from cellpilot.world.job_demand import JobDemand
+from cellpilot.world.step import (
     DemandGroup,
     MeasuredUsage,
     UsageGroup,
@@ -32,12 +33,18 @@ from cellpilot.workloads.world import (
     WorldTasks,
     step_world,
 )
-from cellpilot_services.borglet.load_balancer_view import JobRouting
-from cellpilot_services.borglet.task_record import SimulatedPlan, TaskRecord
 
 IntArray = npt.NDArray[np.int64]
 _U64 = (1 << 64) - 1
 NEVER = float("inf")
+
+
+@dataclass(frozen=True)
+class JobRouting:
+    """One job as its load balancer sees it."""
+
+    origin_s: float  # the job's submission, event seconds (age effects of its demand count from it)
+    ready: frozenset[int]  # indices of the tasks it routes to
 
 
 @dataclass(frozen=True)

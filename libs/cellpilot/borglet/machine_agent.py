@@ -1,20 +1,34 @@
 """The state one hosted machine keeps: its tasks, its unacknowledged events, its master fence.
 
 A fleet-mode Borglet holds one :class:`MachineAgent` per simulated machine; a per-machine
-Borglet holds one. Nothing here does I/O; the :mod:`fleet` starts and stops the tasks.
+Borglet holds one. Nothing here does I/O; the service's fleet (``cellpilot_services.borglet.fleet``)
+starts and stops the tasks.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from cellpilot.borg.lifecycle import TaskEvent
-from cellpilot_services.borglet.convert import MachineProfile
-from cellpilot_services.borglet.desired_set import KnownTask
-from cellpilot_services.borglet.task_record import BorgletEvent, TaskKey, TaskRecord, state_after
+from cellpilot.borglet.desired_set import KnownTask
+from cellpilot.borglet.task_record import BorgletEvent, Limits, TaskKey, TaskRecord, state_after
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MachineProfile:
+    """What a hosted machine is (registered with the Borgmaster as a MachineSpec)."""
+
+    machine_id: str
+    capacity: Limits
+    attributes: Mapping[str, str]
+    rack: str
+    power_domain: str
+    first_port: int
 
 
 class MachineAgent:

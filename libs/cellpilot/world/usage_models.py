@@ -10,7 +10,7 @@ optimizations and updates"), a slow memory leak (Autopilot §4.1 footnote 2), sp
 batch tasks (Borg §2.1).
 
 The same models describe a whole job's demand, shared among its ready tasks
-(:mod:`cellpilot.workloads.job_demand`); a task's own model is then its base load.
+(:mod:`cellpilot.world.job_demand`); a task's own model is then its base load.
 
 Every model is ``(params, seed, task_index, t_seconds, start_seconds) -> (cpu_millicores,
 memory_bytes)``, vectorised: ``task_index``, ``t_seconds`` and ``start_seconds`` broadcast

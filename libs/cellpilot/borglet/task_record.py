@@ -13,7 +13,7 @@ from typing import Any
 
 from cellpilot.borg.health_checks import HealthState, ResolvedCheck
 from cellpilot.borg.lifecycle import TASK_TRANSITIONS, TaskEvent, TaskState, transition
-from cellpilot.workloads.job_demand import JobDemand
+from cellpilot.world.job_demand import JobDemand
 
 TaskKey = tuple[str, int]  # (job id, task index)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from cellpilot_services.borglet.task_record import TaskKey, TaskPlan
+from cellpilot.borglet.task_record import TaskKey, TaskPlan
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ bytes — and each task that the balancer routes to takes a share of it:
 
     task i's usage = base_i(t)  +  D(t) * w_i / sum_{j routed} w_j     (i routed; else base_i(t))
 
-* ``D(t)`` is any usage model of :mod:`cellpilot.workloads.usage_models` (steady, diurnal,
+* ``D(t)`` is any usage model of :mod:`cellpilot.world.usage_models` (steady, diurnal,
   weekly, spiky, growth, leak, step, batch) evaluated once for the job, under the job's own
   random key; models with age effects count the age from the job's origin (its submission).
   Or a :class:`DemandSeries` replayed point by point, e.g. a traced job's summed usage
@@ -25,7 +25,7 @@ bytes — and each task that the balancer routes to takes a share of it:
   effects such as a leak); it is not part of this module.
 
 Pure and vectorised: times ``(k,)`` against tasks ``(n,)`` give ``(k, n)`` arrays. The same
-functions serve the Borglet's simulated runtime (through :mod:`cellpilot.workloads.world`)
+functions serve the Borglet's simulated runtime (through :mod:`cellpilot.world.step`)
 and the studies.
 """
 
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from cellpilot.workloads.usage_models import (
+from cellpilot.world.usage_models import (
     evaluate_usage,
     lognormal_factor,
     model_names,

@@ -1,13 +1,13 @@
-"""A job's demand shared among its ready tasks (cellpilot.workloads.job_demand)."""
+"""A job's demand shared among its ready tasks (cellpilot.world.job_demand)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from cellpilot.workloads.job_demand import DemandError, DemandSeries, JobDemand, job_task_demand, split_demand
 from cellpilot.workloads.task_signals import JobSignals, JobTraits
-from cellpilot.workloads.usage_models import evaluate_usage
+from cellpilot.world.job_demand import DemandError, DemandSeries, JobDemand, job_task_demand, split_demand
+from cellpilot.world.usage_models import evaluate_usage
 
 T0 = 1_700_000_000.0
 QUIET = {"cpu_noise": 0.0, "memory_noise": 0.0}

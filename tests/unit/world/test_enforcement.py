@@ -1,4 +1,4 @@
-"""Limit enforcement (cellpilot.borg.enforcement): OOM kills and CPU throttling.
+"""Limit enforcement (cellpilot.world.enforcement): OOM kills and CPU throttling.
 
 Expected kills are worked out by hand in the tables, and for random machines by a plain
 per-task Python reference written from the rules in the module docstring (Autopilot §2.3,
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cellpilot.borg.enforcement import KillReason, MachineCapacity, TaskUsage, enforce_limits
+from cellpilot.world.enforcement import KillReason, MachineCapacity, TaskUsage, enforce_limits
 
 MIB = 1 << 20
 H, S = True, False  # hard / soft memory limit

@@ -1,4 +1,4 @@
-"""The world one step at a time (cellpilot.workloads.world): base usage plus the job's shared
+"""The world one step at a time (cellpilot.world.step): base usage plus the job's shared
 demand, CPU sharing and OOM enforcement per second, over many machines at once."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from cellpilot.borg.enforcement import KillReason
-from cellpilot.workloads.job_demand import JobDemand
-from cellpilot.workloads.usage_models import evaluate_usage, resolve_params
-from cellpilot.workloads.world import DemandGroup, MeasuredUsage, UsageGroup, WorldTasks, step_world
+from cellpilot.world.enforcement import KillReason
+from cellpilot.world.job_demand import JobDemand
+from cellpilot.world.step import DemandGroup, MeasuredUsage, UsageGroup, WorldTasks, step_world
+from cellpilot.world.usage_models import evaluate_usage, resolve_params
 
 MIB = 1 << 20
 GIB = float(1 << 30)

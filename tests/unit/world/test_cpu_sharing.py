@@ -1,4 +1,4 @@
-"""A machine shares its CPU (cellpilot.borg.enforcement.share_cpu): bursting into spare CPU,
+"""A machine shares its CPU (cellpilot.world.enforcement.share_cpu): bursting into spare CPU,
 latency-sensitive before batch under contention, unmet demand measured (Borg §6.2, Autopilot §2.3)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cellpilot.borg.enforcement import MachineCapacity, TaskUsage, enforce_limits, share_cpu
+from cellpilot.world.enforcement import MachineCapacity, TaskUsage, enforce_limits, share_cpu
 
 GIB = float(1 << 30)
 

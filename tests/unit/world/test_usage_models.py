@@ -1,4 +1,4 @@
-"""Usage models for simulated tasks (cellpilot.workloads.usage_models).
+"""Usage models for simulated tasks (cellpilot.world.usage_models).
 
 Noise-free parameters make each model's shape checkable against its formula by hand;
 noisy ones are checked for their statistics and for event-time purity (the value at one
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cellpilot.workloads.usage_models import (
+from cellpilot.world.usage_models import (
     USAGE_MODELS,
     evaluate_usage,
     model_names,

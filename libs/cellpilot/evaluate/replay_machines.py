@@ -3,7 +3,7 @@
 Soft RAM limits are only enforced while a machine is short of memory (Autopilot §2.3), so
 whether a soft limit costs an OOM depends on the tasks it shares a machine with. The replay
 places its own tasks on machines and judges every window with the Borglet's enforcement
-(:func:`cellpilot.borg.enforcement.enforce_limits`), fed the co-located replayed tasks:
+(:func:`cellpilot.world.enforcement.enforce_limits`), fed the co-located replayed tasks:
 
 * **Placement.** Consecutive jobs form *pools* of ``pool_jobs`` jobs; a pool's tasks share
   ``ceil(requests / machine size)`` machines, each task on the machine with the least
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from cellpilot.borg.enforcement import KillReason, MachineCapacity, TaskUsage, enforce_limits
+from cellpilot.world.enforcement import KillReason, MachineCapacity, TaskUsage, enforce_limits
 
 FloatArray = npt.NDArray[np.float64]
 IntpArray = npt.NDArray[np.intp]

@@ -30,8 +30,9 @@ import numpy.typing as npt
 from cellpilot.borg.cell_state import CellState, TaskKey, TaskRecord
 from cellpilot.borg.changes import TaskChange
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
-from cellpilot.borg.model import AppClass, JobSpec, PriorityBand
+from cellpilot.borg.model import JobSpec
 from cellpilot.borg.mutations import LogRecord
+from cellpilot.job_vocabulary import AppClass, PriorityBand
 from cellpilot.lifetimes.distribution_model import DistributionModel, DistributionParams
 from cellpilot.lifetimes.features import NUM_FEATURES
 from cellpilot.lifetimes.predictors import DEFAULT_CLASS_RISK, estimate_lifetimes

@@ -62,6 +62,10 @@ FloatArray = npt.NDArray[np.float64]
 F32 = npt.NDArray[np.float32]
 
 
+# The tolerances an override draws from, in the order the generator has always drawn them.
+OOM_TOLERANCES = (OomTolerance.MINIMAL, OomTolerance.LOW, OomTolerance.INTERMEDIATE)
+
+
 @dataclass(frozen=True)
 class ManualLimitModel:
     """How owners set manual limits (see the module docstring).
@@ -348,7 +352,7 @@ def generate_job(config: AutopilotWorkloadConfig, job: int) -> JobSignals:
     footprint_machines = tasks * hard / config.machine_memory_bytes
     tolerance = default_oom_tolerance(footprint_machines)
     if rng.random() < config.tolerance_override_fraction:
-        others = [t for t in OomTolerance if t is not tolerance]
+        others = [t for t in OOM_TOLERANCES if t is not tolerance]
         tolerance = others[int(rng.integers(0, len(others)))]
     latency = (
         LatencySensitivity.HIGH if (not is_batch and rng.random() < 0.5) else LatencySensitivity.MODERATE

@@ -28,7 +28,14 @@ from cellpilot.autopilot.selection import (
     auto_kind,
     select_recommender,
 )
-from cellpilot.job_vocabulary import AppClass, LatencySensitivity, OomTolerance, RecommenderKind, ScalingMode
+from cellpilot.job_vocabulary import (
+    BUILTIN_RECOMMENDERS,
+    AppClass,
+    LatencySensitivity,
+    OomTolerance,
+    RecommenderKind,
+    ScalingMode,
+)
 from cellpilot.usage.buckets import Resource
 from cellpilot.usage.units import GIB
 
@@ -59,10 +66,10 @@ def candidate(resource: Resource, kind: RecommenderKind, value: float, t: int = 
 def candidates(cpu: float | None = None, memory: float | None = None, t: int = 10 * MIN) -> dict:
     out: dict[Resource, dict[str, Candidate]] = {Resource.CPU: {}, Resource.MEMORY: {}}
     if cpu is not None:
-        for kind in RecommenderKind:
+        for kind in BUILTIN_RECOMMENDERS:
             out[Resource.CPU][kind.value] = candidate(Resource.CPU, kind, cpu, t)
     if memory is not None:
-        for kind in RecommenderKind:
+        for kind in BUILTIN_RECOMMENDERS:
             out[Resource.MEMORY][kind.value] = candidate(Resource.MEMORY, kind, memory, t)
     return out
 

@@ -26,19 +26,12 @@ from bench.harness import Report
 from cellpilot.borg.cell_state import CellState
 from cellpilot.borg.decisions import Accepted, SubmitJob, handle
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
-from cellpilot.borg.model import (
-    AppClass,
-    JobSpec,
-    MachineSpec,
-    MemoryLimitKind,
-    PriorityBand,
-    SimulatedRuntime,
-    TaskSpec,
-)
+from cellpilot.borg.model import JobSpec, MachineSpec, SimulatedRuntime, TaskSpec
 from cellpilot.borg.mutations import MachineRegistered, Mutation, QuotaSet, to_records
 from cellpilot.borg.poll_diff import MachineReport, ReportedEvent, ReportedTask, diff_report
 from cellpilot.borg.restart_backoff import RestartPolicy
 from cellpilot.borg.scheduling_view import SchedulingView
+from cellpilot.job_vocabulary import AppClass, MemoryLimitKind, PriorityBand
 from cellpilot.schedule import GIB, Resources
 
 FIGURES = [

@@ -20,10 +20,11 @@ from bench.harness import Report
 from cellpilot.borg.cell_state import CellState
 from cellpilot.borg.decisions import Accepted, Command, KillJob, RegisterMachine, SetQuota, SubmitJob, handle
 from cellpilot.borg.lifetime_tracker import LifetimeTracker
-from cellpilot.borg.model import AppClass, JobSpec, MachineSpec, PriorityBand, SimulatedRuntime, TaskSpec
+from cellpilot.borg.model import JobSpec, MachineSpec, SimulatedRuntime, TaskSpec
 from cellpilot.borg.mutations import LifetimeModelTrained, LogRecord, Mutation, to_records
 from cellpilot.borg.scheduling_view import SchedulingView
 from cellpilot.borg.task_lifetimes import LifetimeHistory, TrainedModel, train_lifetime_model
+from cellpilot.job_vocabulary import AppClass, PriorityBand
 from cellpilot.schedule import GIB, Resources, SchedulerConfig, default_profile
 
 FIGURES = ["lava.live.best_fit_pass_s", "lava.live.lava_pass_s", "lava.live.pass_vs_best_fit"]

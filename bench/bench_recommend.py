@@ -28,7 +28,6 @@ import numpy.typing as npt
 
 from bench.harness import Report, best_of
 from cellpilot.autopilot.candidates import (
-    KINDS,
     WINDOW_KINDS,
     WINDOW_STATISTICS,
     CandidateConfig,
@@ -37,6 +36,7 @@ from cellpilot.autopilot.candidates import (
     update_candidates,
 )
 from cellpilot.autopilot.vertical_targets import bound_limits, chosen_values
+from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS
 from cellpilot.recommend.ml_ensemble import (
     EnsembleConfig,
     EnsembleState,
@@ -243,7 +243,7 @@ def _bench_window(
     config = CandidateConfig.for_resource(Resource.CPU)
     config = CandidateConfig(config.resource, config.scheme, config.window, config.margin, with_ml=False)
     column = rng.integers(0, len(WINDOW_KINDS), size=JOBS)
-    statistic = np.asarray([WINDOW_STATISTICS[KINDS[c]] for c in column], dtype=np.int8)
+    statistic = np.asarray([WINDOW_STATISTICS[BUILTIN_RECOMMENDERS[c]] for c in column], dtype=np.int8)
     upper = np.where(rng.random(JOBS) < 0.2, B[levels], np.inf)
     state: CandidateState = initial_candidate_state(config, JOBS)
     for step in range(3):  # warm up: a history to decay, a ring to fill

@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.job_vocabulary import AppClass, LatencySensitivity
 from cellpilot.lifetimes.vm_table import VmTrace
-from cellpilot.recommend.policy import JobClass, LatencySensitivity, default_oom_tolerance
+from cellpilot.recommend.policy import default_oom_tolerance
 from cellpilot.workloads.google_traces import (
     PRODUCTION_PRIORITY,
     TRACE_START_US,
@@ -345,10 +346,10 @@ def _traits(
         per_task = float(np.nanmax(memory)) if np.isfinite(memory).any() else 0.0
         serving = priority >= threshold
         out[job] = JobTraits(
-            job_class=JobClass.SERVING if serving else JobClass.BATCH,
+            job_class=AppClass.LATENCY_SENSITIVE if serving else AppClass.BATCH,
             latency=LatencySensitivity.HIGH
             if klass >= LATENCY_SENSITIVE_CLASS
-            else LatencySensitivity.NORMAL,
+            else LatencySensitivity.MODERATE,
             oom_tolerance=default_oom_tolerance(tasks * per_task),
             priority=priority,
             kind=trace,

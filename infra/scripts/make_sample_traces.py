@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cellpilot.job_vocabulary import AppClass
 from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig, generate_job
 from cellpilot.workloads.google_trace_lines import google2011_lines, google2019_lines
 from cellpilot.workloads.google_traces import MachineScale
@@ -43,8 +44,8 @@ SCALE = MachineScale()
 def sample_jobs() -> list[JobSignals]:
     """The four sample jobs (deterministic)."""
     jobs = [generate_job(SAMPLE_CONFIG, j) for j in range(SAMPLE_CONFIG.jobs)]
-    serving = [j for j in jobs if j.traits.job_class.value == "serving"][:3]
-    batch = [j for j in jobs if j.traits.job_class.value == "batch"][:1]
+    serving = [j for j in jobs if j.traits.job_class is AppClass.LATENCY_SENSITIVE][:3]
+    batch = [j for j in jobs if j.traits.job_class is AppClass.BATCH][:1]
     chosen = serving[:2] + batch + serving[2:3]
     out: list[JobSignals] = []
     for n, job in enumerate(chosen):

@@ -25,11 +25,19 @@ from cellpilot.autopilot.event_windows import (
     WindowStats,
 )
 from cellpilot.autopilot.job_windows import JobWindows
-from cellpilot.usage.buckets import CPU_SCHEME, MEMORY_SCHEME, BucketScheme, Resource, lookup_scheme
+from cellpilot.usage.buckets import (
+    CPU_SCHEME,
+    MEMORY_SCHEME,
+    BucketScheme,
+    Resource,
+    lookup_scheme,
+    wire_per_scheme_unit,
+)
 from cellpilot.usage.histogram import SparseHistogram
 from cellpilot.usage.windows import WindowBatch
 
-MILLI = 1000.0  # millicores per core: the wire is in millicores, the CPU scheme in cores
+# The wire's CPU unit (millicores) per the scheme's (cores): cellpilot.usage.units.
+CPU_WIRE_PER_SCHEME = wire_per_scheme_unit(Resource.CPU)
 
 RESOURCE_CODES: dict[Resource, int] = {
     Resource.CPU: resources_pb2.RESOURCE_CPU,
@@ -72,9 +80,9 @@ def decode_samples(batch: usage_pb2.UsageSampleBatch, registry: TaskRegistry) ->
         )
         return DecodedBatch(batch.machine_id, batch.batch_sequence, empty, 0)
     task, time_ms, cpu, memory, throttled, unmet = zip(*rows, strict=True)
-    cpu_arr = np.asarray(cpu, dtype=np.float64) / MILLI
+    cpu_arr = np.asarray(cpu, dtype=np.float64) / CPU_WIRE_PER_SCHEME
     memory_arr = np.asarray(memory, dtype=np.float64)
-    unmet_arr = np.asarray(unmet, dtype=np.float64) / MILLI
+    unmet_arr = np.asarray(unmet, dtype=np.float64) / CPU_WIRE_PER_SCHEME
     valid = (
         np.isfinite(cpu_arr) & (cpu_arr >= 0) & (memory_arr >= 0) & np.isfinite(unmet_arr) & (unmet_arr >= 0)
     )
@@ -117,11 +125,11 @@ def task_window_rows(closed: ClosedWindows, partition: int) -> list[tuple[Any, .
             memory_buckets[row],
             int(stats.samples[row]),
             int(stats.throttled[row]),
-            float(stats.cpu_sum[row]) * MILLI,
-            float(stats.cpu_max[row]) * MILLI,
+            float(stats.cpu_sum[row]) * CPU_WIRE_PER_SCHEME,
+            float(stats.cpu_max[row]) * CPU_WIRE_PER_SCHEME,
             float(stats.memory_sum[row]),
             float(stats.memory_max[row]),
-            float(stats.cpu_unmet_sum[row]) * MILLI,
+            float(stats.cpu_unmet_sum[row]) * CPU_WIRE_PER_SCHEME,
         )
         for row in range(len(windows))
     ]
@@ -192,9 +200,9 @@ def stored_task_windows(rows: Sequence[Any], window_ms: int) -> tuple[TaskWindow
         counts.append(sparse.counts)
         columns["samples"].append(int(row["sample_count"]))
         columns["throttled"].append(int(row["throttled_count"]))
-        columns["cpu_sum"].append(float(row["cpu_sum_millicores"]) / MILLI)
-        columns["cpu_max"].append(float(row["cpu_max_millicores"]) / MILLI)
-        columns["cpu_unmet_sum"].append(float(row["cpu_unmet_sum_millicores"]) / MILLI)
+        columns["cpu_sum"].append(float(row["cpu_sum_millicores"]) / CPU_WIRE_PER_SCHEME)
+        columns["cpu_max"].append(float(row["cpu_max_millicores"]) / CPU_WIRE_PER_SCHEME)
+        columns["cpu_unmet_sum"].append(float(row["cpu_unmet_sum_millicores"]) / CPU_WIRE_PER_SCHEME)
         memory_sum.append(float(row["memory_sum_bytes"]))
         memory_max.append(float(row["memory_max_bytes"]))
     key_arr = np.asarray(keys, dtype=np.int64)
@@ -238,11 +246,11 @@ def job_histogram_rows(jobs: JobWindows, job_ids: Sequence[str]) -> list[tuple[A
                 start + window_ms,
                 _sparse_bytes(jobs.cpu, row),
                 # The windows are in cores (the CPU scheme's unit); the wire is in millicores.
-                float(jobs.cpu_peak[row]) * MILLI,
-                float(jobs.cpu_mean_total[row]) * MILLI,
+                float(jobs.cpu_peak[row]) * CPU_WIRE_PER_SCHEME,
+                float(jobs.cpu_mean_total[row]) * CPU_WIRE_PER_SCHEME,
                 *common,
                 int(jobs.throttled[row]),
-                float(jobs.cpu_unmet_mean_total[row]) * MILLI,
+                float(jobs.cpu_unmet_mean_total[row]) * CPU_WIRE_PER_SCHEME,
             )
         )
         rows.append(
@@ -399,7 +407,7 @@ def bucket_scheme_message(scheme_id: str, version: int) -> usage_pb2.BucketSchem
         raise InvalidFieldError(
             "scheme_id", f"unknown bucket scheme {scheme_id!r} version {version}"
         ) from error
-    factor = MILLI if scheme.resource is Resource.CPU else 1.0
+    factor = wire_per_scheme_unit(scheme.resource)
     return usage_pb2.BucketScheme(
         scheme_id=scheme.scheme_id,
         version=scheme.version,

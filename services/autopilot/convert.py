@@ -18,56 +18,49 @@ from cellpilot.api.v1 import (
     resources_pb2,
     state_pb2,
 )
-from cellpilot.autopilot.candidates import CandidateKind, UsageStatistic
 from cellpilot.autopilot.decisions import (
     Candidate,
     HorizontalConfig,
     HorizontalInput,
-    HorizontalSource,
     JobDecision,
     JobMemory,
     JobView,
     SentTarget,
     VerticalOutcome,
 )
-from cellpilot.autopilot.selection import (
-    AUTO,
-    CUSTOM,
-    AutoMl,
-    ClampReason,
-    JobTraits,
-    RecommenderRef,
+from cellpilot.autopilot.selection import AutoMl, ClampReason, JobTraits, RecommenderRef, VerticalConfig
+from cellpilot.job_vocabulary import (
+    AppClass,
+    HorizontalSource,
+    HorizontalStatistic,
+    LatencySensitivity,
+    OomTolerance,
+    RecommenderKind,
     ScalingMode,
-    VerticalConfig,
 )
 from cellpilot.recommend.horizontal import HorizontalReason
-from cellpilot.recommend.policy import JobClass, LatencySensitivity, OomTolerance
 from cellpilot.usage.buckets import Resource
+from cellpilot_services.wire_enums import UnknownWireValueError, WireEnum
 
 RESOURCES = (Resource.CPU, Resource.MEMORY)
 _RESOURCE_OUT = {Resource.CPU: resources_pb2.RESOURCE_CPU, Resource.MEMORY: resources_pb2.RESOURCE_MEMORY}
 _RESOURCE_IN = {v: k for k, v in _RESOURCE_OUT.items()}
-_MODE_IN = {
-    job_pb2.SCALING_MODE_UNSPECIFIED: ScalingMode.OFF,
-    job_pb2.SCALING_MODE_OFF: ScalingMode.OFF,
-    job_pb2.SCALING_MODE_DRY_RUN: ScalingMode.DRY_RUN,
-    job_pb2.SCALING_MODE_ON: ScalingMode.ON,
-}
-_MODE_OUT = {
-    ScalingMode.OFF: job_pb2.SCALING_MODE_OFF,
-    ScalingMode.DRY_RUN: job_pb2.SCALING_MODE_DRY_RUN,
-    ScalingMode.ON: job_pb2.SCALING_MODE_ON,
-}
-_KIND_OUT = {
-    CandidateKind.MOVING_WINDOW_MAX: job_pb2.RECOMMENDER_KIND_MOVING_WINDOW_MAX,
-    CandidateKind.MOVING_WINDOW_AVG: job_pb2.RECOMMENDER_KIND_MOVING_WINDOW_AVG,
-    CandidateKind.MOVING_WINDOW_P90: job_pb2.RECOMMENDER_KIND_MOVING_WINDOW_P90,
-    CandidateKind.MOVING_WINDOW_P95: job_pb2.RECOMMENDER_KIND_MOVING_WINDOW_P95,
-    CandidateKind.MOVING_WINDOW_P98: job_pb2.RECOMMENDER_KIND_MOVING_WINDOW_P98,
-    CandidateKind.MOVING_WINDOW_P60_HALF_MAX: job_pb2.RECOMMENDER_KIND_MOVING_WINDOW_P60_HALF_MAX,
-    CandidateKind.ML: job_pb2.RECOMMENDER_KIND_ML,
-}
-_KIND_IN = {v: k for k, v in _KIND_OUT.items()}
+# The API's zeros are read as its documented defaults (job.proto).
+SCALING_MODES = WireEnum(ScalingMode, job_pb2.ScalingMode, read_as={"UNSPECIFIED": ScalingMode.OFF})
+RECOMMENDER_KINDS = WireEnum(
+    RecommenderKind, job_pb2.RecommenderKind, read_as={"UNSPECIFIED": RecommenderKind.AUTO}
+)
+HORIZONTAL_SOURCES = WireEnum(
+    HorizontalSource, job_pb2.HorizontalSource, read_as={"UNSPECIFIED": HorizontalSource.CPU_UTILIZATION}
+)
+HORIZONTAL_STATISTICS = WireEnum(
+    HorizontalStatistic, job_pb2.HorizontalStatistic, read_as={"UNSPECIFIED": HorizontalStatistic.MAX}
+)
+APP_CLASSES = WireEnum(AppClass, job_pb2.AppClass, read_as={"UNSPECIFIED": AppClass.LATENCY_SENSITIVE})
+LATENCY_SENSITIVITIES = WireEnum(
+    LatencySensitivity, job_pb2.LatencySensitivity, read_as={"UNSPECIFIED": LatencySensitivity.HIGH}
+)
+OOM_TOLERANCES = WireEnum(OomTolerance, job_pb2.OomTolerance)
 _CLAMP_OUT = {
     ClampReason.NONE: recommendation_pb2.CLAMP_REASON_NONE,
     ClampReason.MIN_BOUND: recommendation_pb2.CLAMP_REASON_MIN_BOUND,
@@ -81,11 +74,6 @@ _STABILISER_OUT = {
     HorizontalReason.SMALL_CHANGE_IGNORED: recommendation_pb2.STABILISER_SMALL_CHANGE,
     HorizontalReason.GROWTH_LIMITED: recommendation_pb2.STABILISER_LIMITED_GROWTH,
     HorizontalReason.SLOW_DECAY: recommendation_pb2.STABILISER_SLOW_DECAY,
-}
-_OOM_IN = {
-    job_pb2.OOM_TOLERANCE_LOW: OomTolerance.LOW,
-    job_pb2.OOM_TOLERANCE_INTERMEDIATE: OomTolerance.INTERMEDIATE,
-    job_pb2.OOM_TOLERANCE_MINIMAL: OomTolerance.MINIMAL,
 }
 # API defaults of HorizontalScalingConfig (job.proto), §3.3.
 DEFAULT_HORIZON_S = 259_200
@@ -102,34 +90,34 @@ class InvalidField(Exception):  # noqa: N818 - a request error, named for what i
         self.field = field
 
 
+def _mode_in(value: int, field: str) -> ScalingMode:
+    try:
+        return SCALING_MODES.to_core(value)
+    except UnknownWireValueError:
+        raise InvalidField(field, f"unknown scaling mode {value}") from None
+
+
 # ---------------------------------------------------------------------- recommenders
 def ref_in(ref: job_pb2.RecommenderRef, field: str) -> RecommenderRef:
     if ref.kind in (job_pb2.RECOMMENDER_KIND_UNSPECIFIED, job_pb2.RECOMMENDER_KIND_AUTO):
         if ref.custom_name:
             raise InvalidField(f"{field}.custom_name", "only allowed with kind CUSTOM")
-        return RecommenderRef(AUTO)
+        return RecommenderRef(RecommenderKind.AUTO)
     if ref.kind == job_pb2.RECOMMENDER_KIND_CUSTOM:
         if not ref.custom_name:
             raise InvalidField(f"{field}.custom_name", "required for kind CUSTOM")
         return RecommenderRef.custom(ref.custom_name)
-    kind = _KIND_IN.get(ref.kind)
-    if kind is None:
-        raise InvalidField(f"{field}.kind", f"unknown recommender kind {ref.kind}")
+    try:
+        kind = RECOMMENDER_KINDS.to_core(ref.kind)
+    except UnknownWireValueError:
+        raise InvalidField(f"{field}.kind", f"unknown recommender kind {ref.kind}") from None
     if ref.custom_name:
         raise InvalidField(f"{field}.custom_name", "only allowed with kind CUSTOM")
     return RecommenderRef.builtin(kind)
 
 
 def ref_out(ref: RecommenderRef) -> job_pb2.RecommenderRef:
-    if ref.kind == AUTO:
-        return job_pb2.RecommenderRef(kind=job_pb2.RECOMMENDER_KIND_AUTO)
-    if ref.kind == CUSTOM:
-        return job_pb2.RecommenderRef(kind=job_pb2.RECOMMENDER_KIND_CUSTOM, custom_name=ref.custom_name)
-    return job_pb2.RecommenderRef(kind=_KIND_OUT[CandidateKind(ref.kind)])
-
-
-def builtin_kind_out(kind: CandidateKind) -> job_pb2.RecommenderRef:
-    return job_pb2.RecommenderRef(kind=_KIND_OUT[kind])
+    return job_pb2.RecommenderRef(kind=RECOMMENDER_KINDS.to_wire(ref.kind), custom_name=ref.custom_name)
 
 
 def resource_in(value: int, field: str) -> Resource:
@@ -152,7 +140,7 @@ def candidate_in(rec: recommendation_pb2.Recommendation) -> Candidate | None:
         ref = ref_in(rec.recommender, "recommender")
     except InvalidField:
         return None
-    if ref.kind == AUTO:
+    if ref.kind is RecommenderKind.AUTO:
         return None
     return Candidate(
         ref=ref,
@@ -208,9 +196,7 @@ def horizontal_signal(
 
 # ---------------------------------------------------------------------- configuration
 def vertical_config_in(pb: job_pb2.VerticalScalingConfig, field: str) -> VerticalConfig:
-    mode = _MODE_IN.get(pb.mode)
-    if mode is None:
-        raise InvalidField(f"{field}.mode", f"unknown scaling mode {pb.mode}")
+    mode = _mode_in(pb.mode, f"{field}.mode")
     for name, value in (("min_limit", pb.min_limit), ("max_limit", pb.max_limit)):
         if value < 0:
             raise InvalidField(f"{field}.{name}", "must be >= 0")
@@ -225,18 +211,12 @@ def vertical_config_in(pb: job_pb2.VerticalScalingConfig, field: str) -> Vertica
 
 
 def horizontal_config_in(pb: job_pb2.HorizontalScalingConfig, field: str) -> HorizontalConfig:
-    mode = _MODE_IN.get(pb.mode)
-    if mode is None:
-        raise InvalidField(f"{field}.mode", f"unknown scaling mode {pb.mode}")
+    mode = _mode_in(pb.mode, f"{field}.mode")
     if pb.min_tasks < 0 or pb.max_tasks < 0:
         raise InvalidField(f"{field}.min_tasks" if pb.min_tasks < 0 else f"{field}.max_tasks", "must be >= 0")
     if pb.max_tasks and pb.max_tasks < max(1, pb.min_tasks):
         raise InvalidField(f"{field}.max_tasks", "must be >= min_tasks")
-    source = (
-        HorizontalSource.TARGET_SIZE
-        if pb.source == job_pb2.HORIZONTAL_SOURCE_TARGET_SIZE
-        else HorizontalSource.CPU_UTILIZATION
-    )
+    source = HORIZONTAL_SOURCES.get(pb.source, HorizontalSource.CPU_UTILIZATION)
     if mode is not ScalingMode.OFF:
         if source is HorizontalSource.CPU_UTILIZATION and not 0 < pb.target_utilization <= 1:
             raise InvalidField(f"{field}.target_utilization", "must be in (0, 1] for CPU_UTILIZATION")
@@ -256,9 +236,7 @@ def horizontal_config_in(pb: job_pb2.HorizontalScalingConfig, field: str) -> Hor
         max_tasks=pb.max_tasks or None,
         source=source,
         target_utilization=pb.target_utilization or None,
-        statistic=UsageStatistic.P95
-        if pb.statistic == job_pb2.HORIZONTAL_STATISTIC_P95
-        else UsageStatistic.MAX,
+        statistic=HORIZONTAL_STATISTICS.get(pb.statistic, HorizontalStatistic.MAX),
         horizon_ms=(pb.horizon_seconds or DEFAULT_HORIZON_S) * 1000,
         target_size_recommender=pb.target_size_recommender,
         deferred_downscaling_ms=(pb.deferred_downscaling_seconds or DEFAULT_DEFERRED_DOWNSCALING_S) * 1000,
@@ -280,13 +258,9 @@ def check_config(config: job_pb2.AutopilotConfig, field: str = "config") -> None
 def traits_in(spec: job_pb2.JobSpec, reference_machine_memory_bytes: float) -> JobTraits:
     footprint = spec.task_count * spec.task.limits.memory_bytes / reference_machine_memory_bytes
     return JobTraits(
-        job_class=JobClass.BATCH if spec.app_class == job_pb2.APP_CLASS_BATCH else JobClass.SERVING,
-        latency=(
-            LatencySensitivity.NORMAL
-            if spec.latency_sensitivity == job_pb2.LATENCY_SENSITIVITY_MODERATE
-            else LatencySensitivity.HIGH
-        ),
-        oom_tolerance=_OOM_IN.get(spec.oom_tolerance),
+        job_class=APP_CLASSES.get(spec.app_class, AppClass.LATENCY_SENSITIVE),
+        latency=LATENCY_SENSITIVITIES.get(spec.latency_sensitivity, LatencySensitivity.HIGH),
+        oom_tolerance=OOM_TOLERANCES.get(spec.oom_tolerance, OomTolerance.UNSPECIFIED),
         footprint_machines=footprint,
     )
 
@@ -330,7 +304,7 @@ def job_view_in(
 def effective_config_out(
     config: job_pb2.AutopilotConfig, traits: JobTraits, registered: Sequence[str], auto_ml: AutoMl
 ) -> job_pb2.AutopilotConfig:
-    """``config`` with defaults filled in and AUTO (or an unregistered custom) resolved."""
+    """``config`` with defaults filled in and RecommenderKind.AUTO (or an unregistered custom) resolved."""
     from cellpilot.autopilot.selection import select_recommender
 
     out = job_pb2.AutopilotConfig()
@@ -340,23 +314,15 @@ def effective_config_out(
         (Resource.MEMORY, out.memory, "config.memory"),
     ):
         core = vertical_config_in(pb, field)
-        pb.mode = _MODE_OUT[core.mode]
+        pb.mode = SCALING_MODES.to_wire(core.mode)
         selection = select_recommender(resource, core, traits, registered, auto_ml)
         pb.recommender.CopyFrom(ref_out(selection.ref))
     h = horizontal_config_in(out.horizontal, "config.horizontal")
     hp = out.horizontal
-    hp.mode = _MODE_OUT[h.mode]
+    hp.mode = SCALING_MODES.to_wire(h.mode)
     hp.min_tasks = h.min_tasks
-    hp.source = (
-        job_pb2.HORIZONTAL_SOURCE_TARGET_SIZE
-        if h.source is HorizontalSource.TARGET_SIZE
-        else job_pb2.HORIZONTAL_SOURCE_CPU_UTILIZATION
-    )
-    hp.statistic = (
-        job_pb2.HORIZONTAL_STATISTIC_P95
-        if h.statistic is UsageStatistic.P95
-        else job_pb2.HORIZONTAL_STATISTIC_MAX
-    )
+    hp.source = HORIZONTAL_SOURCES.to_wire(h.source)
+    hp.statistic = HORIZONTAL_STATISTICS.to_wire(h.statistic)
     hp.averaging_window_seconds = hp.averaging_window_seconds or DEFAULT_AVERAGING_WINDOW_S
     hp.horizon_seconds = h.horizon_ms // 1000
     hp.deferred_downscaling_seconds = h.deferred_downscaling_ms // 1000
@@ -411,7 +377,7 @@ def job_recommendations_out(
         key, at = _sent_fields(memory.sent(v.resource))
         entry = out.vertical.add(
             resource=_RESOURCE_OUT[v.resource],
-            mode=_MODE_OUT[v.mode],
+            mode=SCALING_MODES.to_wire(v.mode),
             current_limit=round(v.current),
             last_actuation_key=key,
             last_actuated_ms=at,
@@ -424,7 +390,7 @@ def job_recommendations_out(
     if h is not None:
         key, at = _sent_fields(memory.tasks)
         hd = out.horizontal
-        hd.mode = _MODE_OUT[h.mode]
+        hd.mode = SCALING_MODES.to_wire(h.mode)
         hd.current_task_count = h.current
         hd.last_actuation_key = key
         hd.last_actuated_ms = at

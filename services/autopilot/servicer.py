@@ -21,9 +21,11 @@ from typing import NoReturn
 import grpc
 
 from cellpilot.api.v1 import autopilot_pb2, autopilot_pb2_grpc, job_pb2, recommendation_pb2, resources_pb2
-from cellpilot.autopilot.candidates import KINDS, STATISTIC_NAMES, CandidateKind
+from cellpilot.autopilot.candidates import STATISTIC_NAMES
+from cellpilot.autopilot.selection import RecommenderRef
 from cellpilot.client.async_client import BorgmasterClient
 from cellpilot.client.errors import CellpilotError
+from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS, RecommenderKind
 from cellpilot.platform.error_reasons import LEADER_METADATA_KEY, NO_MASTER, reason_metadata
 from cellpilot.platform.kafka import MessageProducer
 from cellpilot.security.authentication import AUTHORIZATION_HEADER
@@ -37,7 +39,7 @@ DEFAULT_PAGE = 100
 MAX_PAGE = 5_000
 NAME_PATTERN = re.compile(r"^[a-z0-9_.-]+$")
 BUILTIN_DESCRIPTIONS = {
-    CandidateKind.ML: "ensemble of arg-min models, eqs. 4-9 (Autopilot §3.2.3)",
+    RecommenderKind.ML: "ensemble of arg-min models, eqs. 4-9 (Autopilot §3.2.3)",
 }
 
 
@@ -299,10 +301,10 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
         self, request: autopilot_pb2.ListRecommendersRequest, context: grpc.aio.ServicerContext
     ) -> autopilot_pb2.ListRecommendersResponse:
         response = autopilot_pb2.ListRecommendersResponse()
-        for kind in KINDS:
+        for kind in BUILTIN_RECOMMENDERS:
             description = BUILTIN_DESCRIPTIONS.get(kind) or f"moving window {STATISTIC_NAMES[kind]} (§3.2.2)"
             response.recommenders.add(
-                ref=convert.builtin_kind_out(kind),
+                ref=convert.ref_out(RecommenderRef.builtin(kind)),
                 description=description,
                 resources=[resources_pb2.RESOURCE_CPU, resources_pb2.RESOURCE_MEMORY],
             )

@@ -16,6 +16,7 @@ from cellpilot.borg import model as m
 from cellpilot.borg import mutations as mu
 from cellpilot.borg.cell_state import AppliedRequest, CellState, JobRecord, Leader, MachineRecord, TaskRecord
 from cellpilot.borg.lifecycle import JobState, MachineState, TaskState
+from cellpilot.job_vocabulary import PriorityBand
 from cellpilot_services.borgmaster import lifetime_convert
 from cellpilot_services.borgmaster.convert import (
     InvalidField,
@@ -168,7 +169,7 @@ def mutation_in(msg: checkpoint_pb2.CheckpointRecord) -> mu.Mutation:
     if case == "quota_set":
         q = msg.quota_set
         return mu.QuotaSet(
-            q.user, enum_in(m.PriorityBand, job_pb2.PriorityBand, q.band, f), resources_in(q.limit, f)
+            q.user, enum_in(PriorityBand, job_pb2.PriorityBand, q.band, f), resources_in(q.limit, f)
         )
     if case == "leader_elected":
         e = msg.leader_elected
@@ -276,7 +277,7 @@ def snapshot_in(data: bytes) -> CellState:
             )
         )
     quotas = [
-        (q.user, enum_in(m.PriorityBand, job_pb2.PriorityBand, q.band, f), resources_in(q.limit, f))
+        (q.user, enum_in(PriorityBand, job_pb2.PriorityBand, q.band, f), resources_in(q.limit, f))
         for q in snapshot.quotas
     ]
     applied = [

@@ -9,7 +9,6 @@ contact) alongside the logical state, which is not logged.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -35,7 +34,22 @@ from cellpilot.borg.changes import (
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
 from cellpilot.borg.pending_reasons import PendingReport
 from cellpilot.borg.poll_diff import MachineReport, ReportedEvent, ReportedTask
+from cellpilot.job_vocabulary import (
+    AppClass,
+    ConstraintKind,
+    ConstraintOperator,
+    HorizontalSource,
+    HorizontalStatistic,
+    JobKind,
+    LatencySensitivity,
+    MemoryLimitKind,
+    OomTolerance,
+    PriorityBand,
+    RecommenderKind,
+    ScalingMode,
+)
 from cellpilot.schedule import RESOURCE_NAMES, Resources
+from cellpilot_services.wire_enums import UnknownWireValueError, wire_enum
 
 E = TypeVar("E", bound=Enum)
 
@@ -48,24 +62,17 @@ class InvalidField(Exception):  # noqa: N818 - a request error, named for what i
 
 
 # ---------------------------------------------------------------------- enums
-def _prefix(wrapper: Any) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", wrapper.DESCRIPTOR.name).upper() + "_"
-
-
 def enum_in(core: type[E], wrapper: Any, value: int, field: str) -> E:
+    """The core member of an API enum value (same name, without the API's prefix)."""
     try:
-        name = wrapper.Name(value)
-    except ValueError as error:
-        raise InvalidField(field, f"unknown value {value}") from error
-    try:
-        return core[name.removeprefix(_prefix(wrapper))]
-    except KeyError:  # an API value with no core meaning, such as *_UNSPECIFIED
-        raise InvalidField(field, f"{name} is not a valid value here") from None
+        return wire_enum(core, wrapper).to_core(value)
+    except UnknownWireValueError as error:
+        raise InvalidField(field, str(error)) from None
 
 
 def enum_out(wrapper: Any, member: Enum) -> Any:
     """The API enum value of a core enum member (same name, without the API's prefix)."""
-    return wrapper.Value(_prefix(wrapper) + member.name)
+    return wire_enum(type(member), wrapper).to_wire(member)
 
 
 def task_event_out(event: TaskEvent) -> Any:
@@ -106,10 +113,10 @@ def resources_out(r: Resources | None) -> resources_pb2.Resources:
 # ---------------------------------------------------------------------- specs
 def _vertical_in(msg: job_pb2.VerticalScalingConfig, f: str) -> m.VerticalScaling:
     return m.VerticalScaling(
-        enum_in(m.ScalingMode, job_pb2.ScalingMode, msg.mode, f"{f}.mode"),
+        enum_in(ScalingMode, job_pb2.ScalingMode, msg.mode, f"{f}.mode"),
         msg.min_limit,
         msg.max_limit,
-        enum_in(m.RecommenderKind, job_pb2.RecommenderKind, msg.recommender.kind, f"{f}.recommender.kind"),
+        enum_in(RecommenderKind, job_pb2.RecommenderKind, msg.recommender.kind, f"{f}.recommender.kind"),
         msg.recommender.custom_name,
     )
 
@@ -142,11 +149,9 @@ HORIZONTAL_PLAIN = (
 
 def _horizontal_in(msg: job_pb2.HorizontalScalingConfig, f: str) -> m.HorizontalScaling:
     return m.HorizontalScaling(
-        mode=enum_in(m.ScalingMode, job_pb2.ScalingMode, msg.mode, f"{f}.mode"),
-        source=enum_in(m.HorizontalSource, job_pb2.HorizontalSource, msg.source, f"{f}.source"),
-        statistic=enum_in(
-            m.HorizontalStatistic, job_pb2.HorizontalStatistic, msg.statistic, f"{f}.statistic"
-        ),
+        mode=enum_in(ScalingMode, job_pb2.ScalingMode, msg.mode, f"{f}.mode"),
+        source=enum_in(HorizontalSource, job_pb2.HorizontalSource, msg.source, f"{f}.source"),
+        statistic=enum_in(HorizontalStatistic, job_pb2.HorizontalStatistic, msg.statistic, f"{f}.statistic"),
         **{name: getattr(msg, name) for name in HORIZONTAL_PLAIN},
     )
 
@@ -232,14 +237,14 @@ def runtime_out(runtime: m.Runtime) -> job_pb2.RuntimeSpec:
 def task_spec_in(msg: job_pb2.TaskSpec, f: str) -> m.TaskSpec:
     return m.TaskSpec(
         resources_in(msg.limits, f"{f}.limits"),
-        enum_in(m.MemoryLimitKind, job_pb2.MemoryLimitKind, msg.memory_limit_kind, f"{f}.memory_limit_kind"),
+        enum_in(MemoryLimitKind, job_pb2.MemoryLimitKind, msg.memory_limit_kind, f"{f}.memory_limit_kind"),
         runtime_in(msg.runtime),
         tuple(msg.package_ids),
     )
 
 
 def task_spec_out(
-    spec: m.TaskSpec, limits: Resources | None = None, memory_limit_kind: m.MemoryLimitKind | None = None
+    spec: m.TaskSpec, limits: Resources | None = None, memory_limit_kind: MemoryLimitKind | None = None
 ) -> job_pb2.TaskSpec:
     return job_pb2.TaskSpec(
         limits=resources_out(limits or spec.limits),
@@ -254,10 +259,10 @@ def job_spec_in(msg: job_pb2.JobSpec, f: str = "spec") -> m.JobSpec:
         m.Constraint(
             c.attribute,
             enum_in(
-                m.ConstraintOperator, job_pb2.ConstraintOperator, c.operator, f"{f}.constraints[{i}].operator"
+                ConstraintOperator, job_pb2.ConstraintOperator, c.operator, f"{f}.constraints[{i}].operator"
             ),
             c.value,
-            enum_in(m.ConstraintKind, job_pb2.ConstraintKind, c.kind, f"{f}.constraints[{i}].kind"),
+            enum_in(ConstraintKind, job_pb2.ConstraintKind, c.kind, f"{f}.constraints[{i}].kind"),
         )
         for i, c in enumerate(msg.constraints)
     )
@@ -268,16 +273,16 @@ def job_spec_in(msg: job_pb2.JobSpec, f: str = "spec") -> m.JobSpec:
         priority=msg.priority,
         task=task_spec_in(msg.task, f"{f}.task"),
         task_count=msg.task_count,
-        band=enum_in(m.PriorityBand, job_pb2.PriorityBand, msg.band, f"{f}.band"),
-        app_class=enum_in(m.AppClass, job_pb2.AppClass, msg.app_class, f"{f}.app_class"),
+        band=enum_in(PriorityBand, job_pb2.PriorityBand, msg.band, f"{f}.band"),
+        app_class=enum_in(AppClass, job_pb2.AppClass, msg.app_class, f"{f}.app_class"),
         latency_sensitivity=enum_in(
-            m.LatencySensitivity,
+            LatencySensitivity,
             job_pb2.LatencySensitivity,
             msg.latency_sensitivity,
             f"{f}.latency_sensitivity",
         ),
-        oom_tolerance=enum_in(m.OomTolerance, job_pb2.OomTolerance, msg.oom_tolerance, f"{f}.oom_tolerance"),
-        kind=enum_in(m.JobKind, job_pb2.JobKind, msg.kind, f"{f}.kind"),
+        oom_tolerance=enum_in(OomTolerance, job_pb2.OomTolerance, msg.oom_tolerance, f"{f}.oom_tolerance"),
+        kind=enum_in(JobKind, job_pb2.JobKind, msg.kind, f"{f}.kind"),
         constraints=constraints,
         autopilot=m.AutopilotConfig(
             _vertical_in(a.cpu, f"{f}.autopilot.cpu"),
@@ -452,7 +457,7 @@ def machine_out(state: CellState, machine: MachineRecord, soft: SoftState = NO_S
     )
 
 
-def quota_out(state: CellState, user: str, band: m.PriorityBand) -> state_pb2.Quota:
+def quota_out(state: CellState, user: str, band: PriorityBand) -> state_pb2.Quota:
     return state_pb2.Quota(
         user=user,
         band=enum_out(job_pb2.PriorityBand, band),

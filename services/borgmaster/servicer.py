@@ -32,9 +32,10 @@ from cellpilot.borg.decisions import (
     UpdateJob,
 )
 from cellpilot.borg.lifecycle import JobState, TaskState
-from cellpilot.borg.model import MachineAvailability, PriorityBand
+from cellpilot.borg.model import MachineAvailability
 from cellpilot.borg.pending_reasons import explain
 from cellpilot.borg.rejection import Code, Rejection
+from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.platform.error_reasons import (
     LEADER_METADATA_KEY,
     NO_MASTER,

@@ -15,13 +15,7 @@ import math
 import numpy as np
 
 from cellpilot.api.v1 import job_pb2, recommendation_pb2, resources_pb2, state_pb2, usage_pb2
-from cellpilot.autopilot.candidates import (
-    KINDS,
-    STATISTIC_NAMES,
-    CandidateKind,
-    UsageStatistic,
-    master_unit_factor,
-)
+from cellpilot.autopilot.candidates import STATISTIC_NAMES
 from cellpilot.autopilot.job_recommendations import (
     CandidateRow,
     HistogramInput,
@@ -30,17 +24,17 @@ from cellpilot.autopilot.job_recommendations import (
     OomInput,
     RecommenderConfig,
 )
+from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS, HorizontalStatistic, RecommenderKind
 from cellpilot.platform.kafka import PoisonRecordError, Record
-from cellpilot.usage.buckets import Resource
+from cellpilot.usage.buckets import Resource, wire_per_scheme_unit
+from cellpilot_services.wire_enums import WireEnum
 
-MILLI = 1000.0  # millicores per core: the wire is in millicores, the CPU scheme in cores
 RESOURCES_BY_CODE = {resources_pb2.RESOURCE_CPU: Resource.CPU, resources_pb2.RESOURCE_MEMORY: Resource.MEMORY}
 RESOURCE_CODES = {resource: code for code, resource in RESOURCES_BY_CODE.items()}
-KIND_CODES = {kind: job_pb2.RecommenderKind.Value(f"RECOMMENDER_KIND_{kind.value.upper()}") for kind in KINDS}
-
-
-def wire_factor(resource: Resource) -> float:
-    return master_unit_factor(resource)
+RECOMMENDER_KINDS = WireEnum(RecommenderKind, job_pb2.RecommenderKind)
+HORIZONTAL_STATISTICS = WireEnum(
+    HorizontalStatistic, job_pb2.HorizontalStatistic, read_as={"UNSPECIFIED": HorizontalStatistic.MAX}
+)
 
 
 def histogram_in(record: Record, config: RecommenderConfig) -> HistogramInput:
@@ -86,8 +80,8 @@ def histogram_in(record: Record, config: RecommenderConfig) -> HistogramInput:
         resource,
         int(message.window_end_ms),
         dense,
-        float(message.mean_total_usage) / wire_factor(resource),
-        float(message.mean_total_unmet) / wire_factor(resource),
+        float(message.mean_total_usage) / wire_per_scheme_unit(resource),
+        float(message.mean_total_unmet) / wire_per_scheme_unit(resource),
     )
 
 
@@ -122,18 +116,18 @@ def horizontal_settings_in(
     if horizontal.horizon_seconds < 0:
         raise PoisonRecordError(record, "JobEvent.spec.autopilot.horizontal.horizon_seconds: must be >= 0")
     horizon_ms = horizontal.horizon_seconds * 1000 or config.horizon_ms
-    p95 = horizontal.statistic == job_pb2.HORIZONTAL_STATISTIC_P95
-    return job.job_id, HorizontalSettings(horizon_ms, UsageStatistic.P95 if p95 else UsageStatistic.MAX)
+    statistic = HORIZONTAL_STATISTICS.get(horizontal.statistic, HorizontalStatistic.MAX)
+    return job.job_id, HorizontalSettings(horizon_ms, statistic)
 
 
 def _recommendation(
     job_id: str, resource: Resource, column: int, row: CandidateRow, config: RecommenderConfig
 ) -> recommendation_pb2.Recommendation | None:
-    kind = KINDS[column]
+    kind = BUILTIN_RECOMMENDERS[column]
     value = float(row.value[column])
     if math.isnan(value):
         return None
-    factor = wire_factor(resource)
+    factor = wire_per_scheme_unit(resource)
     raw = float(row.raw_value[column])
     relative = float(row.margin[column])
     unclamped = raw * (1.0 + relative) if not math.isnan(relative) else value
@@ -146,7 +140,7 @@ def _recommendation(
         unclamped_value=round(unclamped * factor),
         note="bumped after OOM" if row.oom_bumped else "",
     )
-    if kind is CandidateKind.ML:
+    if kind is RecommenderKind.ML:
         if row.ml_model >= 0:
             grid = config.for_resource(resource).ensemble.grid
             explanation.ml_model.CopyFrom(
@@ -164,7 +158,7 @@ def _recommendation(
         recommendation_id=f"{job_id}/{resource.value}/{kind.value}/{row.time_ms}",
         job_id=job_id,
         resource=RESOURCE_CODES[resource],  # type: ignore[arg-type]
-        recommender=job_pb2.RecommenderRef(kind=KIND_CODES[kind]),
+        recommender=job_pb2.RecommenderRef(kind=RECOMMENDER_KINDS.to_wire(kind)),
         value=round(value * factor),
         raw_value=raw_wire,
         margin=max(round(unclamped * factor) - raw_wire, 0),
@@ -179,7 +173,7 @@ def recommendation_set(
     """Every recommender's newest value per resource for one job, plus the r_S signal (§3.3)."""
     out = recommendation_pb2.RecommendationSet(job_id=job_id, window_end_ms=window_end_ms, producer=producer)
     for resource, row in sorted(state.rows.items()):
-        for column in range(len(KINDS)):
+        for column in range(len(BUILTIN_RECOMMENDERS)):
             rec = _recommendation(job_id, resource, column, row, config)
             if rec is not None:
                 out.vertical.append(rec)
@@ -190,7 +184,7 @@ def recommendation_set(
                 recommendation_id=f"{job_id}/tasks/builtin/{cpu_row.time_ms}",
                 job_id=job_id,
                 recommender=job_pb2.RecommenderRef(kind=job_pb2.RECOMMENDER_KIND_AUTO),
-                usage_statistic=state.usage_statistic * MILLI,
+                usage_statistic=state.usage_statistic * wire_per_scheme_unit(Resource.CPU),
                 window_end_ms=cpu_row.time_ms,
             )
         )

@@ -27,11 +27,11 @@ windows of the job's summed CPU usage; r_S is the max or P95 over each job's own
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS, HorizontalStatistic, RecommenderKind
 from cellpilot.recommend.horizontal import (
     CpuSourceState,
     CpuUtilisationSource,
@@ -67,37 +67,24 @@ Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 
-class CandidateKind(StrEnum):
-    """The built-in recommenders (names match the API's RecommenderKind)."""
-
-    MOVING_WINDOW_MAX = "moving_window_max"
-    MOVING_WINDOW_AVG = "moving_window_avg"
-    MOVING_WINDOW_P90 = "moving_window_p90"
-    MOVING_WINDOW_P95 = "moving_window_p95"
-    MOVING_WINDOW_P98 = "moving_window_p98"
-    MOVING_WINDOW_P60_HALF_MAX = "moving_window_p60_half_max"
-    ML = "ml"
-
-
-WINDOW_STATISTICS: dict[CandidateKind, Statistic] = {
-    CandidateKind.MOVING_WINDOW_MAX: Statistic.MAX,
-    CandidateKind.MOVING_WINDOW_AVG: Statistic.AVG,
-    CandidateKind.MOVING_WINDOW_P90: Statistic.P90,
-    CandidateKind.MOVING_WINDOW_P95: Statistic.P95,
-    CandidateKind.MOVING_WINDOW_P98: Statistic.P98,
-    CandidateKind.MOVING_WINDOW_P60_HALF_MAX: Statistic.MAX_OF_P60_AND_HALF_PEAK,
+WINDOW_STATISTICS: dict[RecommenderKind, Statistic] = {
+    RecommenderKind.MOVING_WINDOW_MAX: Statistic.MAX,
+    RecommenderKind.MOVING_WINDOW_AVG: Statistic.AVG,
+    RecommenderKind.MOVING_WINDOW_P90: Statistic.P90,
+    RecommenderKind.MOVING_WINDOW_P95: Statistic.P95,
+    RecommenderKind.MOVING_WINDOW_P98: Statistic.P98,
+    RecommenderKind.MOVING_WINDOW_P60_HALF_MAX: Statistic.MAX_OF_P60_AND_HALF_PEAK,
 }
-KINDS: tuple[CandidateKind, ...] = (*WINDOW_STATISTICS, CandidateKind.ML)
-WINDOW_KINDS: tuple[CandidateKind, ...] = tuple(WINDOW_STATISTICS)
-STATISTIC_NAMES: dict[CandidateKind, str] = {
-    CandidateKind.MOVING_WINDOW_MAX: "S_max",
-    CandidateKind.MOVING_WINDOW_AVG: "S_avg",
-    CandidateKind.MOVING_WINDOW_P90: "S_p90",
-    CandidateKind.MOVING_WINDOW_P95: "S_p95",
-    CandidateKind.MOVING_WINDOW_P98: "S_p98",
-    CandidateKind.MOVING_WINDOW_P60_HALF_MAX: "max(S_p60, 0.5*S_max)",
+WINDOW_KINDS: tuple[RecommenderKind, ...] = tuple(WINDOW_STATISTICS)
+STATISTIC_NAMES: dict[RecommenderKind, str] = {
+    RecommenderKind.MOVING_WINDOW_MAX: "S_max",
+    RecommenderKind.MOVING_WINDOW_AVG: "S_avg",
+    RecommenderKind.MOVING_WINDOW_P90: "S_p90",
+    RecommenderKind.MOVING_WINDOW_P95: "S_p95",
+    RecommenderKind.MOVING_WINDOW_P98: "S_p98",
+    RecommenderKind.MOVING_WINDOW_P60_HALF_MAX: "max(S_p60, 0.5*S_max)",
 }
-_ML = len(WINDOW_KINDS)
+_ML = BUILTIN_RECOMMENDERS.index(RecommenderKind.ML)
 NO_TIME = -1
 # The unit of the ML ensemble's additive margins (eq. 7), in the histograms' unit per resource.
 ML_MARGIN_UNITS: dict[Resource, float] = {Resource.CPU: 1.0, Resource.MEMORY: float(1 << 30)}
@@ -139,8 +126,8 @@ class CandidateConfig:
     def computed_columns(self) -> tuple[int, ...]:
         return tuple(
             c
-            for c, kind in enumerate(KINDS)
-            if (self.with_ml if kind is CandidateKind.ML else self.with_window)
+            for c, kind in enumerate(BUILTIN_RECOMMENDERS)
+            if (self.with_ml if kind is RecommenderKind.ML else self.with_window)
         )
 
     @property
@@ -152,7 +139,7 @@ class CandidateConfig:
 class CandidateState(JobArrays):
     window: WindowState
     ml: EnsembleState
-    hour_max: tuple[WindowMaxState, ...]  # one per kind, in KINDS order
+    hour_max: tuple[WindowMaxState, ...]  # one per kind, in BUILTIN_RECOMMENDERS order
     last_end_ms: Int64Array  # (J,) end of the newest histogram folded in; NO_TIME = none
     pending_oom_value: FloatArray  # (J,) bumped value to add to the next histogram; NaN = none
     pending_oom_count: FloatArray  # (J,) samples to add there
@@ -160,11 +147,11 @@ class CandidateState(JobArrays):
 
 
 def initial_candidate_state(config: CandidateConfig, jobs: int = 1) -> CandidateState:
-    kinds = len(KINDS)
+    kinds = len(BUILTIN_RECOMMENDERS)
     return CandidateState(
         window=initial_window_state(jobs, config.scheme.size, config.window),
         ml=initial_ensemble_state(jobs, config.scheme.size, config.ensemble),
-        hour_max=tuple(initial_window_max(jobs, config.hour_max_slots) for _ in KINDS),
+        hour_max=tuple(initial_window_max(jobs, config.hour_max_slots) for _ in BUILTIN_RECOMMENDERS),
         last_end_ms=np.full(jobs, NO_TIME, dtype=np.int64),
         pending_oom_value=np.full(jobs, np.nan),
         pending_oom_count=np.zeros(jobs),
@@ -174,7 +161,7 @@ def initial_candidate_state(config: CandidateConfig, jobs: int = 1) -> Candidate
 
 @dataclass(frozen=True, eq=False)
 class CandidateBatch:
-    """Every recommender's output for J jobs (columns in :data:`KINDS` order)."""
+    """Every recommender's output for J jobs (columns in :data:`BUILTIN_RECOMMENDERS` order)."""
 
     resource: Resource
     time_ms: Int64Array  # (J,) event time of the input (window end, or OOM time)
@@ -220,7 +207,7 @@ def update_candidates(
         rows = np.flatnonzero(pending)
         s[rows, config.scheme.index_of(state.pending_oom_value[rows])] += state.pending_oom_count[rows]
 
-    raw = np.full((jobs, len(KINDS)), np.nan)
+    raw = np.full((jobs, len(BUILTIN_RECOMMENDERS)), np.nan)
     with_margin = np.full_like(raw, np.nan)
     margin = np.full_like(raw, np.nan)
     window_state = state.window
@@ -306,7 +293,7 @@ def apply_oom(
         pending_oom_count=pending_count,
         values=value,
     )
-    raw = np.where(known[:, None], v[:, None], np.nan) * np.ones((1, len(KINDS)))
+    raw = np.where(known[:, None], v[:, None], np.nan) * np.ones((1, len(BUILTIN_RECOMMENDERS)))
     batch = CandidateBatch(
         resource=config.resource,
         time_ms=t,
@@ -322,11 +309,6 @@ def apply_oom(
 
 
 # -- horizontal: the CPU-utilisation signal (§3.3) -------------------------------------
-
-
-class UsageStatistic(StrEnum):
-    MAX = "max"
-    P95 = "p95"
 
 
 @dataclass(frozen=True)
@@ -355,7 +337,7 @@ def update_usage_signal(
 ) -> tuple[CpuSourceState, FloatArray]:
     """Add one sum_i r_i sample per job; r_S[t] over each job's horizon (max or P95).
 
-    ``statistic`` is a (J,) array of :class:`UsageStatistic` values; horizons are capped at
+    ``statistic`` is a (J,) array of :class:`HorizontalStatistic` values; horizons are capped at
     the configured maximum.
     """
     usage = np.asarray(total_usage, dtype=np.float64)
@@ -369,16 +351,10 @@ def update_usage_signal(
     valid = new_state.slot_ids > (window - horizon_slots)[:, None]
     with np.errstate(invalid="ignore", divide="ignore"):
         averages = np.where(valid, new_state.sums / new_state.samples, np.nan)
-    wants_p95 = np.asarray(statistic) == UsageStatistic.P95
+    wants_p95 = np.asarray(statistic) == HorizontalStatistic.P95
     r_max = np.nanmax(averages, axis=1)
     ordered = np.sort(averages, axis=1)  # NaN last
     count = np.sum(~np.isnan(averages), axis=1)
     rank = np.maximum(np.ceil(count * 0.95).astype(np.intp) - 1, 0)
     r_p95 = ordered[np.arange(ordered.shape[0]), rank]
     return new_state, np.where(wants_p95, r_p95, r_max)
-
-
-def master_unit_factor(resource: Resource) -> float:
-    """From the bucket scheme's unit (cores, bytes) to the master's (millicores, bytes): the
-    unit of recommendations on the wire, of user bounds and of the limits the master rounds."""
-    return 1000.0 if resource is Resource.CPU else 1.0

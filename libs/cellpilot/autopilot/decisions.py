@@ -26,16 +26,13 @@ import hashlib
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 
 import numpy as np
 
-from cellpilot.autopilot.candidates import UsageStatistic
 from cellpilot.autopilot.selection import (
     AutoMl,
     JobTraits,
     RecommenderRef,
-    ScalingMode,
     VerticalConfig,
     select_recommender,
 )
@@ -45,6 +42,7 @@ from cellpilot.autopilot.vertical_targets import (
     significant_changes,
     vertical_targets,
 )
+from cellpilot.job_vocabulary import HorizontalSource, HorizontalStatistic, ScalingMode
 from cellpilot.recommend.horizontal import (
     HOUR_MS,
     MINUTE_MS,
@@ -60,11 +58,6 @@ from cellpilot.recommend.horizontal import (
     stabilise,
 )
 from cellpilot.usage.buckets import Resource
-
-
-class HorizontalSource(StrEnum):
-    CPU_UTILIZATION = "cpu_utilization"
-    TARGET_SIZE = "target_size"
 
 
 @dataclass(frozen=True)
@@ -84,7 +77,7 @@ class HorizontalConfig:
     # The per-task size r* is a fraction of, millicores; None: the task's CPU limit after this
     # step's vertical decision (only when vertical CPU is not ON: see job.proto).
     reference_cpu_millicores: float | None = None
-    statistic: UsageStatistic = UsageStatistic.MAX
+    statistic: HorizontalStatistic = HorizontalStatistic.MAX
     horizon_ms: int = 72 * HOUR_MS
     target_size_recommender: str = ""
     deferred_downscaling_ms: int = 48 * HOUR_MS

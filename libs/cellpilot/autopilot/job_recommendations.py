@@ -26,12 +26,10 @@ import numpy.typing as npt
 
 from cellpilot.autopilot import array_bundle
 from cellpilot.autopilot.candidates import (
-    KINDS,
     CandidateBatch,
     CandidateConfig,
     CandidateState,
     UsageSignalConfig,
-    UsageStatistic,
     apply_oom,
     initial_candidate_state,
     initial_usage_signal,
@@ -39,6 +37,7 @@ from cellpilot.autopilot.candidates import (
     update_candidates,
     update_usage_signal,
 )
+from cellpilot.job_vocabulary import HorizontalStatistic
 from cellpilot.recommend.horizontal import CpuSourceState
 from cellpilot.recommend.unmet_demand import RaiseForUnmetDemand
 from cellpilot.usage.buckets import Resource
@@ -57,7 +56,7 @@ class RecommenderConfig:
     memory: CandidateConfig = field(default_factory=lambda: CandidateConfig.for_resource(Resource.MEMORY))
     signal: UsageSignalConfig = field(default_factory=UsageSignalConfig)
     # §3.3: "statistics S: max or P95"; the horizon T defaults to 72 hours.
-    usage_statistic: UsageStatistic = UsageStatistic.MAX
+    usage_statistic: HorizontalStatistic = HorizontalStatistic.MAX
     horizon_ms: int = 72 * 3_600_000
     # Optional: raise CPU recommendations of jobs whose demand went unserved (off by default).
     unmet_demand: RaiseForUnmetDemand | None = None
@@ -68,7 +67,7 @@ class RecommenderConfig:
 
 @dataclass(frozen=True)
 class CandidateRow:
-    """One job's output of every recommender for one resource (columns in ``KINDS`` order)."""
+    """One job's output of every recommender for one resource (columns in ``BUILTIN_RECOMMENDERS`` order)."""
 
     time_ms: int
     value: FloatArray
@@ -128,7 +127,7 @@ class HorizontalSettings:
     """A job's CPU-utilisation source settings (§3.3): horizon T and statistic S (max or P95)."""
 
     horizon_ms: int
-    statistic: UsageStatistic
+    statistic: HorizontalStatistic
 
 
 @dataclass(frozen=True)
@@ -199,7 +198,7 @@ class JobState:
             published_end_ms=int(meta["published_end_ms"]),
             horizon=None
             if horizon is None
-            else HorizontalSettings(int(horizon[0]), UsageStatistic(horizon[1])),
+            else HorizontalSettings(int(horizon[0]), HorizontalStatistic(horizon[1])),
         )
 
 
@@ -393,7 +392,6 @@ def apply_ooms(config: RecommenderConfig, states: dict[str, JobState], ooms: Seq
 
 
 __all__ = [
-    "KINDS",
     "ApplyResult",
     "CandidateRow",
     "HistogramInput",

@@ -26,55 +26,46 @@ from enum import StrEnum
 
 import numpy as np
 
-from cellpilot.autopilot.candidates import WINDOW_STATISTICS, CandidateKind
+from cellpilot.autopilot.candidates import WINDOW_STATISTICS
 from cellpilot.autopilot.vertical_targets import CLAMP_REASONS, ClampReason, bound_limits
-from cellpilot.recommend.policy import (
-    JobClass,
-    JobProfile,
-    LatencySensitivity,
-    OomTolerance,
-    Statistic,
-    default_oom_tolerance,
-    statistic_for,
-)
+from cellpilot.job_vocabulary import AppClass, LatencySensitivity, OomTolerance, RecommenderKind, ScalingMode
+from cellpilot.recommend.policy import JobProfile, Statistic, default_oom_tolerance, statistic_for
 from cellpilot.usage.buckets import Resource
 
-
-class ScalingMode(StrEnum):
-    OFF = "off"
-    DRY_RUN = "dry_run"  # recommendations visible, never actuated (§5.1, §5.2)
-    ON = "on"
-
-
-AUTO = "auto"
-CUSTOM = "custom"
+# The default choice, the §3.2.2 policy table (the studies' deciders name it so).
+AUTO = RecommenderKind.AUTO
 
 
 @dataclass(frozen=True)
 class RecommenderRef:
-    """``kind`` is ``auto``, ``custom`` or a :class:`CandidateKind` value."""
+    """AUTO, CUSTOM with the registered recommender's name, or a built-in kind (a
+    :class:`RecommenderKind` or its value)."""
 
-    kind: str = AUTO
+    kind: RecommenderKind = RecommenderKind.AUTO
     custom_name: str = ""
 
     def __post_init__(self) -> None:
-        known = {AUTO, CUSTOM, *(k.value for k in CandidateKind)}
-        if self.kind not in known:
-            raise ValueError(f"unknown recommender kind {self.kind!r}")
-        if (self.kind == CUSTOM) != bool(self.custom_name):
+        try:
+            kind = RecommenderKind(self.kind)
+        except ValueError:
+            raise ValueError(f"unknown recommender kind {self.kind!r}") from None
+        if kind is RecommenderKind.UNSPECIFIED:
+            raise ValueError("a recommender reference names its kind")
+        object.__setattr__(self, "kind", kind)
+        if (kind is RecommenderKind.CUSTOM) != bool(self.custom_name):
             raise ValueError("custom_name is required for, and only for, a custom recommender")
 
     @classmethod
-    def builtin(cls, kind: CandidateKind) -> RecommenderRef:
-        return cls(kind.value)
+    def builtin(cls, kind: RecommenderKind) -> RecommenderRef:
+        return cls(kind)
 
     @classmethod
     def custom(cls, name: str) -> RecommenderRef:
-        return cls(CUSTOM, name)
+        return cls(RecommenderKind.CUSTOM, name)
 
     @property
     def label(self) -> str:
-        return f"custom:{self.custom_name}" if self.kind == CUSTOM else self.kind
+        return f"custom:{self.custom_name}" if self.kind is RecommenderKind.CUSTOM else self.kind.value
 
 
 @dataclass(frozen=True)
@@ -93,15 +84,22 @@ class VerticalConfig:
 
 @dataclass(frozen=True)
 class JobTraits:
-    """What the §3.2.2 table looks at; ``oom_tolerance`` None = the size-based default."""
+    """What the §3.2.2 table looks at; an UNSPECIFIED ``oom_tolerance`` is the size-based default."""
 
-    job_class: JobClass = JobClass.SERVING
+    job_class: AppClass = AppClass.LATENCY_SENSITIVE
     latency: LatencySensitivity = LatencySensitivity.HIGH
-    oom_tolerance: OomTolerance | None = None
+    oom_tolerance: OomTolerance = OomTolerance.UNSPECIFIED
     footprint_machines: float = 0.0  # the job's total memory limit in machines
 
+    @property
+    def effective_oom_tolerance(self) -> OomTolerance:
+        """§3.2.2: the user's tolerance, else "low" for large jobs and "minimal" for small ones."""
+        if self.oom_tolerance is OomTolerance.UNSPECIFIED:
+            return default_oom_tolerance(self.footprint_machines)
+        return self.oom_tolerance
 
-_KIND_OF_STATISTIC: dict[Statistic, CandidateKind] = {s: k for k, s in WINDOW_STATISTICS.items()}
+
+_KIND_OF_STATISTIC: dict[Statistic, RecommenderKind] = {s: k for k, s in WINDOW_STATISTICS.items()}
 
 
 class AutoMl(StrEnum):
@@ -121,15 +119,17 @@ class AutoMl(StrEnum):
 def _uses_ml(resource: Resource, traits: JobTraits, auto_ml: AutoMl | bool) -> bool:
     if isinstance(auto_ml, bool):
         return auto_ml
-    serving_memory = resource is Resource.MEMORY and traits.job_class is JobClass.SERVING
+    serving_memory = resource is Resource.MEMORY and traits.job_class is AppClass.LATENCY_SENSITIVE
     return auto_ml is AutoMl.ALWAYS or (auto_ml is AutoMl.SERVING_MEMORY and serving_memory)
 
 
-def auto_kind(resource: Resource, traits: JobTraits, auto_ml: AutoMl | bool = AutoMl.NEVER) -> CandidateKind:
+def auto_kind(
+    resource: Resource, traits: JobTraits, auto_ml: AutoMl | bool = AutoMl.NEVER
+) -> RecommenderKind:
     """The §3.2.2 policy table, or the ML recommender where ``auto_ml`` says so."""
     if _uses_ml(resource, traits, auto_ml):
-        return CandidateKind.ML
-    tolerance = traits.oom_tolerance or default_oom_tolerance(traits.footprint_machines)
+        return RecommenderKind.ML
+    tolerance = traits.effective_oom_tolerance
     profile = JobProfile(resource, traits.job_class, traits.latency, tolerance)
     return _KIND_OF_STATISTIC[statistic_for(profile)]
 
@@ -148,7 +148,7 @@ def select_recommender(
     auto_ml: AutoMl | bool = AutoMl.NEVER,
 ) -> Selection:
     choice = config.recommender
-    if choice.kind == CUSTOM:
+    if choice.kind is RecommenderKind.CUSTOM:
         if choice.custom_name in registered_custom:
             return Selection(choice, f"custom recommender {choice.custom_name!r} chosen by the user")
         kind = auto_kind(resource, traits, auto_ml)
@@ -156,14 +156,15 @@ def select_recommender(
             RecommenderRef.builtin(kind),
             f"custom recommender {choice.custom_name!r} is not registered; fell back to {kind.value}",
         )
-    if choice.kind != AUTO:
+    if choice.kind is not RecommenderKind.AUTO:
         return Selection(choice, "chosen by the user")
     kind = auto_kind(resource, traits, auto_ml)
-    tolerance = traits.oom_tolerance or default_oom_tolerance(traits.footprint_machines)
-    if kind is CandidateKind.ML:
-        why = f"{traits.job_class.value} job -> ML (§4.2: migrated jobs almost all use ML; auto_ml {auto_ml})"
+    tolerance = traits.effective_oom_tolerance
+    job_class = "batch" if traits.job_class is AppClass.BATCH else "serving"
+    if kind is RecommenderKind.ML:
+        why = f"{job_class} job -> ML (§4.2: migrated jobs almost all use ML; auto_ml {auto_ml})"
     elif resource is Resource.CPU:
-        why = f"{traits.job_class.value} job, latency sensitivity {traits.latency.value}"
+        why = f"{job_class} job, latency sensitivity {traits.latency.value}"
     else:
         why = f"OOM tolerance {tolerance.value}"
     return Selection(RecommenderRef.builtin(kind), f"auto: {why}")

@@ -86,7 +86,7 @@ def charge_quota(book: QuotaBook, mutation: Mutation) -> None:
     elif isinstance(mutation, JobKilled):
         book.release(mutation.job_id)
     elif isinstance(mutation, QuotaSet):
-        book.set_quota(mutation.user, mutation.band.schedule_band, mutation.limit)
+        book.set_quota(mutation.user, mutation.band, mutation.limit)
 
 
 class BatchDecider:

@@ -38,7 +38,7 @@ from cellpilot.borg.lifecycle import (
     TaskState,
     transition,
 )
-from cellpilot.borg.model import JobSpec, MachineAvailability, PriorityBand, needs_restart, runs_same
+from cellpilot.borg.model import JobSpec, MachineAvailability, needs_restart, runs_same
 from cellpilot.borg.mutations import (
     JobKilled,
     JobStateChanged,
@@ -66,6 +66,7 @@ from cellpilot.borg.records import (  # re-exported: the records are part of thi
     TaskRecord,
 )
 from cellpilot.borg.restart_backoff import clear_backoff, record_failure
+from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.schedule import Admitted, QuotaBook, Resources
 from cellpilot.schedule import JobSpec as ScheduleJob
 from cellpilot.schedule import TaskShape as ScheduleShape
@@ -139,7 +140,7 @@ class CellState:
         return {port for _, task in self.tasks_on(machine_id) for port in task.ports}
 
     def quota_used(self, user: str, band: PriorityBand) -> Resources:
-        return self.quota_book.used(user, band.schedule_band)
+        return self.quota_book.used(user, band)
 
     def up_machines(self) -> int:
         return sum(1 for m in self.machines.values() if m.state is MachineState.UP)
@@ -174,7 +175,7 @@ class CellState:
             self._machine_state_changed(record, m, changes)
         elif isinstance(m, QuotaSet):
             self.quotas[(m.user, m.band)] = m.limit
-            self.quota_book.set_quota(m.user, m.band.schedule_band, m.limit)
+            self.quota_book.set_quota(m.user, m.band, m.limit)
         elif isinstance(m, LeaderElected):
             self.leader = Leader(m.replica_id, m.address, m.epoch)
         elif isinstance(m, LavaHostsChanged):
@@ -554,15 +555,15 @@ class CellState:
                     if task.spec_version < job.spec_version:
                         state.rolling.add(job.job_id)
             if job.live:
-                state.quota_book.set_quota(job.spec.user, job.spec.effective_band.schedule_band, UNLIMITED)
+                state.quota_book.set_quota(job.spec.user, job.spec.effective_band, UNLIMITED)
                 state.quota_book.admit(schedule_job(job.spec))
         for user, band, limit in quotas:
             state.quotas[(user, band)] = limit
         for job in state.jobs.values():
             if job.live:
-                state.quota_book.set_quota(job.spec.user, job.spec.effective_band.schedule_band, Resources())
+                state.quota_book.set_quota(job.spec.user, job.spec.effective_band, Resources())
         for (user, band), limit in state.quotas.items():
-            state.quota_book.set_quota(user, band.schedule_band, limit)
+            state.quota_book.set_quota(user, band, limit)
         state.applied_requests = {a.request_id: a for a in applied}
         state.last_sequence, state.last_epoch, state.event_time_ms = sequence, epoch, event_time_ms
         state.leader = leader

@@ -34,14 +34,7 @@ import numpy as np
 
 from cellpilot.borg.cell_state import AppliedRequest, CellState, JobRecord, TaskRecord, schedule_job
 from cellpilot.borg.lifecycle import JobState, MachineState, TaskEvent, TaskState
-from cellpilot.borg.model import (
-    JobSpec,
-    MachineAvailability,
-    MachineSpec,
-    PriorityBand,
-    needs_restart,
-    runs_same,
-)
+from cellpilot.borg.model import JobSpec, MachineAvailability, MachineSpec, needs_restart, runs_same
 from cellpilot.borg.mutations import (
     JobKilled,
     JobSubmitted,
@@ -54,6 +47,7 @@ from cellpilot.borg.mutations import (
 )
 from cellpilot.borg.rejection import Code, Rejection, invalid
 from cellpilot.borg.validation import NAME, merge_update, validate_job_spec, validate_machine_spec
+from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.schedule import Rejected, Resources
 
 

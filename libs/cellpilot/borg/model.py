@@ -4,8 +4,7 @@ These mirror the v1 API messages (``job.proto``, ``machine.proto``) field for fi
 service's ``convert`` module can translate losslessly, but the core never sees a protobuf
 type (docs/architecture.md rule 2). Resource vectors are :class:`cellpilot.schedule.Resources`
 (CPU milli-cores, RAM bytes, disk bytes, ports: Borg §2.3 specifies every dimension
-independently). Enum members are named like the API's values without their prefix, and
-``UNSPECIFIED`` is kept so that validation can name the field a client left unset.
+independently). The job's enumerations are :mod:`cellpilot.job_vocabulary`'s.
 """
 
 from __future__ import annotations
@@ -13,103 +12,21 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from cellpilot.schedule import Band, Resources, band_of
-
-
-class PriorityBand(enum.Enum):
-    UNSPECIFIED = "unspecified"
-    MONITORING = "monitoring"
-    PRODUCTION = "production"
-    BATCH = "batch"
-    BEST_EFFORT = "best-effort"
-
-    @property
-    def schedule_band(self) -> Band:
-        return Band[self.name]
-
-    @classmethod
-    def of_priority(cls, priority: int) -> PriorityBand:
-        """Borg §2.5 bands, with the twelve levels of the public trace (cellpilot.schedule.priority)."""
-        return cls[band_of(priority).name]
-
-
-class AppClass(enum.Enum):
-    UNSPECIFIED = "unspecified"
-    LATENCY_SENSITIVE = "latency-sensitive"
-    BATCH = "batch"
-
-
-class LatencySensitivity(enum.Enum):
-    UNSPECIFIED = "unspecified"
-    HIGH = "high"
-    MODERATE = "moderate"
-
-
-class MemoryLimitKind(enum.Enum):
-    UNSPECIFIED = "unspecified"
-    HARD = "hard"
-    SOFT = "soft"
-
-
-class OomTolerance(enum.Enum):
-    UNSPECIFIED = "unspecified"
-    LOW = "low"
-    INTERMEDIATE = "intermediate"
-    MINIMAL = "minimal"
-
-
-class JobKind(enum.Enum):
-    UNSPECIFIED = "unspecified"
-    JOB = "job"
-    ALLOC_SET = "alloc-set"
-
-
-class ConstraintKind(enum.Enum):
-    UNSPECIFIED = "unspecified"
-    HARD = "hard"
-    SOFT = "soft"
-
-
-class ConstraintOperator(enum.Enum):
-    UNSPECIFIED = "unspecified"
-    EQUAL = "equal"
-    NOT_EQUAL = "not-equal"
-    LESS_THAN = "less-than"
-    GREATER_THAN = "greater-than"
-    EXISTS = "exists"
-    NOT_EXISTS = "not-exists"
-
-
-class ScalingMode(enum.Enum):
-    UNSPECIFIED = "unspecified"
-    OFF = "off"
-    DRY_RUN = "dry-run"
-    ON = "on"
-
-
-class RecommenderKind(enum.Enum):
-    UNSPECIFIED = "unspecified"
-    AUTO = "auto"
-    MOVING_WINDOW_MAX = "moving-window-max"
-    MOVING_WINDOW_AVG = "moving-window-avg"
-    MOVING_WINDOW_P90 = "moving-window-p90"
-    MOVING_WINDOW_P95 = "moving-window-p95"
-    MOVING_WINDOW_P98 = "moving-window-p98"
-    MOVING_WINDOW_P60_HALF_MAX = "moving-window-p60-half-max"
-    ML = "ml"
-    CUSTOM = "custom"
-
-
-class HorizontalSource(enum.Enum):
-    UNSPECIFIED = "unspecified"
-    CPU_UTILIZATION = "cpu-utilization"
-    TARGET_SIZE = "target-size"
-
-
-class HorizontalStatistic(enum.Enum):
-    UNSPECIFIED = "unspecified"
-    MAX = "max"
-    P95 = "p95"
+from cellpilot.job_vocabulary import (
+    AppClass,
+    ConstraintKind,
+    ConstraintOperator,
+    HorizontalSource,
+    HorizontalStatistic,
+    JobKind,
+    LatencySensitivity,
+    MemoryLimitKind,
+    OomTolerance,
+    PriorityBand,
+    RecommenderKind,
+    ScalingMode,
+)
+from cellpilot.schedule import Resources, band_of
 
 
 class MachineAvailability(enum.Enum):
@@ -260,7 +177,7 @@ class JobSpec:
 
     @property
     def effective_band(self) -> PriorityBand:
-        return PriorityBand.of_priority(self.priority)
+        return band_of(self.priority)
 
     @property
     def is_alloc_set(self) -> bool:

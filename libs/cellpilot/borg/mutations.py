@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cellpilot.borg.lifecycle import JobState, TaskEvent, TaskState
-from cellpilot.borg.model import JobSpec, MachineAvailability, MachineSpec, PriorityBand
+from cellpilot.borg.model import JobSpec, MachineAvailability, MachineSpec
+from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.schedule import Resources
 
 

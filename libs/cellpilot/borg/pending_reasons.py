@@ -16,9 +16,10 @@ import numpy as np
 
 from cellpilot.borg.cell_state import CellState
 from cellpilot.borg.lifecycle import JobState, TaskState
-from cellpilot.borg.model import Constraint, ConstraintKind
+from cellpilot.borg.model import Constraint
 from cellpilot.borg.restart_backoff import avoided_machines
 from cellpilot.borg.scheduling_view import MACHINE_ID, SchedulingView, schedule_constraint
+from cellpilot.job_vocabulary import ConstraintKind
 from cellpilot.schedule import RESOURCE_NAMES, Request, Resources, TaskSpec, explain_pending
 from cellpilot.schedule.filters import non_preemptible_use
 from cellpilot.schedule.resources import EPSILON

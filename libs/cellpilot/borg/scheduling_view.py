@@ -36,11 +36,11 @@ import numpy as np
 from cellpilot.borg.cell_state import CellState, JobRecord, TaskRecord
 from cellpilot.borg.changes import Change, MachineChange, TaskChange
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
-from cellpilot.borg.model import AppClass, ConstraintKind, ConstraintOperator, JobSpec, MachineSpec
 from cellpilot.borg.model import Constraint as BorgConstraint
+from cellpilot.borg.model import JobSpec, MachineSpec
 from cellpilot.borg.mutations import Mutation, TaskScheduled, TaskStateChanged
 from cellpilot.borg.restart_backoff import avoided_machines
-from cellpilot.schedule import AppClass as ScheduleAppClass
+from cellpilot.job_vocabulary import AppClass, ConstraintKind, ConstraintOperator
 from cellpilot.schedule import (
     Cell,
     Constraint,
@@ -113,11 +113,7 @@ def schedule_machine(spec: MachineSpec, schedulable: bool) -> ScheduleMachine:
 
 def task_shape(spec: JobSpec) -> TaskShape:
     """The scheduling equivalence class of a job's tasks (Borg §3.4)."""
-    app = (
-        ScheduleAppClass.LATENCY_SENSITIVE
-        if spec.app_class is AppClass.LATENCY_SENSITIVE
-        else ScheduleAppClass.BATCH
-    )
+    app = AppClass.LATENCY_SENSITIVE if spec.app_class is AppClass.LATENCY_SENSITIVE else AppClass.BATCH
     return TaskShape(
         priority=spec.priority,
         limits=spec.task.limits,

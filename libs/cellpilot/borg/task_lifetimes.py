@@ -30,8 +30,9 @@ import numpy.typing as npt
 from cellpilot.borg.cell_state import CellState, TaskKey, TaskRecord
 from cellpilot.borg.changes import TaskChange
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
-from cellpilot.borg.model import AppClass, JobSpec, PriorityBand
+from cellpilot.borg.model import JobSpec
 from cellpilot.borg.mutations import LogRecord
+from cellpilot.job_vocabulary import AppClass, PriorityBand
 from cellpilot.lifetimes.distribution_model import DistributionModel, DistributionParams
 from cellpilot.lifetimes.features import NUM_FEATURES
 from cellpilot.lifetimes.lifetime_classes import LIFETIME_CLASS_UPPER, NUM_LIFETIME_CLASSES, lifetime_class
@@ -47,7 +48,14 @@ OWNER_CODES = 4096  # users hashed into this many categories (stable across repl
 DEFAULT_MIN_RUNS = 50
 ENDS_A_LIFETIME = frozenset({TaskEvent.FINISHED, TaskEvent.KILLED})
 _APP_CODES = {AppClass.UNSPECIFIED: 0, AppClass.LATENCY_SENSITIVE: 1, AppClass.BATCH: 2}
-_BAND_CODES = {band: i for i, band in enumerate(PriorityBand)}
+# The API's order (job.proto), the codes the lifetime model was trained with.
+_BAND_CODES = {
+    PriorityBand.UNSPECIFIED: 0,
+    PriorityBand.MONITORING: 1,
+    PriorityBand.PRODUCTION: 2,
+    PriorityBand.BATCH: 3,
+    PriorityBand.BEST_EFFORT: 4,
+}
 
 
 def class_name(klass: int) -> str:

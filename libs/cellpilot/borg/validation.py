@@ -26,22 +26,24 @@ import numpy as np
 
 from cellpilot.borg.health_checks import validate_health_check
 from cellpilot.borg.model import (
-    AppClass,
-    ConstraintKind,
-    ConstraintOperator,
-    HorizontalSource,
-    JobKind,
     JobSpec,
     MachineSpec,
-    PriorityBand,
     ProcessRuntime,
-    RecommenderKind,
-    ScalingMode,
     SharedDemand,
     SimulatedRuntime,
     VerticalScaling,
 )
 from cellpilot.borg.rejection import Rejection, invalid
+from cellpilot.job_vocabulary import (
+    AppClass,
+    ConstraintKind,
+    ConstraintOperator,
+    HorizontalSource,
+    JobKind,
+    PriorityBand,
+    RecommenderKind,
+    ScalingMode,
+)
 from cellpilot.schedule import NUM_PRIORITIES
 from cellpilot.world.job_demand import DemandError, DemandSeries, JobDemand
 from cellpilot.world.usage_models import model_names, model_parameters, resolve_params

@@ -38,12 +38,9 @@ import numpy as np
 import numpy.typing as npt
 
 from cellpilot.autopilot.candidates import (
-    KINDS,
     CandidateConfig,
-    CandidateKind,
     apply_oom,
     initial_candidate_state,
-    master_unit_factor,
     oom_bumped_value,
     update_candidates,
 )
@@ -53,7 +50,6 @@ from cellpilot.autopilot.selection import (
     AUTO,
     AutoMl,
     RecommenderRef,
-    ScalingMode,
     VerticalConfig,
     select_recommender,
 )
@@ -62,8 +58,12 @@ from cellpilot.autopilot.selection import (
 )
 from cellpilot.autopilot.vertical_targets import chosen_values, vertical_targets
 from cellpilot.evaluate.vpa import VpaConfig, VpaRecommender, updater_decision
+from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS as KINDS
+from cellpilot.job_vocabulary import RecommenderKind as CandidateKind
+from cellpilot.job_vocabulary import ScalingMode
 from cellpilot.recommend.ml_ensemble import EnsembleConfig
 from cellpilot.usage.buckets import Resource
+from cellpilot.usage.buckets import wire_per_scheme_unit as master_unit_factor
 from cellpilot.workloads.task_signals import WINDOW_MS, WINDOWS_PER_DAY, JobTraits
 
 FloatArray = npt.NDArray[np.float64]

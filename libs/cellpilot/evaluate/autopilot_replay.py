@@ -61,9 +61,10 @@ from cellpilot.evaluate.autopilot_metrics import (
 from cellpilot.evaluate.replay_machines import CellModel, ReplayMachines, place_tasks, pools_of
 from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner
 from cellpilot.evaluate.vpa import VpaConfig
+from cellpilot.job_vocabulary import AppClass as JobClass
 from cellpilot.recommend.ml_ensemble import EnsembleConfig
-from cellpilot.recommend.policy import JobClass
-from cellpilot.usage.buckets import GIB, Resource
+from cellpilot.usage.buckets import Resource
+from cellpilot.usage.units import GIB
 from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig, generate_job, task_counts
 from cellpilot.workloads.task_signals import WINDOW_MS, WINDOWS_PER_DAY, JobSignals
 

@@ -19,10 +19,10 @@ import numpy.typing as npt
 from cellpilot.autopilot.decisions import HorizontalConfig
 from cellpilot.evaluate.horizontal_config import DECIDERS, HorizontalStudyConfig
 from cellpilot.evaluate.hpa import HpaConfig, HpaState, hpa_step
+from cellpilot.job_vocabulary import HorizontalStatistic
 from cellpilot.recommend.horizontal import (
     CpuHorizontalRecommender,
     CpuUtilisationSource,
-    HorizontalStatistic,
     TargetSizeSource,
     initial_stabiliser_state,
     raw_task_count,

@@ -42,19 +42,16 @@ Each update costs O(buckets x models) per job and never rescans history.
 from cellpilot.recommend.job_arrays import JobArrays
 from cellpilot.recommend.ml_ensemble import EnsembleConfig, MarginMode, ModelGrid
 from cellpilot.recommend.moving_window import WindowConfig
-from cellpilot.recommend.policy import JobClass, JobProfile, LatencySensitivity, OomTolerance, Statistic
+from cellpilot.recommend.policy import JobProfile, Statistic
 from cellpilot.recommend.post_processing import MarginCurve
 
 __all__ = [
     "EnsembleConfig",
     "JobArrays",
-    "JobClass",
     "JobProfile",
-    "LatencySensitivity",
     "MarginCurve",
     "MarginMode",
     "ModelGrid",
-    "OomTolerance",
     "Statistic",
     "WindowConfig",
 ]

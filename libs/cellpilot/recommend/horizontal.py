@@ -26,11 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from enum import IntEnum, StrEnum
+from enum import IntEnum
 
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.job_vocabulary import HorizontalStatistic
 from cellpilot.recommend.job_arrays import JobArrays
 from cellpilot.recommend.post_processing import (
     EMPTY_SLOT,
@@ -45,11 +46,6 @@ Int8Array = npt.NDArray[np.int8]
 
 MINUTE_MS = 60 * 1000
 HOUR_MS = 60 * MINUTE_MS
-
-
-class HorizontalStatistic(StrEnum):
-    MAX = "max"
-    P95 = "p95"
 
 
 @dataclass(frozen=True)

@@ -13,32 +13,17 @@ peak won) for the recommendation's explanation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import IntEnum, StrEnum
+from enum import IntEnum
 
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.job_vocabulary import AppClass, LatencySensitivity, OomTolerance
 from cellpilot.recommend.moving_window import WindowStatistics
 from cellpilot.usage.buckets import Resource
 
 FloatArray = npt.NDArray[np.float64]
 Int8Array = npt.NDArray[np.int8]
-
-
-class JobClass(StrEnum):
-    BATCH = "batch"
-    SERVING = "serving"
-
-
-class LatencySensitivity(StrEnum):
-    HIGH = "high"  # latency-sensitive serving: S_p95
-    NORMAL = "normal"  # S_p90
-
-
-class OomTolerance(StrEnum):
-    MINIMAL = "minimal"  # the most stringent: S_max
-    LOW = "low"  # S_p98
-    INTERMEDIATE = "intermediate"  # max(S_p60, 0.5 * S_max)
 
 
 class Statistic(IntEnum):
@@ -82,8 +67,8 @@ class JobProfile:
     """What the §3.2.2 table looks at, plus an optional user override."""
 
     resource: Resource
-    job_class: JobClass = JobClass.SERVING
-    latency: LatencySensitivity = LatencySensitivity.NORMAL
+    job_class: AppClass = AppClass.LATENCY_SENSITIVE
+    latency: LatencySensitivity = LatencySensitivity.MODERATE
     oom_tolerance: OomTolerance = OomTolerance.LOW
     statistic_override: Statistic | None = None
 
@@ -93,7 +78,7 @@ def statistic_for(profile: JobProfile) -> Statistic:
     if profile.statistic_override is not None:
         return profile.statistic_override
     if profile.resource is Resource.CPU:
-        if profile.job_class is JobClass.BATCH:
+        if profile.job_class is AppClass.BATCH:
             return Statistic.AVG
         return Statistic.P95 if profile.latency is LatencySensitivity.HIGH else Statistic.P90
     return {

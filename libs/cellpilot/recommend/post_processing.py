@@ -18,7 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from cellpilot.recommend.job_arrays import JobArrays
-from cellpilot.usage.buckets import GIB, Resource
+from cellpilot.usage.buckets import Resource
+from cellpilot.usage.units import GIB
 
 FloatArray = npt.NDArray[np.float64]
 Int64Array = npt.NDArray[np.int64]

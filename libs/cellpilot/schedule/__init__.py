@@ -23,15 +23,7 @@ from cellpilot.schedule.gpa import Packing, gaussian_fits, gaussian_z, overflow_
 from cellpilot.schedule.model import Constraint, JobSpec, MachineSpec, TaskShape, TaskSpec
 from cellpilot.schedule.plugins import Filter, Preemptor, Request, Scorer, build_plugin, registered
 from cellpilot.schedule.preemption import LowestPriorityFirst
-from cellpilot.schedule.priority import (
-    NUM_PRIORITIES,
-    AppClass,
-    Band,
-    band_of,
-    is_prod,
-    may_preempt,
-    preemption_threshold,
-)
+from cellpilot.schedule.priority import NUM_PRIORITIES, band_of, is_prod, may_preempt, preemption_threshold
 from cellpilot.schedule.profile import Profile, build_profile, default_profile, packing_profile
 from cellpilot.schedule.quota import Admitted, QuotaBook, Rejected
 from cellpilot.schedule.reservation import ReclamationParams, initial_reservation, next_reservation
@@ -61,8 +53,6 @@ __all__ = [
     "NUM_PRIORITIES",
     "RESOURCE_NAMES",
     "Admitted",
-    "AppClass",
-    "Band",
     "BestFit",
     "Cell",
     "Constraint",

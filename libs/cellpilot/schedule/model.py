@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
-from cellpilot.schedule.priority import AppClass, Band, band_of, check_priority, is_prod
+from cellpilot.job_vocabulary import AppClass, PriorityBand
+from cellpilot.schedule.priority import band_of, check_priority, is_prod
 from cellpilot.schedule.resources import Resources
 
 ConstraintValue = str | float | tuple[str, ...]
@@ -113,7 +114,7 @@ class TaskShape:
             raise ValueError("cpu_mean and cpu_std must be >= 0")
 
     @property
-    def band(self) -> Band:
+    def band(self) -> PriorityBand:
         return band_of(self.priority)
 
     @property

@@ -15,19 +15,11 @@ production, which is lower.
 
 from __future__ import annotations
 
-import enum
-
 import numpy as np
 
+from cellpilot.job_vocabulary import PriorityBand as Band
+
 NUM_PRIORITIES = 12
-
-
-class Band(enum.IntEnum):
-    BEST_EFFORT = 0
-    BATCH = 1
-    PRODUCTION = 2
-    MONITORING = 3
-
 
 # First priority level of each band.
 BAND_START: dict[Band, int] = {Band.BEST_EFFORT: 0, Band.BATCH: 2, Band.PRODUCTION: 9, Band.MONITORING: 11}
@@ -38,13 +30,6 @@ _BAND_OF_LEVEL = np.array(
 PROD_BANDS = frozenset({Band.PRODUCTION, Band.MONITORING})
 # Bands whose members never preempt each other (§2.5: production; we add monitoring).
 NON_PREEMPTING_BANDS = frozenset({Band.PRODUCTION, Band.MONITORING})
-
-
-class AppClass(enum.Enum):
-    """Application class (Borg §6.2): latency-sensitive or batch."""
-
-    LATENCY_SENSITIVE = "ls"
-    BATCH = "batch"
 
 
 def check_priority(priority: int) -> None:

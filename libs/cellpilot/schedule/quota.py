@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.schedule.model import JobSpec
-from cellpilot.schedule.priority import Band, band_of
+from cellpilot.schedule.priority import band_of
 from cellpilot.schedule.resources import EPSILON, NUM_RESOURCES, RESOURCE_NAMES, Resources, format_amount
 
 
@@ -44,17 +45,17 @@ class QuotaBook:
     """Quota per (user, band) and what admitted jobs use of it."""
 
     def __init__(self) -> None:
-        self._quota: dict[tuple[str, Band], np.ndarray] = {}
-        self._used: dict[tuple[str, Band], np.ndarray] = {}
-        self._jobs: dict[str, tuple[str, Band, np.ndarray]] = {}
+        self._quota: dict[tuple[str, PriorityBand], np.ndarray] = {}
+        self._used: dict[tuple[str, PriorityBand], np.ndarray] = {}
+        self._jobs: dict[str, tuple[str, PriorityBand, np.ndarray]] = {}
 
-    def set_quota(self, user: str, band: Band, quota: Resources) -> None:
+    def set_quota(self, user: str, band: PriorityBand, quota: Resources) -> None:
         self._quota[(user, band)] = quota.array()
 
-    def quota(self, user: str, band: Band) -> Resources:
+    def quota(self, user: str, band: PriorityBand) -> Resources:
         return Resources.from_array(self._quota.get((user, band), np.zeros(NUM_RESOURCES)))
 
-    def used(self, user: str, band: Band) -> Resources:
+    def used(self, user: str, band: PriorityBand) -> Resources:
         return Resources.from_array(self._used.get((user, band), np.zeros(NUM_RESOURCES)))
 
     @staticmethod

@@ -25,7 +25,7 @@ from google.protobuf.message import Message
 
 from cellpilot.api.v1 import autopilot_pb2, borgmaster_pb2, job_pb2
 from cellpilot.borg.model import JobSpec as CoreJobSpec
-from cellpilot.borg.model import ScalingMode as CoreScalingMode
+from cellpilot.job_vocabulary import ScalingMode
 from cellpilot.security.identity import Principal
 
 BORGMASTER = "/cellpilot.api.v1.Borgmaster/"
@@ -81,7 +81,7 @@ class JobFacts:
         """From the Borgmaster's own record: ``JobFacts.from_core(state.job(job_id).spec)``."""
         a = spec.autopilot
 
-        def mode(value: CoreScalingMode) -> int:
+        def mode(value: ScalingMode) -> int:
             return int(job_pb2.ScalingMode.Value(f"SCALING_MODE_{value.name}"))
 
         return cls(spec.user, mode(a.cpu.mode), mode(a.memory.mode), mode(a.horizontal.mode))

@@ -23,6 +23,8 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.usage.units import MILLICORES_PER_CORE
+
 FloatArray = npt.NDArray[np.float64]
 IndexArray = npt.NDArray[np.intp]
 
@@ -144,7 +146,6 @@ def geometric_scheme(
     return BucketScheme(scheme_id, version, resource, unit, bounds)
 
 
-GIB = 2**30
 TIB = 2**40
 
 # CPU in cores: 1 milli-core .. 512 cores in 400 buckets, a constant relative width of
@@ -181,3 +182,9 @@ def lookup_scheme(scheme_id: str, version: int, extra: Iterable[BucketScheme] = 
         if scheme.key() == (scheme_id, version):
             return scheme
     raise KeyError(f"unknown bucket scheme {scheme_id!r} version {version}")
+
+
+def wire_per_scheme_unit(resource: Resource) -> float:
+    """From the scheme's unit (CPU in cores, memory in bytes) to the wire's (millicores, bytes):
+    :mod:`cellpilot.usage.units`."""
+    return float(MILLICORES_PER_CORE) if resource is Resource.CPU else 1.0

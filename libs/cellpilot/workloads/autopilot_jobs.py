@@ -45,7 +45,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from cellpilot.recommend.policy import JobClass, LatencySensitivity, OomTolerance, default_oom_tolerance
+from cellpilot.job_vocabulary import AppClass, LatencySensitivity, OomTolerance
+from cellpilot.recommend.policy import default_oom_tolerance
 from cellpilot.workloads.task_signals import (
     DAY_MS,
     GIB,
@@ -59,6 +60,10 @@ from cellpilot.workloads.task_signals import (
 
 FloatArray = npt.NDArray[np.float64]
 F32 = npt.NDArray[np.float32]
+
+
+# The tolerances an override draws from, in the order the generator has always drawn them.
+OOM_TOLERANCES = (OomTolerance.MINIMAL, OomTolerance.LOW, OomTolerance.INTERMEDIATE)
 
 
 @dataclass(frozen=True)
@@ -347,11 +352,13 @@ def generate_job(config: AutopilotWorkloadConfig, job: int) -> JobSignals:
     footprint_machines = tasks * hard / config.machine_memory_bytes
     tolerance = default_oom_tolerance(footprint_machines)
     if rng.random() < config.tolerance_override_fraction:
-        others = [t for t in OomTolerance if t is not tolerance]
+        others = [t for t in OOM_TOLERANCES if t is not tolerance]
         tolerance = others[int(rng.integers(0, len(others)))]
-    latency = LatencySensitivity.HIGH if (not is_batch and rng.random() < 0.5) else LatencySensitivity.NORMAL
+    latency = (
+        LatencySensitivity.HIGH if (not is_batch and rng.random() < 0.5) else LatencySensitivity.MODERATE
+    )
     traits = JobTraits(
-        job_class=JobClass.BATCH if is_batch else JobClass.SERVING,
+        job_class=AppClass.BATCH if is_batch else AppClass.LATENCY_SENSITIVE,
         latency=latency,
         oom_tolerance=tolerance,
         priority=100 if is_batch else 200,

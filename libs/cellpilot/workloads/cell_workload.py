@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cellpilot.job_vocabulary import AppClass
 from cellpilot.schedule.model import Constraint, JobSpec, MachineSpec, TaskShape, TaskSpec
-from cellpilot.schedule.priority import AppClass
 from cellpilot.schedule.resources import Resources
 
 

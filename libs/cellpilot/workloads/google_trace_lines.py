@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from cellpilot.job_vocabulary import AppClass, LatencySensitivity
 from cellpilot.workloads.google_traces import (
     PRODUCTION_PRIORITY,
     TRACE_START_US,
@@ -34,12 +35,12 @@ def _g(value: float) -> str:
 
 
 def _priority(job: JobSignals, trace: str) -> int:
-    serving = job.traits.job_class.value == "serving"
+    serving = job.traits.job_class is AppClass.LATENCY_SENSITIVE
     return PRODUCTION_PRIORITY[trace] + (0 if serving else -5)
 
 
 def _scheduling_class(job: JobSignals) -> int:
-    return 3 if job.traits.latency.value == "high" else 1
+    return 3 if job.traits.latency is LatencySensitivity.HIGH else 1
 
 
 def _request_changes(job: JobSignals, task: int) -> list[tuple[int, float, float]]:

@@ -42,7 +42,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from cellpilot.recommend.policy import JobClass, LatencySensitivity, default_oom_tolerance
+from cellpilot.job_vocabulary import AppClass, LatencySensitivity
+from cellpilot.recommend.policy import default_oom_tolerance
 from cellpilot.workloads.task_signals import (
     CPU_DECILES,
     GIB,
@@ -204,7 +205,9 @@ class TraceTasks:
         kept = []
         for job in jobs:
             coverage = float(job.running.any(axis=1).mean())
-            if coverage >= min_coverage and (not serving_only or job.traits.job_class is JobClass.SERVING):
+            if coverage >= min_coverage and (
+                not serving_only or job.traits.job_class is AppClass.LATENCY_SENSITIVE
+            ):
                 kept.append(job)
         return kept
 
@@ -330,10 +333,10 @@ def job_traits(
         strict=True,
     ):
         out[job] = JobTraits(
-            job_class=JobClass.SERVING if prio >= threshold else JobClass.BATCH,
+            job_class=AppClass.LATENCY_SENSITIVE if prio >= threshold else AppClass.BATCH,
             latency=LatencySensitivity.HIGH
             if klass >= LATENCY_SENSITIVE_CLASS
-            else LatencySensitivity.NORMAL,
+            else LatencySensitivity.MODERATE,
             oom_tolerance=default_oom_tolerance(tasks * per_task),
             priority=prio,
             kind=trace,

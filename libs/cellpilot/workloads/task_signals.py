@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from cellpilot.recommend.policy import JobClass, LatencySensitivity, OomTolerance
+from cellpilot.job_vocabulary import AppClass, LatencySensitivity, OomTolerance
 
 F32 = npt.NDArray[np.float32]
 Floats = npt.NDArray[np.floating[Any]]  # any float array in; stored as float32
@@ -56,8 +56,8 @@ def _f32(values: npt.ArrayLike) -> F32:
 class JobTraits:
     """What Autopilot's policy table (§3.2.2) and the metrics need to know about a job."""
 
-    job_class: JobClass = JobClass.SERVING
-    latency: LatencySensitivity = LatencySensitivity.NORMAL
+    job_class: AppClass = AppClass.LATENCY_SENSITIVE
+    latency: LatencySensitivity = LatencySensitivity.MODERATE
     oom_tolerance: OomTolerance = OomTolerance.LOW
     priority: int = 0
     kind: str = "serving"  # a free-form label of how the job was made (generator shape, trace)

@@ -15,7 +15,8 @@ from cellpilot.autopilot.decisions import (
     hold_release_ready,
 )
 from cellpilot.autopilot.job_memory_codec import decode_memory, encode_memory
-from cellpilot.autopilot.selection import ScalingMode, VerticalConfig
+from cellpilot.autopilot.selection import VerticalConfig
+from cellpilot.job_vocabulary import ScalingMode
 from cellpilot.recommend.horizontal import (
     HorizontalReason,
     StabiliserConfig,

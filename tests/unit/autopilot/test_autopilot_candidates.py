@@ -8,13 +8,10 @@ import numpy as np
 import pytest
 
 from cellpilot.autopilot.candidates import (
-    KINDS,
     WINDOW_STATISTICS,
     CandidateConfig,
-    CandidateKind,
     CandidateState,
     UsageSignalConfig,
-    UsageStatistic,
     apply_oom,
     initial_candidate_state,
     initial_usage_signal,
@@ -22,11 +19,13 @@ from cellpilot.autopilot.candidates import (
     update_candidates,
     update_usage_signal,
 )
+from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS, HorizontalStatistic, RecommenderKind
 from cellpilot.recommend.ml_ensemble import EnsembleConfig, ModelGrid, initial_ensemble_state, update_ensemble
 from cellpilot.recommend.moving_window import initial_window_state, update_window
 from cellpilot.recommend.policy import evaluate_statistics
 from cellpilot.recommend.post_processing import initial_window_max, update_window_max
-from cellpilot.usage.buckets import GIB, Resource
+from cellpilot.usage.buckets import Resource
+from cellpilot.usage.units import GIB
 
 FIVE_MIN = 300_000
 SMALL_GRID = EnsembleConfig(grid=ModelGrid.product((0.5, 0.05), (0.0, 0.1)))
@@ -58,15 +57,15 @@ def test_each_candidate_is_its_estimator_plus_margin_plus_the_max_over_the_last_
     state = initial_candidate_state(config, jobs)
     window = initial_window_state(jobs, config.scheme.size, config.window)
     ensemble = initial_ensemble_state(jobs, config.scheme.size, SMALL_GRID)
-    rings = [initial_window_max(jobs, config.hour_max_slots) for _ in KINDS]
+    rings = [initial_window_max(jobs, config.hour_max_slots) for _ in BUILTIN_RECOMMENDERS]
     boundaries = config.scheme.boundaries
     for step, counts in enumerate(histories(resource, jobs, steps)):
         t = np.full(jobs, (step + 1) * FIVE_MIN, dtype=np.int64)
         state, batch = update_candidates(config, state, counts, t)
         window, stats = update_window(config.window, boundaries, window, counts, t)
         ensemble, decision = update_ensemble(SMALL_GRID, boundaries, ensemble, counts, t)
-        for c, kind in enumerate(KINDS):
-            if kind is CandidateKind.ML:
+        for c, kind in enumerate(BUILTIN_RECOMMENDERS):
+            if kind is RecommenderKind.ML:
                 expected = decision.limit
             else:
                 raw, _ = evaluate_statistics(np.full(jobs, WINDOW_STATISTICS[kind], np.int8), stats)
@@ -81,7 +80,7 @@ def test_a_caller_may_skip_a_group_of_candidates_without_changing_the_others() -
     no_ml = replace(full, with_ml=False)
     only_ml = replace(full, with_window=False)
     states = {c: initial_candidate_state(c, 3) for c in (full, no_ml, only_ml)}
-    ml = KINDS.index(CandidateKind.ML)
+    ml = BUILTIN_RECOMMENDERS.index(RecommenderKind.ML)
     for step, counts in enumerate(histories(Resource.MEMORY, 3, 6)):
         t = np.full(3, (step + 1) * FIVE_MIN)
         out = {}
@@ -111,7 +110,7 @@ def test_an_oom_raises_every_memory_recommendation_at_once_and_for_the_next_hour
     steps = histories(Resource.MEMORY, jobs, 40, seed=5)  # usage steps up after 20
     for step in range(6):
         state, before = update_candidates(config, state, steps[step], np.full(jobs, (step + 1) * FIVE_MIN))
-    limit = before.value[0, KINDS.index(CandidateKind.MOVING_WINDOW_P98)]
+    limit = before.value[0, BUILTIN_RECOMMENDERS.index(RecommenderKind.MOVING_WINDOW_P98)]
     bumped = oom_bumped_value(config, [limit, 0.0], [limit * 1.01, 0.0])
     assert bumped[0] == pytest.approx(limit * 1.01 * (1 + config.oom_bump))
     assert np.isnan(bumped[1]), "nothing known about the kill: no bump"
@@ -128,18 +127,23 @@ def test_an_oom_raises_every_memory_recommendation_at_once_and_for_the_next_hour
             assert np.all(batch.value[0] >= bumped[0]), step
         if step == 6:
             assert batch.oom_bumped.tolist() == [True, False]
-    assert batch.value[0, KINDS.index(CandidateKind.MOVING_WINDOW_P98)] < bumped[0]
+    assert batch.value[0, BUILTIN_RECOMMENDERS.index(RecommenderKind.MOVING_WINDOW_P98)] < bumped[0]
     # S_max saw the bumped sample in the window after the OOM (it stays for N windows).
-    assert batch.value[0, KINDS.index(CandidateKind.MOVING_WINDOW_MAX)] >= bumped[0]
+    assert batch.value[0, BUILTIN_RECOMMENDERS.index(RecommenderKind.MOVING_WINDOW_MAX)] >= bumped[0]
 
 
 @pytest.mark.parametrize(
     ("statistic", "horizon_windows"),
-    [(UsageStatistic.MAX, 3), (UsageStatistic.MAX, 12), (UsageStatistic.P95, 12), (UsageStatistic.P95, 100)],
+    [
+        (HorizontalStatistic.MAX, 3),
+        (HorizontalStatistic.MAX, 12),
+        (HorizontalStatistic.P95, 12),
+        (HorizontalStatistic.P95, 100),
+    ],
     ids=["max-short", "max-hour", "p95-hour", "p95-beyond-history"],
 )
 def test_usage_signal_is_the_statistic_over_each_jobs_horizon(
-    statistic: UsageStatistic, horizon_windows: int
+    statistic: HorizontalStatistic, horizon_windows: int
 ) -> None:
     config = UsageSignalConfig(max_horizon_ms=24 * 12 * FIVE_MIN)
     rng = np.random.default_rng(11)
@@ -155,7 +159,7 @@ def test_usage_signal_is_the_statistic_over_each_jobs_horizon(
             np.array([statistic, statistic]),
         )
         recent = usage[max(0, step - horizon_windows + 1) : step + 1]
-        if statistic is UsageStatistic.MAX:
+        if statistic is HorizontalStatistic.MAX:
             want = recent.max(axis=0)
         else:
             ordered = np.sort(recent, axis=0)

@@ -6,7 +6,6 @@ from dataclasses import replace
 
 import pytest
 
-from cellpilot.autopilot.candidates import CandidateKind
 from cellpilot.autopilot.decisions import (
     Candidate,
     DecisionPolicy,
@@ -24,14 +23,21 @@ from cellpilot.autopilot.selection import (
     ClampReason,
     JobTraits,
     RecommenderRef,
-    ScalingMode,
     VerticalConfig,
     apply_bounds,
     auto_kind,
     select_recommender,
 )
-from cellpilot.recommend.policy import JobClass, LatencySensitivity, OomTolerance
-from cellpilot.usage.buckets import GIB, Resource
+from cellpilot.job_vocabulary import (
+    BUILTIN_RECOMMENDERS,
+    AppClass,
+    LatencySensitivity,
+    OomTolerance,
+    RecommenderKind,
+    ScalingMode,
+)
+from cellpilot.usage.buckets import Resource
+from cellpilot.usage.units import GIB
 
 MIN = 60_000
 ON = VerticalConfig(ScalingMode.ON)
@@ -51,7 +57,7 @@ def job(**overrides: object) -> JobView:
     return replace(base, **overrides)  # type: ignore[arg-type]
 
 
-def candidate(resource: Resource, kind: CandidateKind, value: float, t: int = 10 * MIN) -> Candidate:
+def candidate(resource: Resource, kind: RecommenderKind, value: float, t: int = 10 * MIN) -> Candidate:
     return Candidate(
         RecommenderRef.builtin(kind), resource, value, value / 1.1, value - value / 1.1, t, f"{kind}-{t}"
     )
@@ -60,10 +66,10 @@ def candidate(resource: Resource, kind: CandidateKind, value: float, t: int = 10
 def candidates(cpu: float | None = None, memory: float | None = None, t: int = 10 * MIN) -> dict:
     out: dict[Resource, dict[str, Candidate]] = {Resource.CPU: {}, Resource.MEMORY: {}}
     if cpu is not None:
-        for kind in CandidateKind:
+        for kind in BUILTIN_RECOMMENDERS:
             out[Resource.CPU][kind.value] = candidate(Resource.CPU, kind, cpu, t)
     if memory is not None:
-        for kind in CandidateKind:
+        for kind in BUILTIN_RECOMMENDERS:
             out[Resource.MEMORY][kind.value] = candidate(Resource.MEMORY, kind, memory, t)
     return out
 
@@ -71,22 +77,26 @@ def candidates(cpu: float | None = None, memory: float | None = None, t: int = 1
 @pytest.mark.parametrize(
     ("resource", "traits", "expected"),
     [
-        (Resource.CPU, JobTraits(JobClass.BATCH), CandidateKind.MOVING_WINDOW_AVG),
-        (Resource.CPU, JobTraits(JobClass.SERVING, LatencySensitivity.HIGH), CandidateKind.MOVING_WINDOW_P95),
+        (Resource.CPU, JobTraits(AppClass.BATCH), RecommenderKind.MOVING_WINDOW_AVG),
         (
             Resource.CPU,
-            JobTraits(JobClass.SERVING, LatencySensitivity.NORMAL),
-            CandidateKind.MOVING_WINDOW_P90,
+            JobTraits(AppClass.LATENCY_SENSITIVE, LatencySensitivity.HIGH),
+            RecommenderKind.MOVING_WINDOW_P95,
         ),
-        (Resource.MEMORY, JobTraits(oom_tolerance=OomTolerance.LOW), CandidateKind.MOVING_WINDOW_P98),
-        (Resource.MEMORY, JobTraits(oom_tolerance=OomTolerance.MINIMAL), CandidateKind.MOVING_WINDOW_MAX),
+        (
+            Resource.CPU,
+            JobTraits(AppClass.LATENCY_SENSITIVE, LatencySensitivity.MODERATE),
+            RecommenderKind.MOVING_WINDOW_P90,
+        ),
+        (Resource.MEMORY, JobTraits(oom_tolerance=OomTolerance.LOW), RecommenderKind.MOVING_WINDOW_P98),
+        (Resource.MEMORY, JobTraits(oom_tolerance=OomTolerance.MINIMAL), RecommenderKind.MOVING_WINDOW_MAX),
         (
             Resource.MEMORY,
             JobTraits(oom_tolerance=OomTolerance.INTERMEDIATE),
-            CandidateKind.MOVING_WINDOW_P60_HALF_MAX,
+            RecommenderKind.MOVING_WINDOW_P60_HALF_MAX,
         ),
-        (Resource.MEMORY, JobTraits(footprint_machines=2.0), CandidateKind.MOVING_WINDOW_MAX),
-        (Resource.MEMORY, JobTraits(footprint_machines=50.0), CandidateKind.MOVING_WINDOW_P98),
+        (Resource.MEMORY, JobTraits(footprint_machines=2.0), RecommenderKind.MOVING_WINDOW_MAX),
+        (Resource.MEMORY, JobTraits(footprint_machines=50.0), RecommenderKind.MOVING_WINDOW_P98),
     ],
     ids=[
         "batch",
@@ -100,7 +110,7 @@ def candidates(cpu: float | None = None, memory: float | None = None, t: int = 1
     ],
 )
 def test_auto_follows_the_policy_table(
-    resource: Resource, traits: JobTraits, expected: CandidateKind
+    resource: Resource, traits: JobTraits, expected: RecommenderKind
 ) -> None:
     assert auto_kind(resource, traits) is expected
 
@@ -108,7 +118,7 @@ def test_auto_follows_the_policy_table(
 @pytest.mark.parametrize(
     ("choice", "registered", "expected_kind"),
     [
-        (RecommenderRef.builtin(CandidateKind.ML), (), "ml"),
+        (RecommenderRef.builtin(RecommenderKind.ML), (), "ml"),
         (RecommenderRef.custom("fs-size"), ("fs-size",), "custom"),
         (RecommenderRef.custom("gone"), ("fs-size",), "moving_window_p95"),
     ],
@@ -278,19 +288,19 @@ def test_idempotency_key_is_deterministic_and_depends_on_the_token() -> None:
 @pytest.mark.parametrize(
     ("resource", "job_class", "auto_ml", "expected"),
     [
-        (Resource.MEMORY, JobClass.SERVING, AutoMl.SERVING_MEMORY, CandidateKind.ML),
-        (Resource.MEMORY, JobClass.BATCH, AutoMl.SERVING_MEMORY, CandidateKind.MOVING_WINDOW_MAX),
-        (Resource.CPU, JobClass.SERVING, AutoMl.SERVING_MEMORY, CandidateKind.MOVING_WINDOW_P95),
-        (Resource.MEMORY, JobClass.SERVING, AutoMl.NEVER, CandidateKind.MOVING_WINDOW_MAX),
-        (Resource.CPU, JobClass.BATCH, AutoMl.ALWAYS, CandidateKind.ML),
+        (Resource.MEMORY, AppClass.LATENCY_SENSITIVE, AutoMl.SERVING_MEMORY, RecommenderKind.ML),
+        (Resource.MEMORY, AppClass.BATCH, AutoMl.SERVING_MEMORY, RecommenderKind.MOVING_WINDOW_MAX),
+        (Resource.CPU, AppClass.LATENCY_SENSITIVE, AutoMl.SERVING_MEMORY, RecommenderKind.MOVING_WINDOW_P95),
+        (Resource.MEMORY, AppClass.LATENCY_SENSITIVE, AutoMl.NEVER, RecommenderKind.MOVING_WINDOW_MAX),
+        (Resource.CPU, AppClass.BATCH, AutoMl.ALWAYS, RecommenderKind.ML),
     ],
     ids=["serving-memory-ml", "batch-memory-table", "cpu-table", "never", "always"],
 )
 def test_auto_follows_section_4_2_and_says_why(
-    resource: Resource, job_class: JobClass, auto_ml: AutoMl, expected: CandidateKind
+    resource: Resource, job_class: AppClass, auto_ml: AutoMl, expected: RecommenderKind
 ) -> None:
     traits = JobTraits(job_class, LatencySensitivity.HIGH, OomTolerance.MINIMAL)
     selection = select_recommender(resource, VerticalConfig(), traits, (), auto_ml)
     assert selection.ref.kind == expected.value
-    assert ("§4.2" in selection.note) is (expected is CandidateKind.ML)
+    assert ("§4.2" in selection.note) is (expected is RecommenderKind.ML)
     assert DecisionPolicy().auto_ml is AutoMl.SERVING_MEMORY  # the master's default

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from cellpilot.autopilot.candidates import UsageStatistic
 from cellpilot.autopilot.job_recommendations import (
     HistogramInput,
     HorizontalSettings,
@@ -14,7 +13,9 @@ from cellpilot.autopilot.job_recommendations import (
     apply_histograms,
     apply_horizontal_settings,
 )
-from cellpilot.usage.buckets import GIB, Resource
+from cellpilot.job_vocabulary import HorizontalStatistic
+from cellpilot.usage.buckets import Resource
+from cellpilot.usage.units import GIB
 
 W = 300_000
 CONFIG = RecommenderConfig()
@@ -34,7 +35,7 @@ def _window(job: str, k: int, total_cores: float) -> list[HistogramInput]:
 def test_r_s_is_taken_over_each_jobs_own_horizon() -> None:
     states: dict[str, JobState] = {}
     changed = apply_horizontal_settings(
-        CONFIG, states, {"short": HorizontalSettings(2 * W, UsageStatistic.MAX)}
+        CONFIG, states, {"short": HorizontalSettings(2 * W, HorizontalStatistic.MAX)}
     )
     assert changed == {"short"}
     # A peak of 6 cores, then 2 cores: the short horizon forgets the peak two windows later;
@@ -51,7 +52,7 @@ def test_r_s_is_taken_over_each_jobs_own_horizon() -> None:
 
 def test_the_settings_survive_a_checkpoint_and_setting_them_again_changes_nothing() -> None:
     states: dict[str, JobState] = {}
-    settings = {"j": HorizontalSettings(600_000, UsageStatistic.P95)}
+    settings = {"j": HorizontalSettings(600_000, HorizontalStatistic.P95)}
     apply_horizontal_settings(CONFIG, states, settings)
     restored = JobState.from_bytes(states["j"].to_bytes())
     assert restored.horizon == settings["j"]

@@ -23,7 +23,6 @@ from functools import cache
 
 import numpy as np
 
-from cellpilot.autopilot.candidates import UsageStatistic
 from cellpilot.autopilot.decisions import (
     DecisionPolicy,
     HorizontalConfig,
@@ -40,7 +39,9 @@ from cellpilot.autopilot.job_recommendations import (
     apply_histograms,
     apply_horizontal_settings,
 )
-from cellpilot.usage.buckets import GIB, MEMORY_SCHEME, Resource, default_scheme
+from cellpilot.job_vocabulary import HorizontalStatistic
+from cellpilot.usage.buckets import MEMORY_SCHEME, Resource, default_scheme
+from cellpilot.usage.units import GIB
 from cellpilot.world.job_demand import JobDemand
 from cellpilot.world.step import WorldTasks, step_world
 from cellpilot.world.usage_models import resolve_params
@@ -98,7 +99,7 @@ def _run_week(reference_cpu_millicores: float | None, days: int = 7) -> Week:
     )  # fmt: skip
     config = RecommenderConfig()
     states: dict = {}
-    apply_horizontal_settings(config, states, {JOB: HorizontalSettings(HORIZON_MS, UsageStatistic.MAX)})
+    apply_horizontal_settings(config, states, {JOB: HorizontalSettings(HORIZON_MS, HorizontalStatistic.MAX)})
     memory, policy = JobMemory(), DecisionPolicy()
     started = list(np.full(view.task_count, -3600.0))  # start times of tasks 0..n-1
     cpu_scheme = default_scheme(Resource.CPU)

@@ -7,18 +7,10 @@ from dataclasses import dataclass, field
 from cellpilot.borg.cell_state import CellState
 from cellpilot.borg.changes import Change
 from cellpilot.borg.decisions import Accepted, Command, RegisterMachine, Result, SetQuota, handle
-from cellpilot.borg.model import (
-    AppClass,
-    AutopilotConfig,
-    Constraint,
-    JobSpec,
-    MachineSpec,
-    PriorityBand,
-    SimulatedRuntime,
-    TaskSpec,
-)
+from cellpilot.borg.model import AutopilotConfig, Constraint, JobSpec, MachineSpec, SimulatedRuntime, TaskSpec
 from cellpilot.borg.mutations import LogRecord, Mutation, to_records
 from cellpilot.borg.scheduling_view import Plan, SchedulingView
+from cellpilot.job_vocabulary import AppClass, PriorityBand
 from cellpilot.schedule import GIB, Resources
 
 

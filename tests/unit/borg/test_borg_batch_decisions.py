@@ -9,8 +9,8 @@ from borg_builders import Master, job_spec, machine_spec
 
 from cellpilot.borg.batch_decisions import BatchDecider, footprint
 from cellpilot.borg.decisions import Accepted, Command, KillJob, Result, SetQuota, SubmitJob, UpdateJob
-from cellpilot.borg.model import PriorityBand
 from cellpilot.borg.rejection import Code, Rejection
+from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.schedule import GIB, Resources
 
 

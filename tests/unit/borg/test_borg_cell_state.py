@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from cellpilot.borg.cell_state import CellState, InvariantError, JobRecord, MachineRecord, TaskRecord
 from cellpilot.borg.decisions import KillJob, SetMachineState, SubmitJob, UpdateJob, rollout_step
 from cellpilot.borg.lifecycle import JobState, TaskEvent, TaskState
-from cellpilot.borg.model import MachineAvailability, PriorityBand
+from cellpilot.borg.model import MachineAvailability
 from cellpilot.borg.mutations import (
     JobKilled,
     LogRecord,
@@ -20,6 +20,7 @@ from cellpilot.borg.mutations import (
 )
 from cellpilot.borg.poll_diff import machines_down
 from cellpilot.borg.scheduling_view import SchedulingView
+from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.schedule import GIB, Resources
 
 

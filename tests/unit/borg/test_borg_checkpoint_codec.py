@@ -9,17 +9,19 @@ from cellpilot.borg.lifecycle import TaskEvent, TaskState
 from cellpilot.borg.model import (
     AutopilotConfig,
     Constraint,
-    ConstraintKind,
-    ConstraintOperator,
     HorizontalScaling,
     MachineAvailability,
-    PriorityBand,
     ProcessRuntime,
-    RecommenderKind,
-    ScalingMode,
     VerticalScaling,
 )
 from cellpilot.borg.mutations import MachineStateChanged, RestartBackoff, TaskStateChanged
+from cellpilot.job_vocabulary import (
+    ConstraintKind,
+    ConstraintOperator,
+    PriorityBand,
+    RecommenderKind,
+    ScalingMode,
+)
 from cellpilot.schedule import GIB, Resources
 from cellpilot_services.borgmaster import checkpoint_codec, convert
 

@@ -20,21 +20,17 @@ from cellpilot.borg.decisions import (
 )
 from cellpilot.borg.lifecycle import JobState, TaskEvent, TaskState
 from cellpilot.borg.model import (
-    AppClass,
     AutopilotConfig,
     Constraint,
-    ConstraintKind,
-    ConstraintOperator,
     HorizontalScaling,
     JobSpec,
     MachineAvailability,
-    PriorityBand,
     ProcessRuntime,
-    ScalingMode,
     VerticalScaling,
 )
 from cellpilot.borg.mutations import JobSubmitted, TaskStateChanged
 from cellpilot.borg.rejection import Code, Rejection
+from cellpilot.job_vocabulary import AppClass, ConstraintKind, ConstraintOperator, PriorityBand, ScalingMode
 from cellpilot.schedule import GIB, Resources
 
 

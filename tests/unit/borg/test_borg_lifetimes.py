@@ -10,7 +10,7 @@ from borg_builders import Master, job_spec, machine_spec, replay
 from cellpilot.borg.decisions import KillJob, SetMachineState, SubmitJob, drain_step
 from cellpilot.borg.lifecycle import TaskEvent
 from cellpilot.borg.lifetime_tracker import LifetimeTracker
-from cellpilot.borg.model import MachineAvailability, PriorityBand
+from cellpilot.borg.model import MachineAvailability
 from cellpilot.borg.mutations import LifetimeModelTrained, TaskStateChanged
 from cellpilot.borg.scheduling_view import SchedulingView
 from cellpilot.borg.task_lifetimes import (
@@ -24,6 +24,7 @@ from cellpilot.borg.task_lifetimes import (
     task_features,
     train_lifetime_model,
 )
+from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.lifetimes.distribution_model import DistributionModel
 from cellpilot.lifetimes.lifetime_classes import lifetime_class
 from cellpilot.lifetimes.predictors import DEFAULT_CLASS_RISK, estimate_lifetimes

@@ -7,7 +7,7 @@ from borg_builders import Master, job_spec, machine_spec
 
 from cellpilot.borg.decisions import SubmitJob
 from cellpilot.borg.lifecycle import JobState, TaskEvent, TaskState
-from cellpilot.borg.model import MachineAvailability, PriorityBand
+from cellpilot.borg.model import MachineAvailability
 from cellpilot.borg.mutations import MachineStateChanged, TaskStateChanged
 from cellpilot.borg.poll_diff import (
     DEFAULT_MAX_FAILURES,
@@ -19,6 +19,7 @@ from cellpilot.borg.poll_diff import (
     diff_report,
     machines_down,
 )
+from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.schedule import GIB, Resources
 
 

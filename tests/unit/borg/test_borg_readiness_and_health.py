@@ -13,14 +13,7 @@ from cellpilot.api.v1 import borglet_pb2, job_pb2
 from cellpilot.borg.decisions import SubmitJob
 from cellpilot.borg.health_checks import HealthState, record_check, resolve, validate_health_check
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
-from cellpilot.borg.model import (
-    HealthCheck,
-    JobSpec,
-    PriorityBand,
-    ProcessRuntime,
-    SharedDemand,
-    SimulatedRuntime,
-)
+from cellpilot.borg.model import HealthCheck, JobSpec, ProcessRuntime, SharedDemand, SimulatedRuntime
 from cellpilot.borg.mutations import TaskStateChanged
 from cellpilot.borg.poll_diff import MachineReport, ReportedTask, diff_report
 from cellpilot.borg.rejection import Rejection
@@ -33,6 +26,7 @@ from cellpilot.borglet.task_record import (
     TaskPlan,
     TaskRecord,
 )
+from cellpilot.job_vocabulary import PriorityBand
 from cellpilot_services.borglet import convert as borglet_convert
 from cellpilot_services.borgmaster.convert import SoftState, task_status_out
 

@@ -11,8 +11,9 @@ from borg_builders import Master, job_spec, machine_spec
 
 from cellpilot.borg.decisions import Accepted, SetMachineState, SubmitJob, UpdateJob
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
-from cellpilot.borg.model import MachineAvailability, PriorityBand
+from cellpilot.borg.model import MachineAvailability
 from cellpilot.borg.mutations import TaskStateChanged
+from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.schedule import GIB
 
 PROD, BATCH = 9, 2

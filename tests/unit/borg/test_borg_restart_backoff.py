@@ -14,12 +14,13 @@ from borg_builders import Master, job_spec, machine_spec, replay
 
 from cellpilot.borg.decisions import SubmitJob, UpdateJob
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
-from cellpilot.borg.model import MachineAvailability, PriorityBand, ProcessRuntime, SimulatedRuntime
+from cellpilot.borg.model import MachineAvailability, ProcessRuntime, SimulatedRuntime
 from cellpilot.borg.mutations import MachineStateChanged, TaskScheduled, TaskStateChanged
 from cellpilot.borg.pending_reasons import explain
 from cellpilot.borg.poll_diff import MachineReport, ReportedEvent, ReportedTask, diff_report
 from cellpilot.borg.records import TaskRecord
 from cellpilot.borg.restart_backoff import RestartPolicy, avoided_machines, restart_backoff
+from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.schedule import GIB, Resources
 from cellpilot_services.borgmaster import checkpoint_codec
 

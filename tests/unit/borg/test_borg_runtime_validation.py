@@ -12,7 +12,7 @@ import pytest
 from borg_builders import Master, job_spec, machine_spec
 
 from cellpilot.borg.decisions import SubmitJob, UpdateJob
-from cellpilot.borg.model import JobSpec, PriorityBand, ProcessRuntime, SimulatedRuntime
+from cellpilot.borg.model import JobSpec, ProcessRuntime, SimulatedRuntime
 from cellpilot.borg.rejection import Code, Rejection
 from cellpilot.borg.validation import (
     MAX_ARGS,
@@ -21,6 +21,7 @@ from cellpilot.borg.validation import (
     validate_process,
     validate_simulated,
 )
+from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.world.usage_models import model_names, model_parameters
 
 F = "spec.task.runtime.simulated"

@@ -7,10 +7,11 @@ from borg_builders import Master, job_spec, machine_spec
 
 from cellpilot.borg.decisions import SubmitJob
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
-from cellpilot.borg.model import Constraint, ConstraintKind, ConstraintOperator, PriorityBand
+from cellpilot.borg.model import Constraint
 from cellpilot.borg.mutations import TaskScheduled, TaskStateChanged
 from cellpilot.borg.pending_reasons import explain
 from cellpilot.borg.scheduling_view import allocate_ports
+from cellpilot.job_vocabulary import ConstraintKind, ConstraintOperator, PriorityBand
 from cellpilot.schedule import GIB
 
 ATTRS = {

@@ -11,15 +11,9 @@ from dataclasses import replace
 
 from borg_builders import job_spec
 
-from cellpilot.borg.model import (
-    AutopilotConfig,
-    HorizontalScaling,
-    HorizontalSource,
-    JobSpec,
-    ScalingMode,
-    VerticalScaling,
-)
+from cellpilot.borg.model import AutopilotConfig, HorizontalScaling, JobSpec, VerticalScaling
 from cellpilot.borg.validation import validate_job_spec
+from cellpilot.job_vocabulary import HorizontalSource, ScalingMode
 
 FIELD = "spec.autopilot.horizontal.reference_cpu_millicores"
 

@@ -8,15 +8,9 @@ import pytest
 
 from cellpilot.api.v1 import job_pb2
 from cellpilot.borg.lifecycle import JobState
-from cellpilot.borg.model import (
-    AutopilotConfig,
-    JobSpec,
-    MemoryLimitKind,
-    ScalingMode,
-    TaskSpec,
-    VerticalScaling,
-)
+from cellpilot.borg.model import AutopilotConfig, JobSpec, TaskSpec, VerticalScaling
 from cellpilot.borg.records import JobRecord, TaskRecord
+from cellpilot.job_vocabulary import MemoryLimitKind, ScalingMode
 from cellpilot.schedule import GIB, Resources
 from cellpilot_services.borgmaster.convert import desired_out, job_spec_out
 

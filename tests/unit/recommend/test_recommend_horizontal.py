@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from cellpilot.job_vocabulary import HorizontalStatistic
 from cellpilot.recommend.horizontal import (
     HOUR_MS,
     MINUTE_MS,
@@ -14,7 +15,6 @@ from cellpilot.recommend.horizontal import (
     DeferredDownscaling,
     DeferSmallChanges,
     HorizontalReason,
-    HorizontalStatistic,
     LimitGrowth,
     SlowDecay,
     StabiliserConfig,

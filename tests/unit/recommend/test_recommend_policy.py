@@ -5,13 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cellpilot.job_vocabulary import AppClass, LatencySensitivity, OomTolerance
 from cellpilot.recommend.moving_window import WindowStatistics
 from cellpilot.recommend.policy import (
     TERMS,
-    JobClass,
     JobProfile,
-    LatencySensitivity,
-    OomTolerance,
     Statistic,
     default_oom_tolerance,
     evaluate_statistics,
@@ -24,17 +22,17 @@ from cellpilot.usage.buckets import Resource
 @pytest.mark.parametrize(
     ("profile", "expected"),
     [
-        (JobProfile(Resource.CPU, JobClass.BATCH), Statistic.AVG),
-        (JobProfile(Resource.CPU, JobClass.SERVING, LatencySensitivity.HIGH), Statistic.P95),
-        (JobProfile(Resource.CPU, JobClass.SERVING, LatencySensitivity.NORMAL), Statistic.P90),
+        (JobProfile(Resource.CPU, AppClass.BATCH), Statistic.AVG),
+        (JobProfile(Resource.CPU, AppClass.LATENCY_SENSITIVE, LatencySensitivity.HIGH), Statistic.P95),
+        (JobProfile(Resource.CPU, AppClass.LATENCY_SENSITIVE, LatencySensitivity.MODERATE), Statistic.P90),
         (JobProfile(Resource.MEMORY, oom_tolerance=OomTolerance.LOW), Statistic.P98),
         (JobProfile(Resource.MEMORY, oom_tolerance=OomTolerance.MINIMAL), Statistic.MAX),
         (
             JobProfile(Resource.MEMORY, oom_tolerance=OomTolerance.INTERMEDIATE),
             Statistic.MAX_OF_P60_AND_HALF_PEAK,
         ),
-        (JobProfile(Resource.MEMORY, JobClass.BATCH, oom_tolerance=OomTolerance.LOW), Statistic.P98),
-        (JobProfile(Resource.CPU, JobClass.BATCH, statistic_override=Statistic.MAX), Statistic.MAX),
+        (JobProfile(Resource.MEMORY, AppClass.BATCH, oom_tolerance=OomTolerance.LOW), Statistic.P98),
+        (JobProfile(Resource.CPU, AppClass.BATCH, statistic_override=Statistic.MAX), Statistic.MAX),
     ],
     ids=[
         "cpu-batch",

@@ -10,13 +10,12 @@ from hypothesis import strategies as st
 from ml_reference import Params, brute_force
 
 from cellpilot.autopilot.candidates import (
-    KINDS,
     CandidateConfig,
-    CandidateKind,
     CandidateState,
     initial_candidate_state,
     update_candidates,
 )
+from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS, RecommenderKind
 from cellpilot.recommend.horizontal import (
     CpuHorizontalRecommender,
     CpuUtilisationSource,
@@ -46,7 +45,7 @@ B = CPU_SCHEME.boundaries
 # Every built-in vertical recommender (the worker's candidates: every moving-window statistic
 # and the ML ensemble), all on the CPU bucket scheme so one histogram strategy serves all.
 CONFIG = CandidateConfig.for_resource(Resource.CPU)
-RECOMMENDERS = [kind.value for kind in KINDS]
+RECOMMENDERS = [kind.value for kind in BUILTIN_RECOMMENDERS]
 
 # A history: per 5-minute window, sparse counts {bucket: samples} kept away from the top
 # bucket (so shifting up stays inside the scheme), and time gaps between windows.
@@ -68,7 +67,7 @@ def dense(window: dict[int, int], shift: int = 0) -> np.ndarray:
 
 
 def run(kind: str, history: list[tuple[dict[int, int], int]], shift: int = 0) -> list[float]:
-    column = KINDS.index(CandidateKind(kind))
+    column = BUILTIN_RECOMMENDERS.index(RecommenderKind(kind))
     state = initial_candidate_state(CONFIG)
     t, out = 0, []
     for window, gap in history:
@@ -134,7 +133,7 @@ def test_load_adjusted_percentile_is_not_monotone_under_an_additive_shift() -> N
 def test_s_max_is_never_below_the_observed_peak(samples: list[list[float]], peak_samples: int) -> None:
     config = WindowConfig(half_life_ms=3_600_000, peak_samples=peak_samples)
     candidates = CandidateConfig(Resource.CPU, CPU_SCHEME, config, CONFIG.margin, with_ml=False)
-    column = KINDS.index(CandidateKind.MOVING_WINDOW_MAX)
+    column = BUILTIN_RECOMMENDERS.index(RecommenderKind.MOVING_WINDOW_MAX)
     state = initial_window_state(1, B.size, config)
     candidate_state = initial_candidate_state(candidates)
     for i, values in enumerate(samples):

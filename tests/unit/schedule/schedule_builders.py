@@ -4,16 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cellpilot.schedule import (
-    GIB,
-    AppClass,
-    Cell,
-    Constraint,
-    MachineSpec,
-    Resources,
-    TaskShape,
-    TaskSpec,
-)
+from cellpilot.job_vocabulary import AppClass
+from cellpilot.schedule import GIB, Cell, Constraint, MachineSpec, Resources, TaskShape, TaskSpec
 from cellpilot.schedule.cell import LIMIT, NUM_LEVELS, RESERVATION
 
 

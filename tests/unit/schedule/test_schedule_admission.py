@@ -5,19 +5,20 @@ from __future__ import annotations
 import pytest
 from schedule_builders import shape
 
-from cellpilot.schedule import Admitted, Band, JobSpec, QuotaBook, Rejected, Resources, band_of, may_preempt
+from cellpilot.job_vocabulary import PriorityBand
+from cellpilot.schedule import Admitted, JobSpec, QuotaBook, Rejected, Resources, band_of, may_preempt
 from cellpilot.schedule.priority import is_prod
 from cellpilot.schedule.resources import GIB
 
 
 @pytest.mark.parametrize(
     ("priority", "band", "prod"),
-    [(0, Band.BEST_EFFORT, False), (1, Band.BEST_EFFORT, False), (2, Band.BATCH, False),
-     (8, Band.BATCH, False), (9, Band.PRODUCTION, True), (10, Band.PRODUCTION, True),
-     (11, Band.MONITORING, True)],
+    [(0, PriorityBand.BEST_EFFORT, False), (1, PriorityBand.BEST_EFFORT, False),
+     (2, PriorityBand.BATCH, False), (8, PriorityBand.BATCH, False), (9, PriorityBand.PRODUCTION, True),
+     (10, PriorityBand.PRODUCTION, True), (11, PriorityBand.MONITORING, True)],
     ids=["p0", "p1", "p2", "p8", "p9", "p10", "p11"],
 )  # fmt: skip
-def test_bands_follow_the_trace_levels(priority: int, band: Band, prod: bool) -> None:
+def test_bands_follow_the_trace_levels(priority: int, band: PriorityBand, prod: bool) -> None:
     assert band_of(priority) == band
     assert is_prod(priority) == prod
 
@@ -74,7 +75,7 @@ def test_admission_checks_quota_per_band(
     new_job: JobSpec, admitted: bool, resource: str | None, over_by: float
 ) -> None:
     book = QuotaBook()
-    book.set_quota("alice", Band.PRODUCTION, QUOTA)
+    book.set_quota("alice", PriorityBand.PRODUCTION, QUOTA)
     verdict = book.admit(new_job)
     assert isinstance(verdict, Admitted) == admitted
     if not admitted:
@@ -87,23 +88,23 @@ def test_admission_checks_quota_per_band(
 
 def test_admission_charges_and_release_refunds() -> None:
     book = QuotaBook()
-    book.set_quota("alice", Band.PRODUCTION, QUOTA)
+    book.set_quota("alice", PriorityBand.PRODUCTION, QUOTA)
     assert isinstance(book.admit(job("a", 9, 6, 10, 1)), Admitted)  # 60 cores
     second = book.admit(job("b", 10, 5, 10, 1))  # 50 more: 10 over
     assert isinstance(second, Rejected)
     assert second.available == pytest.approx(40_000.0)
     book.release("a")
     assert isinstance(book.admit(job("b", 10, 5, 10, 1)), Admitted)
-    assert book.used("alice", Band.PRODUCTION).cpu == pytest.approx(50_000.0)
+    assert book.used("alice", PriorityBand.PRODUCTION).cpu == pytest.approx(50_000.0)
 
 
 def test_update_replaces_the_old_demand() -> None:
     book = QuotaBook()
-    book.set_quota("alice", Band.PRODUCTION, QUOTA)
+    book.set_quota("alice", PriorityBand.PRODUCTION, QUOTA)
     book.admit(job("a", 9, 8, 10, 1))  # 80 cores
     assert isinstance(book.update(job("a", 9, 10, 10, 1)), Admitted)  # 100: fits once the 80 are returned
     assert isinstance(book.update(job("a", 9, 11, 10, 1)), Rejected)
-    assert book.used("alice", Band.PRODUCTION).cpu == pytest.approx(100_000.0)
+    assert book.used("alice", PriorityBand.PRODUCTION).cpu == pytest.approx(100_000.0)
 
 
 def test_jobs_in_an_alloc_set_are_not_charged_again() -> None:

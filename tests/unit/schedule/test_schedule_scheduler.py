@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from schedule_builders import cell_of, machine, prod_limit_sum, recomputed_totals, task
 
+from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.schedule import (
-    Band,
     Cell,
     Constraint,
     MachineSpec,
@@ -165,8 +165,8 @@ def test_scheduling_invariants(seed: int, relaxed: bool) -> None:
         for placement in result.placements:
             for victim in placement.preempted:
                 assert victim.priority < placement.task.priority
-                if band_of(placement.task.priority) == Band.PRODUCTION:
-                    assert band_of(victim.priority) != Band.PRODUCTION
+                if band_of(placement.task.priority) == PriorityBand.PRODUCTION:
+                    assert band_of(victim.priority) != PriorityBand.PRODUCTION
                 assert victim.task_id not in cell.task_handle
                 assert victim in result.pending
         pending_ids = Counter(t.task_id for t in result.pending)

@@ -260,7 +260,8 @@ def test_job_facts_from_a_spec_read_the_autopilot_modes() -> None:
 
 
 def test_job_facts_from_the_borgmaster_core_record_match_the_proto_ones() -> None:
-    from cellpilot.borg.model import AutopilotConfig, JobSpec, ScalingMode, TaskSpec, VerticalScaling
+    from cellpilot.borg.model import AutopilotConfig, JobSpec, TaskSpec, VerticalScaling
+    from cellpilot.job_vocabulary import ScalingMode
     from cellpilot.schedule import Resources
 
     core = JobSpec(

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from cellpilot.recommend.policy import JobClass
+from cellpilot.job_vocabulary import AppClass
 from cellpilot.workloads.autopilot_jobs import (
     AutopilotWorkloadConfig,
     generate_job,
@@ -88,7 +88,7 @@ def test_manual_slack_on_the_first_day_is_calibrated_to_the_paper() -> None:
 
 def test_batch_jobs_restart_instances_and_serving_jobs_restart_at_rollouts() -> None:
     config = AutopilotWorkloadConfig(jobs=60, days=3, seed=2, max_tasks=6, batch_fraction=0.5)
-    batch = [j for j in generate_jobs(config) if j.traits.job_class is JobClass.BATCH]
+    batch = [j for j in generate_jobs(config) if j.traits.job_class is AppClass.BATCH]
     assert batch
     for job in batch:
         starts = job.running & ~np.vstack([np.zeros((1, job.tasks), bool), job.running[:-1]])

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cellpilot.recommend.policy import JobClass, LatencySensitivity
+from cellpilot.job_vocabulary import AppClass, LatencySensitivity
 from cellpilot.traces.google import (
     build_tasks,
     parse_google2011_task_events,
@@ -72,7 +72,7 @@ def test_2011_rows_of_one_window_merge_time_weighted_and_requests_become_limits(
     np.testing.assert_allclose(task.memory_limit, np.array([0.04, 0.04, 0.05]) * g, rtol=1e-6)
     np.testing.assert_allclose(task.cpu_limit, np.full(3, 0.1 * SCALE.cpu_cores), rtol=1e-6)
     traits = trace.traits[job]
-    assert traits.job_class is JobClass.SERVING
+    assert traits.job_class is AppClass.LATENCY_SENSITIVE
     assert traits.latency is LatencySensitivity.HIGH
     (stacked,) = trace.jobs(min_coverage=1.0)
     # A window without a recorded peak uses its mean.
@@ -81,10 +81,15 @@ def test_2011_rows_of_one_window_merge_time_weighted_and_requests_become_limits(
 
 @pytest.mark.parametrize(
     ("priority", "expected"),
-    [(0, JobClass.BATCH), (8, JobClass.BATCH), (9, JobClass.SERVING), (11, JobClass.SERVING)],
+    [
+        (0, AppClass.BATCH),
+        (8, AppClass.BATCH),
+        (9, AppClass.LATENCY_SENSITIVE),
+        (11, AppClass.LATENCY_SENSITIVE),
+    ],
     ids=["free", "middle", "production", "monitoring"],
 )
-def test_2011_production_priorities_are_serving(priority: int, expected: JobClass) -> None:
+def test_2011_production_priorities_are_serving(priority: int, expected: AppClass) -> None:
     usage = [usage_2011(T0, T0 + W, 5, 0, "0.01", "0.01", "0.01", "0.01")]
     events = [event_2011(T0, 5, 0, 0, priority, 0, "0.1", "0.1")]
     trace = build_tasks(
@@ -162,7 +167,7 @@ def test_2019_events_set_requests_and_traits() -> None:
     )
     (task,) = trace.tasks
     assert task.memory_limit[0] == pytest.approx(0.05 * SCALE.memory_bytes, rel=1e-6)
-    assert trace.traits[400_000_000_001].job_class is JobClass.SERVING
+    assert trace.traits[400_000_000_001].job_class is AppClass.LATENCY_SENSITIVE
 
 
 @pytest.mark.parametrize("trace", ["google2011", "google2019"])
@@ -198,7 +203,7 @@ def test_committed_sample_traces_read_and_filter_short_jobs() -> None:
         long_running = trace.jobs(min_coverage=0.9)
         everything = trace.jobs(min_coverage=0.0)
         assert len(everything) == len(long_running) + 1  # the job that stops after a day
-        assert any(j.traits.job_class is JobClass.BATCH for j in long_running)
+        assert any(j.traits.job_class is AppClass.BATCH for j in long_running)
         # The owner raised the first job's request on day two (an update event).
         first = long_running[0]
         assert first.memory_limit_hard[-1, 0] > first.memory_limit_hard[0, 0]

@@ -775,9 +775,9 @@ class VerticalScalingConfig(_message.Message):
     RECOMMENDER_FIELD_NUMBER: _builtins.int
     mode: Global___ScalingMode.ValueType
     min_limit: _builtins.int
-    """lower bound on the recommended limit; 0 = none"""
+    """lower bound on the recommended limit (millicores or bytes); 0 = none"""
     max_limit: _builtins.int
-    """upper bound on the recommended limit; 0 = none"""
+    """upper bound on the recommended limit (millicores or bytes); 0 = none"""
     @_builtins.property
     def recommender(self) -> Global___RecommenderRef: ...
     def __init__(

@@ -182,11 +182,11 @@ class Recommendation(_message.Message):
     job_id: _builtins.str
     resource: _resources_pb2.Resource.ValueType
     value: _builtins.int
-    """the recommended limit per task, after margin and clamping"""
+    """the recommended limit per task, after margin and clamping: millicores or bytes"""
     raw_value: _builtins.int
-    """the statistic's or model's output before the margin"""
+    """the statistic's or model's output before the margin, same unit"""
     margin: _builtins.int
-    """the safety margin added to raw_value"""
+    """the safety margin added to raw_value, same unit"""
     window_end_ms: _builtins.int
     """Event time of the newest histogram window used (its window_end_ms), ms since epoch."""
     history_start_ms: _builtins.int

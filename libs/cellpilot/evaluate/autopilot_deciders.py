@@ -58,12 +58,9 @@ from cellpilot.autopilot.selection import (
 )
 from cellpilot.autopilot.vertical_targets import chosen_values, vertical_targets
 from cellpilot.evaluate.vpa import VpaConfig, VpaRecommender, updater_decision
-from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS as KINDS
-from cellpilot.job_vocabulary import RecommenderKind as CandidateKind
-from cellpilot.job_vocabulary import ScalingMode
+from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS, RecommenderKind, ScalingMode
 from cellpilot.recommend.ml_ensemble import EnsembleConfig
-from cellpilot.usage.buckets import Resource
-from cellpilot.usage.buckets import wire_per_scheme_unit as master_unit_factor
+from cellpilot.usage.buckets import Resource, wire_per_scheme_unit
 from cellpilot.workloads.task_signals import WINDOW_MS, WINDOWS_PER_DAY, JobTraits
 
 FloatArray = npt.NDArray[np.float64]
@@ -235,14 +232,14 @@ def selected_columns(
     kind: PolicyKind, layout: ChunkLayout, resource: Resource, policy: DecisionPolicy
 ) -> IntpArray:
     """Per job the candidate column the master selects (the same :func:`select_recommender`)."""
-    ref = RecommenderRef.builtin(CandidateKind.ML) if kind is PolicyKind.ML else RecommenderRef(AUTO)
+    ref = RecommenderRef.builtin(RecommenderKind.ML) if kind is PolicyKind.ML else RecommenderRef(AUTO)
     auto_ml = policy.auto_ml if kind is PolicyKind.AUTOPILOT else AutoMl.NEVER
     config = VerticalConfig(mode=ScalingMode.ON, recommender=ref)
     columns = []
     for t in layout.traits:
         traits = SelectionTraits(t.job_class, t.latency, t.oom_tolerance)
         chosen = select_recommender(resource, config, traits, (), auto_ml).ref
-        columns.append(KINDS.index(CandidateKind(chosen.kind)))
+        columns.append(BUILTIN_RECOMMENDERS.index(RecommenderKind(chosen.kind)))
     return np.asarray(columns, dtype=np.intp)
 
 
@@ -261,14 +258,14 @@ class AutopilotDecider:
         self.resource = resource
         self.policy = policy
         self.columns = selected_columns(kind, layout, resource, policy)
-        ml = KINDS.index(CandidateKind.ML)
+        ml = BUILTIN_RECOMMENDERS.index(RecommenderKind.ML)
         self.config = replace(
             CandidateConfig.for_resource(resource, ensemble),
             with_window=bool(np.any(self.columns != ml)),
             with_ml=bool(np.any(self.columns == ml)),
         )
         self.state = initial_candidate_state(self.config, layout.jobs)
-        self.factor = master_unit_factor(resource)
+        self.factor = wire_per_scheme_unit(resource)
         # Per job, the limit the master wants after the latest window (bounded, whole units of
         # the master, NaN before the first recommendation), actuated or not (the dead band).
         self.wanted = np.full(layout.jobs, np.nan)

@@ -61,7 +61,7 @@ from cellpilot.evaluate.autopilot_metrics import (
 from cellpilot.evaluate.replay_machines import CellModel, ReplayMachines, place_tasks, pools_of
 from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner
 from cellpilot.evaluate.vpa import VpaConfig
-from cellpilot.job_vocabulary import AppClass as JobClass
+from cellpilot.job_vocabulary import AppClass
 from cellpilot.recommend.ml_ensemble import EnsembleConfig
 from cellpilot.usage.buckets import Resource
 from cellpilot.usage.units import GIB
@@ -335,7 +335,7 @@ class _Run:
 
     def close_day(self, day: int, measured: bool) -> None:
         traits = self.chunk.layout.traits
-        serving = np.array([t.job_class is JobClass.SERVING for t in traits])
+        serving = np.array([t.job_class is AppClass.LATENCY_SENSITIVE for t in traits])
         tolerance = np.array([OOM_TOLERANCES.index(t.oom_tolerance.value) for t in traits], dtype=np.int64)
         rows = self.days.close_day(self.chunk.job_ids, day, serving, tolerance)
         if measured:

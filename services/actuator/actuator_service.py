@@ -43,6 +43,7 @@ from cellpilot.platform.kafka import (
 from cellpilot.platform.kafka_consumers import AssignedConsumer
 from cellpilot.platform.metrics import CellpilotMetrics
 from cellpilot.platform.redis_client import connect_redis, reply_bytes, reply_text
+from cellpilot.platform.service import run_until_stopped
 from cellpilot.platform.telemetry import Telemetry
 from cellpilot.platform.topics import TOPICS, Topic
 from cellpilot_services.actuator.settings import ActuatorSettings
@@ -313,9 +314,6 @@ class Actuator:
 
 
 async def serve(settings: ActuatorSettings, stop: asyncio.Event, telemetry: Telemetry | None = None) -> None:
-    actuator = Actuator(settings, CellpilotMetrics.on(telemetry.meter) if telemetry else None)
-    await actuator.start()
-    try:
-        await stop.wait()
-    finally:
-        await actuator.stop()
+    await run_until_stopped(
+        Actuator(settings, CellpilotMetrics.on(telemetry.meter) if telemetry else None), stop
+    )

@@ -41,6 +41,7 @@ from cellpilot.platform.kafka import (
 )
 from cellpilot.platform.kafka_consumers import MessageConsumer
 from cellpilot.platform.postgres import apply_migrations
+from cellpilot.platform.service import run_until_stopped
 from cellpilot.platform.store_outage import POSTGRES, StoreOutageInterceptor
 from cellpilot.platform.telemetry import Telemetry
 from cellpilot_services.aggregator import convert
@@ -372,9 +373,4 @@ class Aggregator:
 async def serve(
     settings: AggregatorSettings, stop: asyncio.Event, telemetry: Telemetry | None = None
 ) -> None:
-    aggregator = Aggregator(settings, telemetry)
-    await aggregator.start()
-    try:
-        await stop.wait()
-    finally:
-        await aggregator.stop()
+    await run_until_stopped(Aggregator(settings, telemetry), stop)

@@ -21,6 +21,7 @@ from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
 from cellpilot.platform.kafka import MessageProducer, ensure_topics
 from cellpilot.platform.metrics import CellpilotMetrics
 from cellpilot.platform.redis_client import connect_redis
+from cellpilot.platform.service import run_until_stopped
 from cellpilot.platform.store_outage import REDIS, StoreOutageInterceptor
 from cellpilot.platform.telemetry import Telemetry
 from cellpilot.platform.topics import TOPICS, Topic
@@ -152,9 +153,6 @@ class AutopilotMaster:
 
 
 async def serve(settings: AutopilotSettings, stop: asyncio.Event, telemetry: Telemetry | None = None) -> None:
-    master = AutopilotMaster(settings, CellpilotMetrics.on(telemetry.meter) if telemetry else None)
-    await master.start()
-    try:
-        await stop.wait()
-    finally:
-        await master.stop()
+    await run_until_stopped(
+        AutopilotMaster(settings, CellpilotMetrics.on(telemetry.meter) if telemetry else None), stop
+    )

@@ -17,6 +17,7 @@ from cellpilot.api.v1 import borglet_pb2_grpc
 from cellpilot.borg.cgroup_v2 import CgroupDecision
 from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
 from cellpilot.platform.kafka import MessageProducer
+from cellpilot.platform.service import run_until_stopped
 from cellpilot.platform.system_accounts import RunAs
 from cellpilot.platform.telemetry import Telemetry
 from cellpilot_services.borglet import convert
@@ -241,9 +242,4 @@ class Borglet:
 
 
 async def serve(settings: BorgletSettings, stop: asyncio.Event, telemetry: Telemetry | None = None) -> None:
-    borglet = Borglet(settings, telemetry)
-    await borglet.start()
-    try:
-        await stop.wait()
-    finally:
-        await borglet.stop()
+    await run_until_stopped(Borglet(settings, telemetry), stop)

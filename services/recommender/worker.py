@@ -53,6 +53,7 @@ from cellpilot.platform.kafka import (
 from cellpilot.platform.kafka_consumers import AssignedConsumer, MessageConsumer
 from cellpilot.platform.metrics import CellpilotMetrics
 from cellpilot.platform.redis_client import connect_redis
+from cellpilot.platform.service import run_until_stopped
 from cellpilot.platform.telemetry import Telemetry
 from cellpilot.recommend.unmet_demand import RaiseForUnmetDemand
 from cellpilot_services.recommender import convert
@@ -346,9 +347,4 @@ class RecommenderWorker:
 async def serve(
     settings: RecommenderSettings, stop: asyncio.Event, telemetry: Telemetry | None = None
 ) -> None:
-    worker = RecommenderWorker(settings, telemetry)
-    await worker.start()
-    try:
-        await stop.wait()
-    finally:
-        await worker.stop()
+    await run_until_stopped(RecommenderWorker(settings, telemetry), stop)

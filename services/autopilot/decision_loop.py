@@ -43,6 +43,7 @@ from cellpilot.platform.kafka import (
 )
 from cellpilot.platform.kafka_consumers import AssignedConsumer
 from cellpilot.platform.metrics import CellpilotMetrics
+from cellpilot.platform.request_validation import InvalidField
 from cellpilot.usage.buckets import Resource
 from cellpilot_services.autopilot import convert
 from cellpilot_services.autopilot.leader_lock import LeaderLock, Leadership
@@ -248,7 +249,7 @@ class DecisionLoop:
         held = status.state == state_pb2.JOB_STATE_HELD_FOR_AUTOPILOT
         try:
             job = convert.job_view_in(status, True, self.settings.reference_machine_memory_bytes)
-        except convert.InvalidField as error:
+        except InvalidField as error:
             log.warning("job has an unusable Autopilot config", extra={"job_id": job_id, "error": str(error)})
             return None
         if held:

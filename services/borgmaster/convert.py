@@ -35,16 +35,10 @@ from cellpilot.borg.changes import (
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
 from cellpilot.borg.pending_reasons import PendingReport
 from cellpilot.borg.poll_diff import MachineReport, ReportedEvent, ReportedTask
+from cellpilot.platform.request_validation import InvalidField
 from cellpilot.schedule import RESOURCE_NAMES, Resources
 
 E = TypeVar("E", bound=Enum)
-
-
-class InvalidField(Exception):  # noqa: N818 - a request error, named for what is wrong
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 # ---------------------------------------------------------------------- enums

@@ -13,7 +13,6 @@ request id, or a fresh one) goes to the log record, the logs and the trace span.
 
 from __future__ import annotations
 
-import base64
 import logging
 import uuid
 from typing import Any, NoReturn
@@ -41,8 +40,8 @@ from cellpilot.platform.error_reasons import (
     QUOTA_EXCEEDED,
     REQUEST_ID_REUSED,
     STORE_UNAVAILABLE,
-    reason_metadata,
 )
+from cellpilot.platform.request_validation import InvalidField, abort, after_page_token, page_size, page_token
 from cellpilot.platform.store_outage import StoreUnavailable
 from cellpilot_services.borgmaster import convert, lifetime_convert
 from cellpilot_services.borgmaster.lifetime_keeper import LifetimeKeeper
@@ -73,35 +72,12 @@ def _reason(rejection: Rejection) -> str:
     return ""
 
 
-def _token(value: str) -> str:
-    return base64.urlsafe_b64encode(value.encode()).decode() if value else ""
-
-
-def _untoken(token: str) -> str:
-    try:
-        return base64.urlsafe_b64decode(token.encode()).decode()
-    except (ValueError, UnicodeDecodeError) as error:
-        raise convert.InvalidField("page_token", "not a token this server issued") from error
-
-
-def _page_size(requested: int, default: int) -> int:
-    if requested < 0:
-        raise convert.InvalidField("page_size", "must be >= 0")
-    return min(requested or default, MAX_PAGE)
-
-
 class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
     def __init__(self, replica: Replica, lifetimes: LifetimeKeeper | None = None) -> None:
         self.replica = replica
         self.lifetimes = lifetimes or LifetimeKeeper(replica, replica.settings)
 
     # ------------------------------------------------------------------ plumbing
-    async def _abort(
-        self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str, reason: str = ""
-    ) -> NoReturn:
-        await context.abort(code, message, trailing_metadata=reason_metadata(reason) if reason else ())
-        raise AssertionError("unreachable")  # pragma: no cover
-
     async def _no_master_here(self, context: grpc.aio.ServicerContext, error: NotLeader) -> NoReturn:
         """A write this replica cannot take: redirect to the master if one is known, else
         UNAVAILABLE (retryable) saying why there is none."""
@@ -115,13 +91,13 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             raise AssertionError("unreachable") from error  # pragma: no cover
         problem = self.replica.store_problem()
         if problem:
-            await self._abort(
+            await abort(
                 context,
                 grpc.StatusCode.UNAVAILABLE,
                 f"no elected Borgmaster master: {problem}; retry with the same request_id",
                 STORE_UNAVAILABLE,
             )
-        await self._abort(
+        await abort(
             context,
             grpc.StatusCode.UNAVAILABLE,
             f"no elected Borgmaster master at the moment ({error}; an election is under way); "
@@ -145,7 +121,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
                 await self._no_master_here(context, error)
             except StoreUnavailable as error:
                 span.set_attribute("cellpilot.rejected", str(error))
-                await self._abort(
+                await abort(
                     context,
                     grpc.StatusCode.UNAVAILABLE,
                     f"{error}; the write was not acknowledged: retry it with the same request_id",
@@ -157,7 +133,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
                     "request refused",
                     extra={"cause_id": cause, "code": result.code.value, "reason": str(result)},
                 )
-                await self._abort(context, STATUS[result.code], str(result), _reason(result))
+                await abort(context, STATUS[result.code], str(result), _reason(result))
             log.info(
                 "request applied", extra={"cause_id": cause, "seq": seq, "command": type(command).__name__}
             )
@@ -166,7 +142,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
     async def _reused_request_id(self, context: grpc.aio.ServicerContext, request_id: str) -> NoReturn:
         """A request id an earlier, different request used (logged before requests recorded
         their method and payload digest): its recorded answer is not this one's."""
-        await self._abort(
+        await abort(
             context,
             grpc.StatusCode.ALREADY_EXISTS,
             f"request_id: {request_id!r} was already used by another request; use a new id",
@@ -176,8 +152,8 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
     async def _convert_or_abort(self, context: grpc.aio.ServicerContext, fn: Any, *args: Any) -> Any:
         try:
             return fn(*args)
-        except convert.InvalidField as error:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except InvalidField as error:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
 
     # ------------------------------------------------------------------ jobs
     async def SubmitJob(  # noqa: N802
@@ -230,7 +206,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
         self._name_the_master(context)
         job = self.replica.state.job(request.job_id)
         if job is None:
-            await self._abort(context, grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
         reservations = {}
         if request.include_tasks:
             for task in job.visible_tasks():
@@ -245,12 +221,12 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
     ) -> borgmaster_pb2.ListJobsResponse:
         self._name_the_master(context)
         try:
-            size = _page_size(request.page_size, DEFAULT_JOBS_PAGE)
-            after = _untoken(request.page_token)
+            size = page_size(request.page_size, DEFAULT_JOBS_PAGE, MAX_PAGE)
+            after = after_page_token(request.page_token, str)
             states = {convert.enum_in(JobState, state_pb2.JobState, s, "states") for s in request.states}
             band = convert.enum_in(PriorityBand, job_pb2.PriorityBand, request.band, "band")
-        except convert.InvalidField as error:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except InvalidField as error:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
         response = borgmaster_pb2.ListJobsResponse()
         for job_id in sorted(self.replica.state.jobs):
             if job_id <= after:
@@ -266,7 +242,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             ):
                 continue
             if len(response.jobs) == size:
-                response.next_page_token = _token(response.jobs[-1].job_id)
+                response.next_page_token = page_token(response.jobs[-1].job_id)
                 break
             response.jobs.append(convert.job_status_out(job))
         return response
@@ -278,7 +254,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
         job = self.replica.state.job(request.job_id)
         task = None if job is None else job.tasks.get(request.task_index)
         if job is None or task is None or request.task_index >= job.spec.task_count:
-            await self._abort(
+            await abort(
                 context,
                 grpc.StatusCode.NOT_FOUND,
                 f"task_index: no task {request.job_id}/{request.task_index}",
@@ -298,11 +274,11 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             state = self.replica.state
             job = state.job(request.job_id)
             if job is None:
-                await self._abort(context, grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
+                await abort(context, grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
             if request.HasField("task_index"):
                 index = request.task_index
                 if index not in job.tasks or index >= job.spec.task_count:
-                    await self._abort(context, grpc.StatusCode.NOT_FOUND, f"task_index: no task {index}")
+                    await abort(context, grpc.StatusCode.NOT_FOUND, f"task_index: no task {index}")
             else:
                 pending = [t.index for t in job.visible_tasks() if t.state is TaskState.PENDING]
                 index = pending[0] if pending else 0
@@ -318,14 +294,14 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
     ) -> borgmaster_pb2.ListMachinesResponse:
         self._name_the_master(context)
         try:
-            size = _page_size(request.page_size, DEFAULT_MACHINES_PAGE)
-            after = _untoken(request.page_token)
+            size = page_size(request.page_size, DEFAULT_MACHINES_PAGE, MAX_PAGE)
+            after = after_page_token(request.page_token, str)
             states = {
                 convert.enum_in(MachineAvailability, machine_pb2.MachineState, s, "states")
                 for s in request.states
             }
-        except convert.InvalidField as error:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except InvalidField as error:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
         state = self.replica.state
         response = borgmaster_pb2.ListMachinesResponse()
         for machine_id in sorted(state.machines):
@@ -337,7 +313,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             ):
                 continue
             if len(response.machines) == size:
-                response.next_page_token = _token(response.machines[-1].spec.machine_id)
+                response.next_page_token = page_token(response.machines[-1].spec.machine_id)
                 break
             response.machines.append(convert.machine_out(state, machine, self.replica.soft))
         return response
@@ -397,7 +373,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             context, convert.enum_in, PriorityBand, job_pb2.PriorityBand, request.band, "band"
         )
         if band is PriorityBand.UNSPECIFIED:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "band: name the priority band")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "band: name the priority band")
         limit = await self._convert_or_abort(context, convert.resources_in, request.limit, "limit")
         command = SetQuota(
             request.request_id, request.user, band, limit, payload_digest=convert.payload_digest(request)

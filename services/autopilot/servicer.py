@@ -25,12 +25,13 @@ from cellpilot.client.async_client import BorgmasterClient
 from cellpilot.client.errors import CellpilotError
 from cellpilot.platform.error_reasons import LEADER_METADATA_KEY, NO_MASTER, reason_metadata
 from cellpilot.platform.kafka import MessageProducer
+from cellpilot.platform.leadership import LeaderLease
+from cellpilot.platform.redis_client import FencedWrites
 from cellpilot.platform.request_validation import InvalidField, abort, after_page_token, page_size, page_token
 from cellpilot.security.authentication import AUTHORIZATION_HEADER
 from cellpilot_services.autopilot import convert
-from cellpilot_services.autopilot.leader_lock import LeaderLock
 from cellpilot_services.autopilot.settings import AutopilotSettings
-from cellpilot_services.autopilot.state_store import StateStore, StateWrites
+from cellpilot_services.autopilot.state_store import StateStore
 
 log = logging.getLogger(__name__)
 DEFAULT_PAGE = 100
@@ -46,7 +47,7 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
         self,
         settings: AutopilotSettings,
         store: StateStore,
-        lock: LeaderLock,
+        lock: LeaderLease,
         borgmaster: BorgmasterClient,
         producer: MessageProducer,
     ) -> None:
@@ -248,8 +249,8 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
                     context, grpc.StatusCode.ALREADY_EXISTS, f"name: recommender {request.name!r} exists"
                 )
             return autopilot_pb2.RegisterRecommenderResponse(recommender=existing)
-        writes = StateWrites()
-        writes.set(self.store.recommenders_key, request.name, info.SerializeToString())
+        writes = FencedWrites()
+        writes.hset(self.store.recommenders_key, request.name, info.SerializeToString())
         if not await self.store.commit(writes, self._lock_value()):
             await self._leader_only(context)
         self._owners[request.name] = info.owner
@@ -261,7 +262,7 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
         return autopilot_pb2.RegisterRecommenderResponse(recommender=info)
 
     def _lock_value(self) -> str:
-        return self.lock.held.value if self.lock.held is not None else ""
+        return self.lock.held.encode() if self.lock.held is not None else ""
 
     async def UnregisterRecommender(  # noqa: N802
         self, request: autopilot_pb2.UnregisterRecommenderRequest, context: grpc.aio.ServicerContext
@@ -271,8 +272,8 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
         await self._leader_only(context)
         if request.name not in await self.store.recommenders():
             await abort(context, grpc.StatusCode.NOT_FOUND, f"name: no recommender {request.name!r}")
-        writes = StateWrites()
-        writes.delete(self.store.recommenders_key, request.name)
+        writes = FencedWrites()
+        writes.hdel(self.store.recommenders_key, request.name)
         if not await self.store.commit(writes, self._lock_value()):
             await self._leader_only(context)
         self._owners.pop(request.name, None)

@@ -1,39 +1,31 @@
-"""Leadership of the Borgmaster replicas: an epoch with a lease, held in PostgreSQL.
+"""Where the Borgmaster's lease lives: one row of PostgreSQL, whose epoch is the fencing token.
 
 Exactly one replica holds the lease at a time. Taking it over (after it expired) bumps
 the epoch, which is the fencing token: every checkpoint-log append checks it under a
 row lock (see :mod:`checkpoint_log`), so a deposed master that still believes it leads
 can never append (Borg §3.1 uses Paxos for the same guarantee; docs/architecture.md rule 7).
+The term and its renewal are :class:`cellpilot.platform.leadership.LeaderLease`'s.
 
 Lease times use the database clock (``now()``), so replicas need no synchronised clocks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from cellpilot.platform.leadership import LeaderLease, Leadership
 
 LEASE_NAME = "borgmaster"
 
 
-@dataclass(frozen=True)
-class Leadership:
-    epoch: int
-    holder: str
-    address: str
+class PostgresLeaseStore:
+    """The lease as the ``leader_lease`` row named :data:`LEASE_NAME`."""
 
-
-class LeaderLease:
-    def __init__(self, engine: AsyncEngine, replica_id: str, address: str, lease_s: float) -> None:
+    def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        self.replica_id = replica_id
-        self.address = address
-        self.lease_s = lease_s
 
-    async def try_acquire(self) -> Leadership | None:
-        """Become leader if nobody holds a live lease; returns the new leadership (new epoch)."""
+    async def acquire(self, holder: str, address: str, lease_s: float) -> int | None:
         async with self.engine.begin() as conn:
             await conn.execute(
                 text(
@@ -50,20 +42,12 @@ class LeaderLease:
                         " WHERE name = :name AND expires_at < now()"
                         " RETURNING epoch"
                     ),
-                    {
-                        "me": self.replica_id,
-                        "address": self.address,
-                        "lease": self.lease_s,
-                        "name": LEASE_NAME,
-                    },
+                    {"me": holder, "address": address, "lease": lease_s, "name": LEASE_NAME},
                 )
             ).first()
-        if row is None:
-            return None
-        return Leadership(int(row.epoch), self.replica_id, self.address)
+        return None if row is None else int(row.epoch)
 
-    async def renew(self, epoch: int) -> bool:
-        """Extend our lease; False means we lost it (another epoch began) and must step down."""
+    async def renew(self, term: Leadership, lease_s: float) -> bool:
         async with self.engine.begin() as conn:
             row = (
                 await conn.execute(
@@ -72,20 +56,19 @@ class LeaderLease:
                         " WHERE name = :name AND epoch = :epoch AND holder = :me AND expires_at > now()"
                         " RETURNING epoch"
                     ),
-                    {"lease": self.lease_s, "name": LEASE_NAME, "epoch": epoch, "me": self.replica_id},
+                    {"lease": lease_s, "name": LEASE_NAME, "epoch": term.token, "me": term.holder},
                 )
             ).first()
         return row is not None
 
-    async def release(self, epoch: int) -> None:
-        """Give the lease up at once (clean shutdown), so a successor need not wait for expiry."""
+    async def release(self, term: Leadership) -> None:
         async with self.engine.begin() as conn:
             await conn.execute(
                 text(
                     "UPDATE leader_lease SET expires_at = now() - interval '1 second'"
                     " WHERE name = :name AND epoch = :epoch AND holder = :me"
                 ),
-                {"name": LEASE_NAME, "epoch": epoch, "me": self.replica_id},
+                {"name": LEASE_NAME, "epoch": term.token, "me": term.holder},
             )
 
     async def current(self) -> Leadership | None:
@@ -101,3 +84,8 @@ class LeaderLease:
                 )
             ).first()
         return None if row is None else Leadership(int(row.epoch), str(row.holder), str(row.address))
+
+
+def leader_lease(engine: AsyncEngine, replica_id: str, address: str, lease_s: float) -> LeaderLease:
+    """The Borgmaster's lease: the master stops leading once a lease period passed unrenewed."""
+    return LeaderLease(PostgresLeaseStore(engine), replica_id, address, lease_s)

@@ -35,11 +35,15 @@ from cellpilot.borg.model import MachineAvailability, PriorityBand
 from cellpilot.borg.pending_reasons import explain
 from cellpilot.borg.rejection import Code, Rejection
 from cellpilot.platform.error_reasons import (
+    FENCED,
     LEADER_METADATA_KEY,
     NO_MASTER,
+    NOT_MASTER,
     QUOTA_EXCEEDED,
     REQUEST_ID_REUSED,
+    STALE_SPEC_VERSION,
     STORE_UNAVAILABLE,
+    reason_metadata,
 )
 from cellpilot.platform.request_validation import InvalidField, abort, after_page_token, page_size, page_token
 from cellpilot.platform.store_outage import StoreUnavailable
@@ -63,13 +67,19 @@ STATUS = {
 }
 
 
+# The ``cellpilot-error-reason`` of a refusal whose status code is shared by several causes,
+# by the code and the field the refusal names.
+REASONS = {
+    (Code.ALREADY_EXISTS, "request_id"): REQUEST_ID_REUSED,
+    (Code.FAILED_PRECONDITION, "fencing_token"): FENCED,
+    (Code.FAILED_PRECONDITION, "expected_spec_version"): STALE_SPEC_VERSION,
+}
+
+
 def _reason(rejection: Rejection) -> str:
-    """The ``cellpilot-error-reason`` of a refusal whose status code is shared by several causes."""
     if rejection.code is Code.RESOURCE_EXHAUSTED:
         return QUOTA_EXCEEDED
-    if rejection.code is Code.ALREADY_EXISTS and rejection.field == "request_id":
-        return REQUEST_ID_REUSED
-    return ""
+    return REASONS.get((rejection.code, rejection.field), "")
 
 
 class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
@@ -86,7 +96,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"{error}; the master is {leader}",
-                trailing_metadata=((LEADER_METADATA_KEY, leader),),
+                trailing_metadata=((LEADER_METADATA_KEY, leader), *reason_metadata(NOT_MASTER)),
             )
             raise AssertionError("unreachable") from error  # pragma: no cover
         problem = self.replica.store_problem()

@@ -27,18 +27,8 @@ from opentelemetry import trace
 
 from cellpilot.api.v1 import monitoring_pb2_grpc, usage_pb2
 from cellpilot.autopilot.event_windows import ClosedWindows, PartitionWindows, WindowingConfig
+from cellpilot.platform import kafka
 from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
-from cellpilot.platform.kafka import (
-    MAX_SPAN_LINKS,
-    AppliedOffsets,
-    LogPosition,
-    MessageProducer,
-    PoisonRecordError,
-    Record,
-    RecordFingerprint,
-    dead_letter,
-    record_links,
-)
 from cellpilot.platform.kafka_consumers import MessageConsumer
 from cellpilot.platform.partition_owner import AssignmentChange, OwnedPartition, PartitionOwner
 from cellpilot.platform.postgres import apply_migrations
@@ -75,7 +65,7 @@ class Aggregator:
         self.config = WindowingConfig(settings.window_ms, settings.out_of_orderness_ms, settings.grace_ms)
         self.store: HistoryStore | None = None
         self.consumer: MessageConsumer | None = None
-        self.producer: MessageProducer | None = None
+        self.producer: kafka.MessageProducer | None = None
         self.server: GrpcServer | None = None
         self.owner: PartitionOwner[WindowsPartition] | None = None
         self.port = 0
@@ -84,7 +74,7 @@ class Aggregator:
         self._tasks: list[asyncio.Task[None]] = []
         # The latest "aggregate samples" spans: the published job windows link back to them
         # (a window sums many samples from many batches; the trace is joined by links).
-        self.recent_aggregate_spans: deque[trace.Link] = deque(maxlen=MAX_SPAN_LINKS)
+        self.recent_aggregate_spans: deque[trace.Link] = deque(maxlen=kafka.MAX_SPAN_LINKS)
 
     @property
     def owned(self) -> dict[int, WindowsPartition]:
@@ -98,7 +88,7 @@ class Aggregator:
             await apply_migrations(platform.postgres_url_for("aggregator"))
         self.store = await HistoryStore.connect(platform.postgres_url_for("aggregator"))
         await self.store.ensure_partitions(self.settings.samples_topic, self.settings.sample_partitions)
-        self.producer = MessageProducer(platform.kafka_bootstrap, client_id=self.replica_id)
+        self.producer = kafka.MessageProducer(platform.kafka_bootstrap, client_id=self.replica_id)
         await self.producer.start()
         self.consumer = MessageConsumer(
             platform.kafka_bootstrap,
@@ -157,8 +147,8 @@ class Aggregator:
             self._step, self._stop, timeout_ms=200, max_records=self.settings.max_poll_records
         )
 
-    async def _step(self, records: list[Record], change: AssignmentChange) -> None:
-        by_partition: dict[int, list[Record]] = defaultdict(list)
+    async def _step(self, records: list[kafka.Record], change: AssignmentChange) -> None:
+        by_partition: dict[int, list[kafka.Record]] = defaultdict(list)
         for record in records:
             by_partition[record.partition].append(record)
         for partition, part in by_partition.items():
@@ -167,14 +157,14 @@ class Aggregator:
                 continue  # revoked meanwhile: the new owner re-reads it from its checkpoint
             if owned.idle and not await self._reactivate(owned):
                 continue
-            with tracer.start_as_current_span("aggregate samples", links=record_links(part)) as span:
+            with tracer.start_as_current_span("aggregate samples", links=kafka.record_links(part)) as span:
                 self.recent_aggregate_spans.append(trace.Link(span.get_span_context()))
                 span.set_attribute("messaging.kafka.partition", partition)
                 span.set_attribute("cellpilot.records", len(part))
                 poison = await asyncio.to_thread(self._apply, owned, part)
             for error in poison:
                 assert self.producer is not None
-                await dead_letter(self.producer, error)
+                await kafka.dead_letter(self.producer, error)
         await self._checkpoint_due()
 
     async def _reactivate(self, owned: WindowsPartition) -> bool:
@@ -198,16 +188,16 @@ class Aggregator:
         owned.idle = False
         return True
 
-    def _apply(self, owned: WindowsPartition, records: list[Record]) -> list[PoisonRecordError]:
+    def _apply(self, owned: WindowsPartition, records: list[kafka.Record]) -> list[kafka.PoisonRecordError]:
         """Fold records into the partition's windows (runs in a worker thread)."""
-        poison: list[PoisonRecordError] = []
+        poison: list[kafka.PoisonRecordError] = []
         windows = owned.windows
         for record in records:
             if not owned.fence.is_new(record):
                 continue  # already in the checkpoint we resumed from
             try:
                 batch = record.decode(usage_pb2.UsageSampleBatch)
-            except PoisonRecordError as error:
+            except kafka.PoisonRecordError as error:
                 poison.append(error)
                 owned.fence.mark(record)
                 continue
@@ -235,10 +225,10 @@ class Aggregator:
             )
         else:
             windows = PartitionWindows(self.config, self.settings.fold_every_samples)
-        fence = AppliedOffsets()
+        fence = kafka.AppliedOffsets()
         fence.restore(
             (self.settings.samples_topic, partition),
-            LogPosition(claim.next_offset, RecordFingerprint.decode(claim.last_applied)),
+            kafka.LogPosition(claim.next_offset, kafka.RecordFingerprint.decode(claim.last_applied)),
         )
         now = time.monotonic()
         owned = WindowsPartition(

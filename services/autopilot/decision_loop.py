@@ -33,14 +33,7 @@ from cellpilot.autopilot.decisions import (
 )
 from cellpilot.client.async_client import BorgmasterClient
 from cellpilot.client.errors import CellpilotError, NotFoundError
-from cellpilot.platform.kafka import (
-    AppliedOffsets,
-    MessageProducer,
-    PoisonRecordError,
-    Record,
-    dead_letter,
-    record_links,
-)
+from cellpilot.platform import kafka
 from cellpilot.platform.kafka_consumers import AssignedConsumer
 from cellpilot.platform.leadership import LeaderLease, Leadership
 from cellpilot.platform.metrics import CellpilotMetrics
@@ -124,7 +117,7 @@ class DecisionLoop:
         store: StateStore,
         lock: LeaderLease,
         borgmaster: BorgmasterClient,
-        producer: MessageProducer,
+        producer: kafka.MessageProducer,
         metrics: CellpilotMetrics | None = None,
     ) -> None:
         self.settings = settings
@@ -178,23 +171,23 @@ class DecisionLoop:
 
     # ------------------------------------------------------------------ recommendations
     async def _apply(
-        self, records: list[Record], offsets: AppliedOffsets, leadership: Leadership
+        self, records: list[kafka.Record], offsets: kafka.AppliedOffsets, leadership: Leadership
     ) -> TermEnded | None:
         # One decision span per batch, linked to the recommendations it weighs; the actuations
         # it publishes are its children (their headers carry it to the actuator).
-        with tracer.start_as_current_span("autopilot decide", links=record_links(records)) as span:
+        with tracer.start_as_current_span("autopilot decide", links=kafka.record_links(records)) as span:
             span.set_attribute("cellpilot.records", len(records))
             return await self._apply_batch(records, offsets, leadership)
 
     async def _apply_batch(
-        self, records: list[Record], offsets: AppliedOffsets, leadership: Leadership
+        self, records: list[kafka.Record], offsets: kafka.AppliedOffsets, leadership: Leadership
     ) -> TermEnded | None:
         sets = []
         for record in records:
             try:
                 sets.append(record.decode(recommendation_pb2.RecommendationSet))
-            except PoisonRecordError as poison:
-                await dead_letter(self.producer, poison)
+            except kafka.PoisonRecordError as poison:
+                await kafka.dead_letter(self.producer, poison)
         inputs = collect_inputs(sets)
         writes = FencedWrites()
         for job_id, job in inputs.items():

@@ -15,6 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from cellpilot.platform.leadership import LeaderLease, Leadership
+from cellpilot.platform.postgres import query, query_one
 
 LEASE_NAME = "borgmaster"
 
@@ -48,41 +49,32 @@ class PostgresLeaseStore:
         return None if row is None else int(row.epoch)
 
     async def renew(self, term: Leadership, lease_s: float) -> bool:
-        async with self.engine.begin() as conn:
-            row = (
-                await conn.execute(
-                    text(
-                        "UPDATE leader_lease SET expires_at = now() + make_interval(secs => :lease)"
-                        " WHERE name = :name AND epoch = :epoch AND holder = :me AND expires_at > now()"
-                        " RETURNING epoch"
-                    ),
-                    {"lease": lease_s, "name": LEASE_NAME, "epoch": term.token, "me": term.holder},
-                )
-            ).first()
+        row = await query_one(
+            self.engine,
+            "UPDATE leader_lease SET expires_at = now() + make_interval(secs => :lease)"
+            " WHERE name = :name AND epoch = :epoch AND holder = :me AND expires_at > now()"
+            " RETURNING epoch",
+            {"lease": lease_s, "name": LEASE_NAME, "epoch": term.token, "me": term.holder},
+            write=True,
+        )
         return row is not None
 
     async def release(self, term: Leadership) -> None:
-        async with self.engine.begin() as conn:
-            await conn.execute(
-                text(
-                    "UPDATE leader_lease SET expires_at = now() - interval '1 second'"
-                    " WHERE name = :name AND epoch = :epoch AND holder = :me"
-                ),
-                {"name": LEASE_NAME, "epoch": term.token, "me": term.holder},
-            )
+        await query(
+            self.engine,
+            "UPDATE leader_lease SET expires_at = now() - interval '1 second'"
+            " WHERE name = :name AND epoch = :epoch AND holder = :me RETURNING epoch",
+            {"name": LEASE_NAME, "epoch": term.token, "me": term.holder},
+            write=True,
+        )
 
     async def current(self) -> Leadership | None:
         """Who leads now (None if the lease has expired)."""
-        async with self.engine.connect() as conn:
-            row = (
-                await conn.execute(
-                    text(
-                        "SELECT epoch, holder, address FROM leader_lease"
-                        " WHERE name = :name AND expires_at > now()"
-                    ),
-                    {"name": LEASE_NAME},
-                )
-            ).first()
+        row = await query_one(
+            self.engine,
+            "SELECT epoch, holder, address FROM leader_lease WHERE name = :name AND expires_at > now()",
+            {"name": LEASE_NAME},
+        )
         return None if row is None else Leadership(int(row.epoch), str(row.holder), str(row.address))
 
 

@@ -75,7 +75,7 @@ class LinkShard:
         address = replica.leader_address()
         if leader is None or address is None:
             return None
-        return leader.epoch, address
+        return leader.token, address
 
     def share(self) -> list[str]:
         """The machines this shard polls now (cached until the membership or machines change)."""

@@ -34,17 +34,7 @@ from cellpilot.borg.lifecycle import JobState, TaskState
 from cellpilot.borg.model import MachineAvailability, PriorityBand
 from cellpilot.borg.pending_reasons import explain
 from cellpilot.borg.rejection import Code, Rejection
-from cellpilot.platform.error_reasons import (
-    FENCED,
-    LEADER_METADATA_KEY,
-    NO_MASTER,
-    NOT_MASTER,
-    QUOTA_EXCEEDED,
-    REQUEST_ID_REUSED,
-    STALE_SPEC_VERSION,
-    STORE_UNAVAILABLE,
-    reason_metadata,
-)
+from cellpilot.platform import error_reasons
 from cellpilot.platform.request_validation import InvalidField, abort, after_page_token, page_size, page_token
 from cellpilot.platform.store_outage import StoreUnavailable
 from cellpilot_services.borgmaster import convert, lifetime_convert
@@ -70,15 +60,15 @@ STATUS = {
 # The ``cellpilot-error-reason`` of a refusal whose status code is shared by several causes,
 # by the code and the field the refusal names.
 REASONS = {
-    (Code.ALREADY_EXISTS, "request_id"): REQUEST_ID_REUSED,
-    (Code.FAILED_PRECONDITION, "fencing_token"): FENCED,
-    (Code.FAILED_PRECONDITION, "expected_spec_version"): STALE_SPEC_VERSION,
+    (Code.ALREADY_EXISTS, "request_id"): error_reasons.REQUEST_ID_REUSED,
+    (Code.FAILED_PRECONDITION, "fencing_token"): error_reasons.FENCED,
+    (Code.FAILED_PRECONDITION, "expected_spec_version"): error_reasons.STALE_SPEC_VERSION,
 }
 
 
 def _reason(rejection: Rejection) -> str:
     if rejection.code is Code.RESOURCE_EXHAUSTED:
-        return QUOTA_EXCEEDED
+        return error_reasons.QUOTA_EXCEEDED
     return REASONS.get((rejection.code, rejection.field), "")
 
 
@@ -96,7 +86,10 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"{error}; the master is {leader}",
-                trailing_metadata=((LEADER_METADATA_KEY, leader), *reason_metadata(NOT_MASTER)),
+                trailing_metadata=(
+                    (error_reasons.LEADER_METADATA_KEY, leader),
+                    *error_reasons.reason_metadata(error_reasons.NOT_MASTER),
+                ),
             )
             raise AssertionError("unreachable") from error  # pragma: no cover
         problem = self.replica.store_problem()
@@ -105,21 +98,21 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
                 context,
                 grpc.StatusCode.UNAVAILABLE,
                 f"no elected Borgmaster master: {problem}; retry with the same request_id",
-                STORE_UNAVAILABLE,
+                error_reasons.STORE_UNAVAILABLE,
             )
         await abort(
             context,
             grpc.StatusCode.UNAVAILABLE,
             f"no elected Borgmaster master at the moment ({error}; an election is under way); "
             "retry with the same request_id",
-            NO_MASTER,
+            error_reasons.NO_MASTER,
         )
 
     def _name_the_master(self, context: grpc.aio.ServicerContext) -> None:
         """A follower answers reads from its warm copy, but soft state (usage, readiness) lives
         with the master: name it, so clients send their next calls there."""
         if not self.replica.is_leader and (leader := self.replica.leader_address()):
-            context.set_trailing_metadata(((LEADER_METADATA_KEY, leader),))
+            context.set_trailing_metadata(((error_reasons.LEADER_METADATA_KEY, leader),))
 
     async def _write(self, command: Command, context: grpc.aio.ServicerContext) -> tuple[Any, int]:
         cause = command.request_id or f"req-{uuid.uuid4().hex[:12]}"
@@ -135,7 +128,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
                     context,
                     grpc.StatusCode.UNAVAILABLE,
                     f"{error}; the write was not acknowledged: retry it with the same request_id",
-                    STORE_UNAVAILABLE,
+                    error_reasons.STORE_UNAVAILABLE,
                 )
             if isinstance(result, Rejection):
                 span.set_attribute("cellpilot.rejected", str(result))
@@ -156,7 +149,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             context,
             grpc.StatusCode.ALREADY_EXISTS,
             f"request_id: {request_id!r} was already used by another request; use a new id",
-            REQUEST_ID_REUSED,
+            error_reasons.REQUEST_ID_REUSED,
         )
 
     async def _convert_or_abort(self, context: grpc.aio.ServicerContext, fn: Any, *args: Any) -> Any:
@@ -409,7 +402,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             )
         elif leader is not None:
             response.leader.CopyFrom(
-                state_pb2.LeaderInfo(replica_id=leader.holder, address=leader.address, epoch=leader.epoch)
+                state_pb2.LeaderInfo(replica_id=leader.holder, address=leader.address, epoch=leader.token)
             )
         if response.HasField("leader"):
             response.leader.log_sequence = replica.state.last_sequence

@@ -41,15 +41,8 @@ from cellpilot.autopilot.job_recommendations import (
     apply_ooms,
 )
 from cellpilot.autopilot.ml_config import shipped_recommender_config
+from cellpilot.platform import kafka
 from cellpilot.platform.grpc_server import GrpcServer
-from cellpilot.platform.kafka import (
-    AppliedOffsets,
-    MessageProducer,
-    PoisonRecordError,
-    Record,
-    dead_letter,
-    record_links,
-)
 from cellpilot.platform.kafka_consumers import AssignedConsumer, MessageConsumer
 from cellpilot.platform.metrics import CellpilotMetrics
 from cellpilot.platform.partition_owner import AssignmentChange, OwnedPartition, PartitionOwner
@@ -78,7 +71,7 @@ class JobsPartition(OwnedPartition):
 @dataclass
 class StepOutput:
     published: int = 0
-    poison: list[PoisonRecordError] = field(default_factory=list)
+    poison: list[kafka.PoisonRecordError] = field(default_factory=list)
 
 
 class RecommenderWorker:
@@ -93,7 +86,7 @@ class RecommenderWorker:
         self.redis = connect_redis(settings.platform.redis_url_for("recommender"))
         self.store = StateStore(self.redis, settings.state_prefix, settings.consumer_group)
         bootstrap = settings.platform.kafka_bootstrap
-        self.producer = MessageProducer(bootstrap, client_id=self.replica_id)
+        self.producer = kafka.MessageProducer(bootstrap, client_id=self.replica_id)
         self.consumer = MessageConsumer(
             bootstrap,
             [settings.histograms_topic],
@@ -159,7 +152,7 @@ class RecommenderWorker:
         checkpoint = await self.store.claim(partition)
         return JobsPartition(partition, checkpoint.epoch, checkpoint.offsets, jobs=checkpoint.jobs)
 
-    async def _consume(self, records: list[Record], change: AssignmentChange) -> None:
+    async def _consume(self, records: list[kafka.Record], change: AssignmentChange) -> None:
         if change.changed:
             await self._restart_events()
         events = await self._poll_events()
@@ -195,15 +188,15 @@ class RecommenderWorker:
         )
         # Starts where the oldest position needs; the positions themselves (with their
         # fingerprints) are checked by follow_log_resets right after a claim.
-        await self.events.start(AppliedOffsets(starts))
+        await self.events.start(kafka.AppliedOffsets(starts))
 
-    async def _poll_events(self) -> list[Record]:
+    async def _poll_events(self) -> list[kafka.Record]:
         if self.events is None:
             return []
         return await anext(self.events.batches(timeout_ms=1, max_records=self.settings.max_poll_records))
 
-    async def _step(self, records: list[Record], events: list[Record]) -> None:
-        by_partition: dict[int, list[Record]] = defaultdict(list)
+    async def _step(self, records: list[kafka.Record], events: list[kafka.Record]) -> None:
+        by_partition: dict[int, list[kafka.Record]] = defaultdict(list)
         for record in records:
             if record.partition in self.owned:
                 by_partition[record.partition].append(record)
@@ -211,16 +204,16 @@ class RecommenderWorker:
             return
         # Linked to the histogram records it folds in; the recommendations it publishes are its
         # children (their headers carry this span), so a trace walks window -> recommendation.
-        links = record_links([*records, *events])
+        links = kafka.record_links([*records, *events])
         with tracer.start_as_current_span("recommend", links=links) as span:
             span.set_attribute("cellpilot.records", len(records))
             span.set_attribute("cellpilot.events", len(events))
             out = await asyncio.to_thread(self._apply, by_partition, events)
             for error in out.poison:
-                await dead_letter(self.producer, error)
+                await kafka.dead_letter(self.producer, error)
             await self._publish_and_checkpoint()
 
-    def _apply(self, by_partition: dict[int, list[Record]], events: list[Record]) -> StepOutput:
+    def _apply(self, by_partition: dict[int, list[kafka.Record]], events: list[kafka.Record]) -> StepOutput:
         """Convert and fold records into the owned partitions' job states (a worker thread)."""
         out = StepOutput()
         for partition, records in by_partition.items():
@@ -233,7 +226,7 @@ class RecommenderWorker:
                 owned.dirty = True
                 try:
                     inputs.append(convert.histogram_in(record, self.config))
-                except PoisonRecordError as error:
+                except kafka.PoisonRecordError as error:
                     out.poison.append(error)
             result = apply_histograms(self.config, owned.jobs, inputs)
             owned.changed |= result.changed
@@ -244,7 +237,7 @@ class RecommenderWorker:
             try:
                 oom = convert.oom_in(record)
                 settings = convert.horizontal_settings_in(record, self.config) if oom is None else None
-            except PoisonRecordError as error:  # the Borgmaster's stream: every worker reads it
+            except kafka.PoisonRecordError as error:  # the Borgmaster's stream: every worker reads it
                 self.skipped_events += 1
                 log.warning(
                     "skipped a malformed borg.events record",

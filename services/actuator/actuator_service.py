@@ -31,27 +31,16 @@ from cellpilot.autopilot.rate_limit import KeyedBuckets, TokenBucket
 from cellpilot.client.async_client import CellpilotClient
 from cellpilot.client.errors import CellpilotError
 from cellpilot.client.failover import RetryPolicy
+from cellpilot.platform import kafka
 from cellpilot.platform.grpc_server import GrpcServer
-from cellpilot.platform.kafka import (
-    AppliedOffsets,
-    MessageProducer,
-    PoisonRecordError,
-    Record,
-    dead_letter,
-    ensure_topics,
-)
 from cellpilot.platform.kafka_consumers import AssignedConsumer
 from cellpilot.platform.metrics import CellpilotMetrics
 from cellpilot.platform.redis_client import connect_redis, reply_bytes, reply_text
+from cellpilot.platform.service import run_until_stopped
 from cellpilot.platform.telemetry import Telemetry
 from cellpilot.platform.topics import TOPICS, Topic
+from cellpilot_services.actuator import update_request
 from cellpilot_services.actuator.settings import ActuatorSettings
-from cellpilot_services.actuator.update_request import (
-    invalid_reason,
-    is_transient,
-    refusal_outcome,
-    update_of,
-)
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -75,10 +64,10 @@ class ActuationResults:
     def result_key(self, idempotency_key: str) -> str:
         return f"{self.prefix}:result:{idempotency_key}"
 
-    async def load(self) -> tuple[AppliedOffsets, int]:
+    async def load(self) -> tuple[kafka.AppliedOffsets, int]:
         raw = await self.redis.hgetall(self.offsets_key)
         token = await self.redis.get(self.token_key)
-        offsets = AppliedOffsets.from_mapping({reply_text(k): reply_text(v) for k, v in raw.items()})
+        offsets = kafka.AppliedOffsets.from_mapping({reply_text(k): reply_text(v) for k, v in raw.items()})
         return offsets, int(token or 0)
 
     async def result(self, idempotency_key: str) -> actuation_pb2.ActuationResult | None:
@@ -91,8 +80,8 @@ class ActuationResults:
 
     async def save(
         self,
-        record: Record,
-        offsets: AppliedOffsets,
+        record: kafka.Record,
+        offsets: kafka.AppliedOffsets,
         highest_token: int,
         result: actuation_pb2.ActuationResult | None,
         duplicates_key: str = "",
@@ -135,7 +124,7 @@ class Actuator:
             # jobs and release their hold (cellpilot.security.policy).
             **settings.security.client_options("actuator"),
         )
-        self.producer = MessageProducer(settings.platform.kafka_bootstrap, client_id=self.replica_id)
+        self.producer = kafka.MessageProducer(settings.platform.kafka_bootstrap, client_id=self.replica_id)
         self.guard = ActuationGuard()
         self.per_job = KeyedBuckets(settings.per_job_rate_per_s, settings.per_job_burst)
         self.cell = TokenBucket(settings.global_rate_per_s, settings.global_burst)
@@ -152,7 +141,7 @@ class Actuator:
     async def start(self) -> str:
         known = {t.name: t for t in TOPICS}
         topic = self.settings.actuations_topic
-        await ensure_topics(
+        await kafka.ensure_topics(
             self.settings.platform.kafka_bootstrap, [known.get(topic) or Topic(topic, 3, "job id", "")]
         )
         await self.producer.start()
@@ -213,14 +202,14 @@ class Actuator:
         finally:
             await consumer.stop()
 
-    async def _handle(self, record: Record, offsets: AppliedOffsets) -> None:
+    async def _handle(self, record: kafka.Record, offsets: kafka.AppliedOffsets) -> None:
         if not offsets.is_new(record):
             self.replayed_records += 1
             return
         try:
             actuation = record.decode(actuation_pb2.Actuation)
-        except PoisonRecordError as poison:
-            await dead_letter(self.producer, poison)
+        except kafka.PoisonRecordError as poison:
+            await kafka.dead_letter(self.producer, poison)
             offsets.mark(record)
             await self.results.save(record, offsets, self.guard.highest_token, None)
             return
@@ -251,7 +240,7 @@ class Actuator:
             job_id=actuation.job_id,
             event_time_ms=actuation.event_time_ms,
         )
-        problem = invalid_reason(actuation)
+        problem = update_request.invalid_reason(actuation)
         if problem:
             return self._finish(result, actuation_pb2.ACTUATION_OUTCOME_INVALID, problem)
         if self.guard.admit(actuation.idempotency_key, actuation.fencing_token) is Admission.FENCED:
@@ -263,7 +252,7 @@ class Actuator:
         wait = max(self.per_job.reserve(actuation.job_id, now), self.cell.reserve(now))
         if wait > 0:
             await asyncio.sleep(wait)
-        spec, paths = update_of(actuation)
+        spec, paths = update_request.update_of(actuation)
         backoff = self.settings.initial_backoff_s
         last = ""
         for attempt in range(1, self.settings.max_attempts + 1):
@@ -280,8 +269,8 @@ class Actuator:
                 )
             except CellpilotError as error:
                 last = error.details
-                if not is_transient(error):
-                    return self._finish(result, refusal_outcome(error), error.details)
+                if not update_request.is_transient(error):
+                    return self._finish(result, update_request.refusal_outcome(error), error.details)
                 await asyncio.sleep(backoff * (0.5 + random.random() / 2))
                 backoff = min(backoff * 2, self.settings.max_backoff_s)
                 continue
@@ -313,9 +302,6 @@ class Actuator:
 
 
 async def serve(settings: ActuatorSettings, stop: asyncio.Event, telemetry: Telemetry | None = None) -> None:
-    actuator = Actuator(settings, CellpilotMetrics.on(telemetry.meter) if telemetry else None)
-    await actuator.start()
-    try:
-        await stop.wait()
-    finally:
-        await actuator.stop()
+    await run_until_stopped(
+        Actuator(settings, CellpilotMetrics.on(telemetry.meter) if telemetry else None), stop
+    )

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 from cellpilot.api.v1 import actuation_pb2, job_pb2, resources_pb2
-from cellpilot.client.errors import (
-    CellpilotError,
-    ConflictError,
-    UnavailableError,
-)
+from cellpilot.client.errors import CellpilotError, ConflictError, UnavailableError
+from cellpilot.platform.error_reasons import FENCED, NOT_MASTER, STALE_SPEC_VERSION
 
 CPU_PATH = "task.limits.cpu_millicores"
 MEMORY_PATH = "task.limits.memory_bytes"
@@ -47,19 +44,19 @@ def invalid_reason(actuation: actuation_pb2.Actuation) -> str:
 
 def is_transient(error: CellpilotError) -> bool:
     """Worth retrying: no master reachable, or a follower that does not know the master yet."""
-    if isinstance(error, UnavailableError):
-        return True
-    return (
-        isinstance(error, ConflictError)
-        and "master" in error.details
-        and "fencing_token" not in error.details
-    )
+    return isinstance(error, UnavailableError) or error.reason == NOT_MASTER
+
+
+# A Borgmaster refusal (FAILED_PRECONDITION) as an outcome, by the reason it gives.
+REFUSALS = {
+    FENCED: actuation_pb2.ACTUATION_OUTCOME_FENCED,
+    STALE_SPEC_VERSION: actuation_pb2.ACTUATION_OUTCOME_CONFLICT,
+}
 
 
 def refusal_outcome(error: CellpilotError) -> actuation_pb2.ActuationOutcome.ValueType:
+    """What a refused update settles as: FENCED (a deposed master's token), CONFLICT (the job
+    moved on from the spec version the decision was based on), else INVALID."""
     if isinstance(error, ConflictError):
-        if "fencing_token" in error.details:
-            return actuation_pb2.ACTUATION_OUTCOME_FENCED
-        if "expected_spec_version" in error.details:
-            return actuation_pb2.ACTUATION_OUTCOME_CONFLICT
+        return REFUSALS.get(error.reason, actuation_pb2.ACTUATION_OUTCOME_INVALID)
     return actuation_pb2.ACTUATION_OUTCOME_INVALID

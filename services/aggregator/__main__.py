@@ -7,21 +7,13 @@ Settings come from ``CELLPILOT_AGGREGATOR_*`` environment variables (see ``setti
 
 from __future__ import annotations
 
-import asyncio
-
-from cellpilot.platform.service import run_service
-from cellpilot.platform.telemetry import Telemetry
+from cellpilot.platform.service import service_main
 from cellpilot_services.aggregator.aggregator_service import serve
 from cellpilot_services.aggregator.settings import AggregatorSettings
 
 
 def main() -> None:
-    settings = AggregatorSettings.load()
-
-    async def run(stop: asyncio.Event, telemetry: Telemetry) -> None:
-        await serve(settings, stop, telemetry)
-
-    run_service("aggregator", settings.platform, run, metrics_port=settings.resolved_metrics_port)
+    service_main(AggregatorSettings, serve)
 
 
 if __name__ == "__main__":

@@ -27,20 +27,12 @@ from opentelemetry import trace
 
 from cellpilot.api.v1 import monitoring_pb2_grpc, usage_pb2
 from cellpilot.autopilot.event_windows import ClosedWindows, PartitionWindows, WindowingConfig
+from cellpilot.platform import kafka
 from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
-from cellpilot.platform.kafka import (
-    MAX_SPAN_LINKS,
-    AppliedOffsets,
-    LogPosition,
-    MessageProducer,
-    PoisonRecordError,
-    Record,
-    RecordFingerprint,
-    dead_letter,
-    record_links,
-)
 from cellpilot.platform.kafka_consumers import MessageConsumer
+from cellpilot.platform.partition_owner import AssignmentChange, OwnedPartition, PartitionOwner
 from cellpilot.platform.postgres import apply_migrations
+from cellpilot.platform.service import run_until_stopped
 from cellpilot.platform.store_outage import POSTGRES, StoreOutageInterceptor
 from cellpilot.platform.telemetry import Telemetry
 from cellpilot_services.aggregator import convert
@@ -53,15 +45,13 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
 
-@dataclass
-class OwnedPartition:
-    partition: int
-    epoch: int
+@dataclass(kw_only=True)
+class WindowsPartition(OwnedPartition):
+    """A ``usage.samples`` partition's open event-time windows, and its progress."""
+
     windows: PartitionWindows
-    fence: AppliedOffsets
     last_record_s: float
     last_checkpoint_s: float
-    dirty: bool = False
     idle: bool = False
     invalid_samples: int = 0
     pending_rows: list[ClosedWindows] = field(default_factory=list)
@@ -75,16 +65,20 @@ class Aggregator:
         self.config = WindowingConfig(settings.window_ms, settings.out_of_orderness_ms, settings.grace_ms)
         self.store: HistoryStore | None = None
         self.consumer: MessageConsumer | None = None
-        self.producer: MessageProducer | None = None
+        self.producer: kafka.MessageProducer | None = None
         self.server: GrpcServer | None = None
-        self.owned: dict[int, OwnedPartition] = {}
+        self.owner: PartitionOwner[WindowsPartition] | None = None
         self.port = 0
         self._stop = asyncio.Event()
         self._job_trigger = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         # The latest "aggregate samples" spans: the published job windows link back to them
         # (a window sums many samples from many batches; the trace is joined by links).
-        self.recent_aggregate_spans: deque[trace.Link] = deque(maxlen=MAX_SPAN_LINKS)
+        self.recent_aggregate_spans: deque[trace.Link] = deque(maxlen=kafka.MAX_SPAN_LINKS)
+
+    @property
+    def owned(self) -> dict[int, WindowsPartition]:
+        return self.owner.owned if self.owner is not None else {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -94,7 +88,7 @@ class Aggregator:
             await apply_migrations(platform.postgres_url_for("aggregator"))
         self.store = await HistoryStore.connect(platform.postgres_url_for("aggregator"))
         await self.store.ensure_partitions(self.settings.samples_topic, self.settings.sample_partitions)
-        self.producer = MessageProducer(platform.kafka_bootstrap, client_id=self.replica_id)
+        self.producer = kafka.MessageProducer(platform.kafka_bootstrap, client_id=self.replica_id)
         await self.producer.start()
         self.consumer = MessageConsumer(
             platform.kafka_bootstrap,
@@ -104,6 +98,7 @@ class Aggregator:
             log_check_interval_s=platform.log_check_interval_s,
         )
         await self.consumer.start()
+        self.owner = PartitionOwner(self.consumer, self.settings.samples_topic, self.replica_id, self._claim)
         self.server = GrpcServer(
             [
                 ServiceBinding(
@@ -147,41 +142,32 @@ class Aggregator:
     # -- consuming ---------------------------------------------------------------------
 
     async def _consume_loop(self) -> None:
-        assert self.consumer is not None
-        async for records in self.consumer.batches(
-            timeout_ms=200, max_records=self.settings.max_poll_records
-        ):
-            if self._stop.is_set():
-                return
-            try:
-                claimed = await self._sync_assignment()
-                # Positions checked against the broker's logs: at a claim, then periodically
-                # whether or not records arrive (a broker that lost its log).
-                fences = [owned.fence for owned in self.owned.values()]
-                records = await self.consumer.follow_log_resets(records, fences, force=claimed)
-                by_partition: dict[int, list[Record]] = defaultdict(list)
-                for record in records:
-                    by_partition[record.partition].append(record)
-                for partition, part in by_partition.items():
-                    owned = self.owned.get(partition)
-                    if owned is None:
-                        continue  # revoked meanwhile: the new owner re-reads it from its checkpoint
-                    if owned.idle and not await self._reactivate(owned):
-                        continue
-                    with tracer.start_as_current_span("aggregate samples", links=record_links(part)) as span:
-                        self.recent_aggregate_spans.append(trace.Link(span.get_span_context()))
-                        span.set_attribute("messaging.kafka.partition", partition)
-                        span.set_attribute("cellpilot.records", len(part))
-                        poison = await asyncio.to_thread(self._apply, owned, part)
-                    for error in poison:
-                        assert self.producer is not None
-                        await dead_letter(self.producer, error)
-                await self._checkpoint_due()
-            except Exception:
-                log.exception("aggregator step failed; continuing")
-                await asyncio.sleep(0.5)
+        assert self.owner is not None
+        await self.owner.run(
+            self._step, self._stop, timeout_ms=200, max_records=self.settings.max_poll_records
+        )
 
-    async def _reactivate(self, owned: OwnedPartition) -> bool:
+    async def _step(self, records: list[kafka.Record], change: AssignmentChange) -> None:
+        by_partition: dict[int, list[kafka.Record]] = defaultdict(list)
+        for record in records:
+            by_partition[record.partition].append(record)
+        for partition, part in by_partition.items():
+            owned = self.owned.get(partition)
+            if owned is None:
+                continue  # revoked meanwhile: the new owner re-reads it from its checkpoint
+            if owned.idle and not await self._reactivate(owned):
+                continue
+            with tracer.start_as_current_span("aggregate samples", links=kafka.record_links(part)) as span:
+                self.recent_aggregate_spans.append(trace.Link(span.get_span_context()))
+                span.set_attribute("messaging.kafka.partition", partition)
+                span.set_attribute("cellpilot.records", len(part))
+                poison = await asyncio.to_thread(self._apply, owned, part)
+            for error in poison:
+                assert self.producer is not None
+                await kafka.dead_letter(self.producer, error)
+        await self._checkpoint_due()
+
+    async def _reactivate(self, owned: WindowsPartition) -> bool:
         """An idle partition has input again: active in the database before it is applied.
 
         Job windows summed while it was idle are closed for it (their samples count late).
@@ -193,9 +179,8 @@ class Aggregator:
                 self.settings.samples_topic, owned.partition, owned.epoch
             )
         except FencedError:
-            log.warning("partition taken over while idle", extra={"partition": owned.partition})
-            self.owned.pop(owned.partition, None)
-            return False
+            assert self.owner is not None
+            return self.owner.keep(owned, saved=False)
         if jobs_closed is not None:
             closed = owned.windows.close_through(jobs_closed)
             if len(closed):
@@ -203,16 +188,16 @@ class Aggregator:
         owned.idle = False
         return True
 
-    def _apply(self, owned: OwnedPartition, records: list[Record]) -> list[PoisonRecordError]:
+    def _apply(self, owned: WindowsPartition, records: list[kafka.Record]) -> list[kafka.PoisonRecordError]:
         """Fold records into the partition's windows (runs in a worker thread)."""
-        poison: list[PoisonRecordError] = []
+        poison: list[kafka.PoisonRecordError] = []
         windows = owned.windows
         for record in records:
             if not owned.fence.is_new(record):
                 continue  # already in the checkpoint we resumed from
             try:
                 batch = record.decode(usage_pb2.UsageSampleBatch)
-            except PoisonRecordError as error:
+            except kafka.PoisonRecordError as error:
                 poison.append(error)
                 owned.fence.mark(record)
                 continue
@@ -227,50 +212,33 @@ class Aggregator:
             owned.idle = False
         return poison
 
-    async def _sync_assignment(self) -> bool:
-        """Follow the group's assignment; True if a partition was claimed."""
-        assert self.consumer is not None
+    async def _claim(self, partition: int) -> WindowsPartition:
+        """The partition under a new epoch, its windows restored from the last checkpoint."""
         assert self.store is not None
-        assigned = {
-            tp.partition for tp in self.consumer.assignment() if tp.topic == self.settings.samples_topic
-        }
-        for partition in set(self.owned) - assigned:
-            log.info("partition revoked", extra={"partition": partition, "replica": self.replica_id})
-            del self.owned[partition]
-        claimed = sorted(assigned - set(self.owned))
-        for partition in claimed:
-            claim = await self.store.claim(self.settings.samples_topic, partition, self.replica_id)
-            if claim.checkpoint is not None:
-                windows = await asyncio.to_thread(
-                    PartitionWindows.from_bytes,
-                    claim.checkpoint,
-                    self.config,
-                    self.settings.fold_every_samples,
-                )
-            else:
-                windows = PartitionWindows(self.config, self.settings.fold_every_samples)
-            fence = AppliedOffsets()
-            fence.restore(
-                (self.settings.samples_topic, partition),
-                LogPosition(claim.next_offset, RecordFingerprint.decode(claim.last_applied)),
+        claim = await self.store.claim(self.settings.samples_topic, partition, self.replica_id)
+        if claim.checkpoint is not None:
+            windows = await asyncio.to_thread(
+                PartitionWindows.from_bytes,
+                claim.checkpoint,
+                self.config,
+                self.settings.fold_every_samples,
             )
-            now = time.monotonic()
-            owned = OwnedPartition(partition, claim.epoch, windows, fence, now, now)
-            if claim.jobs_closed_through_ms is not None:
-                closed = windows.close_through(claim.jobs_closed_through_ms)
-                if len(closed):
-                    owned.pending_rows.append(closed)
-            self.owned[partition] = owned
-            log.info(
-                "partition claimed",
-                extra={
-                    "partition": partition,
-                    "epoch": claim.epoch,
-                    "next_offset": claim.next_offset,
-                    "replica": self.replica_id,
-                },
-            )
-        return bool(claimed)
+        else:
+            windows = PartitionWindows(self.config, self.settings.fold_every_samples)
+        fence = kafka.AppliedOffsets()
+        fence.restore(
+            (self.settings.samples_topic, partition),
+            kafka.LogPosition(claim.next_offset, kafka.RecordFingerprint.decode(claim.last_applied)),
+        )
+        now = time.monotonic()
+        owned = WindowsPartition(
+            partition, claim.epoch, fence, windows=windows, last_record_s=now, last_checkpoint_s=now
+        )
+        if claim.jobs_closed_through_ms is not None:
+            closed = windows.close_through(claim.jobs_closed_through_ms)
+            if len(closed):
+                owned.pending_rows.append(closed)
+        return owned
 
     async def _checkpoint_due(self) -> None:
         now = time.monotonic()
@@ -291,9 +259,9 @@ class Aggregator:
             if owned.pending_rows or became_idle or (owned.dirty and due):
                 await self._checkpoint(owned)
 
-    async def _checkpoint(self, owned: OwnedPartition, force: bool = False) -> None:
+    async def _checkpoint(self, owned: WindowsPartition, force: bool = False) -> None:
         assert self.store is not None
-        assert self.consumer is not None
+        assert self.owner is not None
         topic = self.settings.samples_topic
         pending = owned.pending_rows
         rows = await asyncio.to_thread(
@@ -317,24 +285,15 @@ class Aggregator:
             span.set_attribute("messaging.kafka.partition", owned.partition)
             span.set_attribute("cellpilot.closed_rows", len(rows))
             saved = await self.store.save(topic, owned.partition, owned.epoch, checkpoint, progress, rows)
-        if not saved:
-            log.warning(
-                "partition taken over by another replica; dropping it",
-                extra={"partition": owned.partition, "epoch": owned.epoch, "replica": self.replica_id},
-            )
-            self.owned.pop(owned.partition, None)
+        if not self.owner.keep(owned, saved):
             return
         owned.pending_rows = []
         owned.dirty = False
         owned.last_checkpoint_s = time.monotonic()
         if rows:
             self._job_trigger.set()
-        if next_offset > 0 and not force:
-            marker = Record(topic, owned.partition, next_offset - 1, "", b"", (), 0)
-            try:
-                await self.consumer.commit([marker])
-            except Exception as error:  # rebalancing: the checkpoint is what counts
-                log.info("offset commit skipped", extra={"partition": owned.partition, "error": str(error)})
+        if not force:
+            await self.owner.commit(owned)
 
     # -- job windows -------------------------------------------------------------------
 
@@ -372,9 +331,4 @@ class Aggregator:
 async def serve(
     settings: AggregatorSettings, stop: asyncio.Event, telemetry: Telemetry | None = None
 ) -> None:
-    aggregator = Aggregator(settings, telemetry)
-    await aggregator.start()
-    try:
-        await stop.wait()
-    finally:
-        await aggregator.stop()
+    await run_until_stopped(Aggregator(settings, telemetry), stop)

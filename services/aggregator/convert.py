@@ -25,6 +25,7 @@ from cellpilot.autopilot.event_windows import (
     WindowStats,
 )
 from cellpilot.autopilot.job_windows import JobWindows
+from cellpilot.platform.request_validation import InvalidField
 from cellpilot.usage.buckets import (
     CPU_SCHEME,
     MEMORY_SCHEME,
@@ -44,12 +45,6 @@ RESOURCE_CODES: dict[Resource, int] = {
     Resource.MEMORY: resources_pb2.RESOURCE_MEMORY,
 }
 RESOURCES_BY_CODE = {code: resource for resource, code in RESOURCE_CODES.items()}
-
-
-class InvalidFieldError(ValueError):
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclass(frozen=True)
@@ -404,9 +399,7 @@ def bucket_scheme_message(scheme_id: str, version: int) -> usage_pb2.BucketSchem
     try:
         scheme = lookup_scheme(scheme_id, version)
     except KeyError as error:
-        raise InvalidFieldError(
-            "scheme_id", f"unknown bucket scheme {scheme_id!r} version {version}"
-        ) from error
+        raise InvalidField("scheme_id", f"unknown bucket scheme {scheme_id!r} version {version}") from error
     factor = wire_per_scheme_unit(scheme.resource)
     return usage_pb2.BucketScheme(
         scheme_id=scheme.scheme_id,
@@ -419,5 +412,5 @@ def bucket_scheme_message(scheme_id: str, version: int) -> usage_pb2.BucketSchem
 def resource_in(code: int, field: str = "resource") -> Resource:
     resource = RESOURCES_BY_CODE.get(code)
     if resource is None:
-        raise InvalidFieldError(field, "must be RESOURCE_CPU or RESOURCE_MEMORY")
+        raise InvalidField(field, "must be RESOURCE_CPU or RESOURCE_MEMORY")
     return resource

@@ -7,12 +7,12 @@ clients retry — not with UNKNOWN and a driver traceback.
 
 from __future__ import annotations
 
-import base64
 from typing import NoReturn
 
 import grpc
 
 from cellpilot.api.v1 import monitoring_pb2, monitoring_pb2_grpc
+from cellpilot.platform.request_validation import InvalidField, after_page_token, page_size, page_token
 from cellpilot_services.aggregator import convert
 from cellpilot_services.aggregator.history_store import HistoryStore
 
@@ -20,30 +20,15 @@ DEFAULT_PAGE = 288  # one day of 5-minute windows (monitoring.proto)
 MAX_PAGE = 2_000
 
 
-def _token(after_ms: int) -> str:
-    return base64.urlsafe_b64encode(str(after_ms).encode()).decode()
-
-
 def _after(token: str) -> int:
-    if not token:
-        return -(2**62)
-    try:
-        return int(base64.urlsafe_b64decode(token.encode()).decode())
-    except ValueError as error:
-        raise convert.InvalidFieldError("page_token", "not a token this server issued") from error
-
-
-def _page_size(requested: int) -> int:
-    if requested < 0:
-        raise convert.InvalidFieldError("page_size", "must be >= 0")
-    return min(requested or DEFAULT_PAGE, MAX_PAGE)
+    return after_page_token(token, int) if token else -(2**62)
 
 
 def _check_range(start_ms: int, end_ms: int) -> None:
     if end_ms < 0:
-        raise convert.InvalidFieldError("end_ms", "must be >= 0")
+        raise InvalidField("end_ms", "must be >= 0")
     if end_ms and end_ms < start_ms:
-        raise convert.InvalidFieldError("end_ms", "must not be before start_ms")
+        raise InvalidField("end_ms", "must not be before start_ms")
 
 
 class MonitoringServicer(monitoring_pb2_grpc.MonitoringServicer):
@@ -59,12 +44,12 @@ class MonitoringServicer(monitoring_pb2_grpc.MonitoringServicer):
     ) -> monitoring_pb2.GetHistogramHistoryResponse:
         try:
             if not request.job_id:
-                raise convert.InvalidFieldError("job_id", "is required")
+                raise InvalidField("job_id", "is required")
             convert.resource_in(request.resource)
             _check_range(request.start_ms, request.end_ms)
-            size = _page_size(request.page_size)
+            size = page_size(request.page_size, DEFAULT_PAGE, MAX_PAGE)
             after = _after(request.page_token)
-        except convert.InvalidFieldError as error:
+        except InvalidField as error:
             await self._invalid(context, error)
         response = monitoring_pb2.GetHistogramHistoryResponse()
         if request.HasField("task_index"):
@@ -82,7 +67,7 @@ class MonitoringServicer(monitoring_pb2_grpc.MonitoringServicer):
                 response.histograms.append(convert.job_histogram_message(row))
             more = len(records) > size
         if more:
-            response.next_page_token = _token(response.histograms[-1].window_start_ms)
+            response.next_page_token = page_token(response.histograms[-1].window_start_ms)
         return response
 
     async def GetTaskUsage(  # noqa: N802
@@ -90,13 +75,13 @@ class MonitoringServicer(monitoring_pb2_grpc.MonitoringServicer):
     ) -> monitoring_pb2.GetTaskUsageResponse:
         try:
             if not request.job_id:
-                raise convert.InvalidFieldError("job_id", "is required")
+                raise InvalidField("job_id", "is required")
             if request.task_index < 0:
-                raise convert.InvalidFieldError("task_index", "must be >= 0")
+                raise InvalidField("task_index", "must be >= 0")
             _check_range(request.start_ms, request.end_ms)
-            size = _page_size(request.page_size)
+            size = page_size(request.page_size, DEFAULT_PAGE, MAX_PAGE)
             after = _after(request.page_token)
-        except convert.InvalidFieldError as error:
+        except InvalidField as error:
             await self._invalid(context, error)
         groups = await self.store.task_windows(
             request.job_id, request.task_index, request.start_ms, request.end_ms, after, size + 1
@@ -105,7 +90,7 @@ class MonitoringServicer(monitoring_pb2_grpc.MonitoringServicer):
             windows=[convert.task_usage_window(rows) for rows in groups[:size]]
         )
         if len(groups) > size:
-            response.next_page_token = _token(response.windows[-1].window_start_ms)
+            response.next_page_token = page_token(response.windows[-1].window_start_ms)
         return response
 
     async def GetBucketScheme(  # noqa: N802
@@ -113,6 +98,6 @@ class MonitoringServicer(monitoring_pb2_grpc.MonitoringServicer):
     ) -> monitoring_pb2.GetBucketSchemeResponse:
         try:
             scheme = convert.bucket_scheme_message(request.scheme_id, request.version)
-        except convert.InvalidFieldError as error:
+        except InvalidField as error:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(error))
         return monitoring_pb2.GetBucketSchemeResponse(scheme=scheme)

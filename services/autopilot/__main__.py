@@ -7,21 +7,13 @@ and 7401; the one holding the Redis lock acts.
 
 from __future__ import annotations
 
-import asyncio
-
-from cellpilot.platform.service import run_service
-from cellpilot.platform.telemetry import Telemetry
+from cellpilot.platform.service import service_main
 from cellpilot_services.autopilot.autopilot_service import serve
 from cellpilot_services.autopilot.settings import AutopilotSettings
 
 
 def main() -> None:
-    settings = AutopilotSettings.load()
-
-    async def run(stop: asyncio.Event, telemetry: Telemetry) -> None:
-        await serve(settings, stop, telemetry)
-
-    run_service("autopilot", settings.platform, run, metrics_port=settings.resolved_metrics_port)
+    service_main(AutopilotSettings, serve)
 
 
 if __name__ == "__main__":

@@ -21,11 +21,12 @@ from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
 from cellpilot.platform.kafka import MessageProducer, ensure_topics
 from cellpilot.platform.metrics import CellpilotMetrics
 from cellpilot.platform.redis_client import connect_redis
+from cellpilot.platform.service import run_until_stopped
 from cellpilot.platform.store_outage import REDIS, StoreOutageInterceptor
 from cellpilot.platform.telemetry import Telemetry
 from cellpilot.platform.topics import TOPICS, Topic
-from cellpilot_services.autopilot.decision_loop import DecisionLoop, LostLeadership
-from cellpilot_services.autopilot.leader_lock import LeaderLock
+from cellpilot_services.autopilot.decision_loop import DecisionLoop, TermEnded
+from cellpilot_services.autopilot.leader_lock import RedisLeaseStore, leader_lock
 from cellpilot_services.autopilot.servicer import AutopilotServicer
 from cellpilot_services.autopilot.settings import AutopilotSettings
 from cellpilot_services.autopilot.state_store import StateStore
@@ -45,8 +46,9 @@ class AutopilotMaster:
         self.settings = settings
         self.replica_id = settings.resolved_replica_id
         self.redis = connect_redis(settings.platform.redis_url_for("autopilot"))
-        self.lock = LeaderLock(self.redis, settings.redis_prefix, self.replica_id, "", settings.lock_ttl_s)
-        self.store = StateStore(self.redis, settings.redis_prefix, self.lock.lock_key)
+        leases = RedisLeaseStore(self.redis, settings.redis_prefix)
+        self.lock = leader_lock(leases, self.replica_id, "", settings.lock_ttl_s)
+        self.store = StateStore(self.redis, settings.redis_prefix, leases.lock_key)
         self.client = CellpilotClient(
             borgmaster=settings.borgmaster_addresses,
             policy=BORGMASTER_POLICY,
@@ -71,7 +73,7 @@ class AutopilotMaster:
         self.address = ""
         self._stop = asyncio.Event()
         self._election: asyncio.Task[None] | None = None
-        self._work: asyncio.Task[None] | None = None
+        self._work: asyncio.Task[TermEnded] | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -131,11 +133,11 @@ class AutopilotMaster:
         if self._work is None or not self._work.done() or self._work.cancelled():
             return
         error = self._work.exception()
-        if isinstance(error, LostLeadership):
-            log.warning("decision loop stopped: %s", error)
-            self.lock.step_down()
-        elif error is not None:
+        if error is not None:
             log.error("decision loop failed; restarting it", exc_info=error)
+            return
+        log.warning("decision loop stopped: %s", self._work.result().reason)
+        self.lock.step_down()
 
     async def stop(self) -> None:
         self._stop.set()
@@ -152,9 +154,6 @@ class AutopilotMaster:
 
 
 async def serve(settings: AutopilotSettings, stop: asyncio.Event, telemetry: Telemetry | None = None) -> None:
-    master = AutopilotMaster(settings, CellpilotMetrics.on(telemetry.meter) if telemetry else None)
-    await master.start()
-    try:
-        await stop.wait()
-    finally:
-        await master.stop()
+    await run_until_stopped(
+        AutopilotMaster(settings, CellpilotMetrics.on(telemetry.meter) if telemetry else None), stop
+    )

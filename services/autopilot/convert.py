@@ -38,6 +38,7 @@ from cellpilot.job_vocabulary import (
     RecommenderKind,
     ScalingMode,
 )
+from cellpilot.platform.request_validation import InvalidField
 from cellpilot.recommend.horizontal import HorizontalReason
 from cellpilot.usage.buckets import Resource
 from cellpilot_services.wire_enums import UnknownWireValueError, WireEnum
@@ -82,12 +83,6 @@ DEFAULT_SLOW_DECAY_HALF_PERIOD_S = 3_600
 DEFAULT_SMALL_CHANGE_FRACTION = 0.1
 DEFAULT_MAX_INITIALIZING_FRACTION = 0.25
 DEFAULT_AVERAGING_WINDOW_S = 300
-
-
-class InvalidField(Exception):  # noqa: N818 - a request error, named for what is wrong
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 def _mode_in(value: int, field: str) -> ScalingMode:

@@ -33,29 +33,31 @@ from cellpilot.autopilot.decisions import (
 )
 from cellpilot.client.async_client import BorgmasterClient
 from cellpilot.client.errors import CellpilotError, NotFoundError
-from cellpilot.platform.kafka import (
-    AppliedOffsets,
-    MessageProducer,
-    PoisonRecordError,
-    Record,
-    dead_letter,
-    record_links,
-)
+from cellpilot.platform import kafka
 from cellpilot.platform.kafka_consumers import AssignedConsumer
+from cellpilot.platform.leadership import LeaderLease, Leadership
 from cellpilot.platform.metrics import CellpilotMetrics
+from cellpilot.platform.redis_client import FencedWrites
+from cellpilot.platform.request_validation import InvalidField
 from cellpilot.usage.buckets import Resource
 from cellpilot_services.autopilot import convert
-from cellpilot_services.autopilot.leader_lock import LeaderLock, Leadership
 from cellpilot_services.autopilot.settings import AutopilotSettings
-from cellpilot_services.autopilot.state_store import StateStore, StateWrites
+from cellpilot_services.autopilot.state_store import StateStore
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 MAX_CONCURRENT_OBSERVATIONS = 32
 
 
-class LostLeadership(Exception):  # noqa: N818 - a routing result, named for what it says
-    """The lock no longer holds our token: stop acting at once."""
+@dataclass(frozen=True)
+class TermEnded:
+    """What the decision loop returns: our term is over (the lease is gone, or a write fenced by
+    our token was refused), so this replica stops acting at once (docs/architecture.md rule 7)."""
+
+    reason: str
+
+
+FENCED_WRITE_REFUSED = TermEnded("the fenced state write was refused")
 
 
 @dataclass
@@ -113,9 +115,9 @@ class DecisionLoop:
         self,
         settings: AutopilotSettings,
         store: StateStore,
-        lock: LeaderLock,
+        lock: LeaderLease,
         borgmaster: BorgmasterClient,
-        producer: MessageProducer,
+        producer: kafka.MessageProducer,
         metrics: CellpilotMetrics | None = None,
     ) -> None:
         self.settings = settings
@@ -129,12 +131,14 @@ class DecisionLoop:
         self.held_since: dict[str, float] = {}
         self.actuations_published = 0
 
-    def _check(self, leadership: Leadership) -> None:
-        if not self.lock.holds() or self.lock.held != leadership:
-            raise LostLeadership(f"lease of token {leadership.token} is gone")
+    def _lease_gone(self, leadership: Leadership) -> TermEnded | None:
+        if self.lock.holds() and self.lock.held == leadership:
+            return None
+        return TermEnded(f"lease of token {leadership.token} is gone")
 
-    async def run(self, leadership: Leadership) -> None:
-        """Act for one leadership term, until it ends (LostLeadership) or the task is cancelled."""
+    async def run(self, leadership: Leadership) -> TermEnded:
+        """Act for one leadership term, until it ends (the result says why) or the task is
+        cancelled."""
         self.memories.clear()
         self.held_since.clear()
         offsets = await self.store.offsets()
@@ -149,50 +153,55 @@ class DecisionLoop:
         next_scan = 0.0
         try:
             async for batch in consumer.batches(timeout_ms=100, max_records=self.settings.max_poll_records):
-                self._check(leadership)
+                if ended := self._lease_gone(leadership):
+                    return ended
                 # Periodically, records or not: a position whose log is gone (a broker that
                 # lost its log) resumes at the new log's start.
                 batch = await consumer.follow_log_resets(batch, [offsets])
                 fresh = [r for r in batch if offsets.is_new(r)]
-                if fresh:
-                    await self._apply(fresh, offsets, leadership)
+                if fresh and (ended := await self._apply(fresh, offsets, leadership)):
+                    return ended
                 if time.monotonic() >= next_scan:
-                    await self._scan_held(leadership)
+                    if ended := await self._scan_held(leadership):
+                        return ended
                     next_scan = time.monotonic() + self.settings.hold_scan_interval_s
         finally:
             await consumer.stop()
+        raise AssertionError("the consumer's batches never end")  # pragma: no cover
 
     # ------------------------------------------------------------------ recommendations
-    async def _apply(self, records: list[Record], offsets: AppliedOffsets, leadership: Leadership) -> None:
+    async def _apply(
+        self, records: list[kafka.Record], offsets: kafka.AppliedOffsets, leadership: Leadership
+    ) -> TermEnded | None:
         # One decision span per batch, linked to the recommendations it weighs; the actuations
         # it publishes are its children (their headers carry it to the actuator).
-        with tracer.start_as_current_span("autopilot decide", links=record_links(records)) as span:
+        with tracer.start_as_current_span("autopilot decide", links=kafka.record_links(records)) as span:
             span.set_attribute("cellpilot.records", len(records))
-            await self._apply_batch(records, offsets, leadership)
+            return await self._apply_batch(records, offsets, leadership)
 
     async def _apply_batch(
-        self, records: list[Record], offsets: AppliedOffsets, leadership: Leadership
-    ) -> None:
+        self, records: list[kafka.Record], offsets: kafka.AppliedOffsets, leadership: Leadership
+    ) -> TermEnded | None:
         sets = []
         for record in records:
             try:
                 sets.append(record.decode(recommendation_pb2.RecommendationSet))
-            except PoisonRecordError as poison:
-                await dead_letter(self.producer, poison)
+            except kafka.PoisonRecordError as poison:
+                await kafka.dead_letter(self.producer, poison)
         inputs = collect_inputs(sets)
-        writes = StateWrites()
+        writes = FencedWrites()
         for job_id, job in inputs.items():
             for key, rec in job.vertical.items():
-                writes.set(self.store.candidates_key(job_id), key, rec.SerializeToString())
+                writes.hset(self.store.candidates_key(job_id), key, rec.SerializeToString())
             for label, hrec in job.horizontal.items():
-                writes.set(self.store.horizontal_key(job_id), label, hrec.SerializeToString())
+                writes.hset(self.store.horizontal_key(job_id), label, hrec.SerializeToString())
         outcomes = await self._decide_all(list(inputs), inputs, {}, leadership)
-        await self._publish_and_store(outcomes, writes, leadership)
+        if ended := await self._publish_and_store(outcomes, writes, leadership):
+            return ended
         for record in records:
             offsets.mark(record)
         self.store.put_offsets(writes, offsets)
-        if not await self.store.commit(writes, leadership.value):
-            raise LostLeadership("the fenced state write was refused")
+        return None if await self.store.commit(writes, leadership.encode()) else FENCED_WRITE_REFUSED
 
     async def _decide_all(
         self,
@@ -248,7 +257,7 @@ class DecisionLoop:
         held = status.state == state_pb2.JOB_STATE_HELD_FOR_AUTOPILOT
         try:
             job = convert.job_view_in(status, True, self.settings.reference_machine_memory_bytes)
-        except convert.InvalidField as error:
+        except InvalidField as error:
             log.warning("job has an unusable Autopilot config", extra={"job_id": job_id, "error": str(error)})
             return None
         if held:
@@ -278,11 +287,14 @@ class DecisionLoop:
         return JobOutcome(job_id, view, memory, actuation)
 
     async def _publish_and_store(
-        self, outcomes: list[JobOutcome], writes: StateWrites, leadership: Leadership
-    ) -> None:
+        self, outcomes: list[JobOutcome], writes: FencedWrites, leadership: Leadership
+    ) -> TermEnded | None:
+        """Publish the outcomes' actuations (never once our term may be over) and add their
+        views and memories to ``writes``."""
         actuations = [o.actuation for o in outcomes if o.actuation is not None]
         if actuations:
-            self._check(leadership)  # never publish once our term may be over
+            if ended := self._lease_gone(leadership):
+                return ended
             await asyncio.gather(
                 *(self.producer.send(self.settings.actuations_topic, a.job_id, a) for a in actuations)
             )
@@ -295,31 +307,32 @@ class DecisionLoop:
         if self.metrics is not None and outcomes:
             self.metrics.recommendations.add(len(outcomes))  # one decided view per job
         for outcome in outcomes:
-            writes.set(self.store.view_key, outcome.job_id, outcome.view.SerializeToString())
+            writes.hset(self.store.view_key, outcome.job_id, outcome.view.SerializeToString())
             if outcome.memory is not None:
                 self.memories[outcome.job_id] = outcome.memory
-                writes.set(self.store.memory_key, outcome.job_id, self.store.memory_bytes(outcome.memory))
+                writes.hset(self.store.memory_key, outcome.job_id, self.store.memory_bytes(outcome.memory))
+        return None
 
     # ------------------------------------------------------------------ held jobs
-    async def _scan_held(self, leadership: Leadership) -> None:
+    async def _scan_held(self, leadership: Leadership) -> TermEnded | None:
         try:
             held = await self.borgmaster.list_jobs(
                 borgmaster_pb2.ListJobsRequest(states=[state_pb2.JOB_STATE_HELD_FOR_AUTOPILOT])
             )
         except CellpilotError as error:
             log.warning("cannot list held jobs", extra={"error": str(error)})
-            return
+            return None
         ids = {s.job_id for s in held}
         for gone in set(self.held_since) - ids:
             del self.held_since[gone]
         if not held:
-            return
+            return None
         statuses = {s.job_id: s for s in held}
         outcomes = await self._decide_all(sorted(ids), {}, statuses, leadership)
         outcomes = [o for o in outcomes if o.actuation is not None]
         if not outcomes:
-            return
-        writes = StateWrites()
-        await self._publish_and_store(outcomes, writes, leadership)
-        if not await self.store.commit(writes, leadership.value):
-            raise LostLeadership("the fenced state write was refused")
+            return None
+        writes = FencedWrites()
+        if ended := await self._publish_and_store(outcomes, writes, leadership):
+            return ended
+        return None if await self.store.commit(writes, leadership.encode()) else FENCED_WRITE_REFUSED

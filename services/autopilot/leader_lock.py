@@ -1,22 +1,18 @@
-"""Leadership of the Autopilot master replicas: a Redis lock with a fencing token.
+"""Where the Autopilot master's lease lives: a Redis key with a TTL, and a fencing counter.
 
-Acquiring the lock atomically INCRs a counter and stores ``<token>|<replica>|<address>``
-under the lock key with a TTL, so every term has a strictly larger token (docs/architecture.md rule
-7). The leader renews before the TTL runs out; a replica that fails to renew steps down.
-Every actuation carries the token, and the actuator and the Borgmaster refuse tokens older
-than the highest they have seen; the master's own Redis writes are conditional on the
-lock still holding its token (see :mod:`state_store`).
-
-The leader also keeps a local deadline (last successful renewal + TTL - a margin, on the
-monotonic clock) and stops acting once it has passed, before Redis would expire the key.
+Acquiring the lease atomically INCRs the counter and stores ``<token>|<replica>|<address>``
+under the lock key with a TTL, so every term has a strictly larger token (docs/architecture.md
+rule 7). Every actuation carries the token, and the actuator and the Borgmaster refuse tokens
+older than the highest they have seen; the master's own Redis writes are conditional on the
+lock key still holding its term (see :mod:`state_store`). The term, renewal and local deadline
+are :class:`cellpilot.platform.leadership.LeaderLease`'s.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-
 import redis.asyncio as aioredis
+
+from cellpilot.platform.leadership import LeaderLease, Leadership
 
 _ACQUIRE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -36,76 +32,38 @@ return 0
 """
 
 
-@dataclass(frozen=True)
-class Leadership:
-    token: int
-    holder: str
-    address: str
-
-    @property
-    def value(self) -> str:
-        return f"{self.token}|{self.holder}|{self.address}"
-
-    @classmethod
-    def parse(cls, raw: bytes | str) -> Leadership:
-        text = raw.decode() if isinstance(raw, bytes) else raw
-        token, holder, address = text.split("|", 2)
-        return cls(int(token), holder, address)
+def _ttl_ms(lease_s: float) -> int:
+    return max(1, int(lease_s * 1000))
 
 
-class LeaderLock:
-    def __init__(
-        self, redis: aioredis.Redis, prefix: str, replica_id: str, address: str, ttl_s: float
-    ) -> None:
+class RedisLeaseStore:
+    """The lease as the key ``<prefix>:leader`` (expiring), tokens from ``<prefix>:fencing``."""
+
+    def __init__(self, redis: aioredis.Redis, prefix: str) -> None:
         self.redis = redis
         self.lock_key = f"{prefix}:leader"
         self.token_key = f"{prefix}:fencing"
-        self.replica_id = replica_id
-        self.address = address
-        self.ttl_ms = max(1, int(ttl_s * 1000))
-        self.held: Leadership | None = None
-        self._valid_until = 0.0
 
-    @property
-    def margin_s(self) -> float:
-        return min(0.5, self.ttl_ms / 4000)
-
-    def holds(self) -> bool:
-        """Leader now, by our own clock (stops short of the key's expiry in Redis)."""
-        return self.held is not None and time.monotonic() < self._valid_until
-
-    async def try_acquire(self) -> Leadership | None:
-        started = time.monotonic()
+    async def acquire(self, holder: str, address: str, lease_s: float) -> int | None:
         token = await self.redis.eval(  # type: ignore[misc]
-            _ACQUIRE, 2, self.lock_key, self.token_key, f"{self.replica_id}|{self.address}", self.ttl_ms
+            _ACQUIRE, 2, self.lock_key, self.token_key, f"{holder}|{address}", _ttl_ms(lease_s)
         )
-        if not token:
-            return None
-        self.held = Leadership(int(token), self.replica_id, self.address)
-        self._valid_until = started + self.ttl_ms / 1000 - self.margin_s
-        return self.held
+        return int(token) if token else None
 
-    async def renew(self) -> bool:
-        if self.held is None:
-            return False
-        started = time.monotonic()
+    async def renew(self, term: Leadership, lease_s: float) -> bool:
         renewed = await self.redis.eval(  # type: ignore[misc]
-            _RENEW, 1, self.lock_key, self.held.value, self.ttl_ms
+            _RENEW, 1, self.lock_key, term.encode(), _ttl_ms(lease_s)
         )
-        if not renewed:
-            self.held = None
-            return False
-        self._valid_until = started + self.ttl_ms / 1000 - self.margin_s
-        return True
+        return bool(renewed)
 
-    async def release(self) -> None:
-        if self.held is not None:
-            await self.redis.eval(_RELEASE, 1, self.lock_key, self.held.value)  # type: ignore[misc]
-        self.held = None
-
-    def step_down(self) -> None:
-        self.held = None
+    async def release(self, term: Leadership) -> None:
+        await self.redis.eval(_RELEASE, 1, self.lock_key, term.encode())  # type: ignore[misc]
 
     async def current(self) -> Leadership | None:
         raw = await self.redis.get(self.lock_key)
         return None if raw is None else Leadership.parse(raw)
+
+
+def leader_lock(store: RedisLeaseStore, replica_id: str, address: str, ttl_s: float) -> LeaderLease:
+    """The Autopilot master's lease: it stops acting a margin (at most 0.5 s) before the key expires."""
+    return LeaderLease(store, replica_id, address, ttl_s, margin_s=min(0.5, ttl_s / 4))

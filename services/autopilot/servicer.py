@@ -12,7 +12,6 @@ fails because Redis cannot be reached gets UNAVAILABLE naming Redis (the service
 
 from __future__ import annotations
 
-import base64
 import logging
 import re
 import time
@@ -28,11 +27,13 @@ from cellpilot.client.errors import CellpilotError
 from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS, RecommenderKind
 from cellpilot.platform.error_reasons import LEADER_METADATA_KEY, NO_MASTER, reason_metadata
 from cellpilot.platform.kafka import MessageProducer
+from cellpilot.platform.leadership import LeaderLease
+from cellpilot.platform.redis_client import FencedWrites
+from cellpilot.platform.request_validation import InvalidField, abort, after_page_token, page_size, page_token
 from cellpilot.security.authentication import AUTHORIZATION_HEADER
 from cellpilot_services.autopilot import convert
-from cellpilot_services.autopilot.leader_lock import LeaderLock
 from cellpilot_services.autopilot.settings import AutopilotSettings
-from cellpilot_services.autopilot.state_store import StateStore, StateWrites
+from cellpilot_services.autopilot.state_store import StateStore
 
 log = logging.getLogger(__name__)
 DEFAULT_PAGE = 100
@@ -43,16 +44,12 @@ BUILTIN_DESCRIPTIONS = {
 }
 
 
-def _token(job_id: str) -> str:
-    return base64.urlsafe_b64encode(job_id.encode()).decode() if job_id else ""
-
-
 class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
     def __init__(
         self,
         settings: AutopilotSettings,
         store: StateStore,
-        lock: LeaderLock,
+        lock: LeaderLease,
         borgmaster: BorgmasterClient,
         producer: MessageProducer,
     ) -> None:
@@ -85,12 +82,6 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
             if key.lower() == AUTHORIZATION_HEADER
         ]
         return self.borgmaster.with_metadata(forwarded)
-
-    async def _abort(
-        self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str
-    ) -> NoReturn:
-        await context.abort(code, message)
-        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _leader_only(self, context: grpc.aio.ServicerContext) -> None:
         if self.lock.holds():
@@ -134,11 +125,11 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
         self, request: autopilot_pb2.GetRecommendationRequest, context: grpc.aio.ServicerContext
     ) -> autopilot_pb2.GetRecommendationResponse:
         if not request.job_id:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "job_id: required")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "job_id: required")
         view = await self.store.view(request.job_id)
         if view is None:
             if not await self.store.has_candidates(request.job_id):
-                await self._abort(
+                await abort(
                     context, grpc.StatusCode.NOT_FOUND, f"job_id: no recommendation for {request.job_id!r}"
                 )
             view = autopilot_pb2.JobRecommendations(job_id=request.job_id)
@@ -149,17 +140,11 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
     async def ListRecommendations(  # noqa: N802
         self, request: autopilot_pb2.ListRecommendationsRequest, context: grpc.aio.ServicerContext
     ) -> autopilot_pb2.ListRecommendationsResponse:
-        if request.page_size < 0:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "page_size: must be >= 0")
-        size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
         try:
-            after = (
-                base64.urlsafe_b64decode(request.page_token.encode()).decode() if request.page_token else ""
-            )
-        except (ValueError, UnicodeDecodeError):
-            await self._abort(
-                context, grpc.StatusCode.INVALID_ARGUMENT, "page_token: not a token this server issued"
-            )
+            size = page_size(request.page_size, DEFAULT_PAGE, MAX_PAGE)
+            after = after_page_token(request.page_token, str)
+        except InvalidField as error:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
         modes = set(request.modes)
         ids = [
             j
@@ -176,7 +161,7 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
                     if not view_modes & modes:
                         continue
                 if len(response.recommendations) == size:
-                    response.next_page_token = _token(response.recommendations[-1].job_id)
+                    response.next_page_token = page_token(response.recommendations[-1].job_id)
                     return response
                 if request.include_candidates:
                     await self._with_candidates(view)
@@ -195,11 +180,11 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
         self, request: autopilot_pb2.SetAutopilotConfigRequest, context: grpc.aio.ServicerContext
     ) -> autopilot_pb2.SetAutopilotConfigResponse:
         if not request.job_id:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "job_id: required")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "job_id: required")
         try:
             convert.check_config(request.config)
-        except convert.InvalidField as error:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except InvalidField as error:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
         await self._leader_only(context)
         try:
             updated = await self._as_caller(context).update_job(
@@ -221,7 +206,7 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
         self, request: autopilot_pb2.GetAutopilotConfigRequest, context: grpc.aio.ServicerContext
     ) -> autopilot_pb2.GetAutopilotConfigResponse:
         if not request.job_id:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "job_id: required")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "job_id: required")
         try:
             job = (await self.borgmaster.get_job(request.job_id)).job
         except CellpilotError as error:
@@ -235,16 +220,16 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
         self, request: autopilot_pb2.RegisterRecommenderRequest, context: grpc.aio.ServicerContext
     ) -> autopilot_pb2.RegisterRecommenderResponse:
         if not NAME_PATTERN.match(request.name):
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "name: must match [a-z0-9-_.]+")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "name: must match [a-z0-9-_.]+")
         if not request.resources and not request.horizontal:
-            await self._abort(
+            await abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, "resources: name a resource or set horizontal"
             )
         for i, resource in enumerate(request.resources):
             try:
                 convert.resource_in(resource, f"resources[{i}]")
-            except convert.InvalidField as error:
-                await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            except InvalidField as error:
+                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
         await self._leader_only(context)
         info = autopilot_pb2.RecommenderInfo(
             ref=job_pb2.RecommenderRef(kind=job_pb2.RECOMMENDER_KIND_CUSTOM, custom_name=request.name),
@@ -262,12 +247,12 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
                 info.horizontal,
             )
             if not same:
-                await self._abort(
+                await abort(
                     context, grpc.StatusCode.ALREADY_EXISTS, f"name: recommender {request.name!r} exists"
                 )
             return autopilot_pb2.RegisterRecommenderResponse(recommender=existing)
-        writes = StateWrites()
-        writes.set(self.store.recommenders_key, request.name, info.SerializeToString())
+        writes = FencedWrites()
+        writes.hset(self.store.recommenders_key, request.name, info.SerializeToString())
         if not await self.store.commit(writes, self._lock_value()):
             await self._leader_only(context)
         self._owners[request.name] = info.owner
@@ -279,18 +264,18 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
         return autopilot_pb2.RegisterRecommenderResponse(recommender=info)
 
     def _lock_value(self) -> str:
-        return self.lock.held.value if self.lock.held is not None else ""
+        return self.lock.held.encode() if self.lock.held is not None else ""
 
     async def UnregisterRecommender(  # noqa: N802
         self, request: autopilot_pb2.UnregisterRecommenderRequest, context: grpc.aio.ServicerContext
     ) -> autopilot_pb2.UnregisterRecommenderResponse:
         if not request.name:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "name: required")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "name: required")
         await self._leader_only(context)
         if request.name not in await self.store.recommenders():
-            await self._abort(context, grpc.StatusCode.NOT_FOUND, f"name: no recommender {request.name!r}")
-        writes = StateWrites()
-        writes.delete(self.store.recommenders_key, request.name)
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"name: no recommender {request.name!r}")
+        writes = FencedWrites()
+        writes.hdel(self.store.recommenders_key, request.name)
         if not await self.store.commit(writes, self._lock_value()):
             await self._leader_only(context)
         self._owners.pop(request.name, None)
@@ -318,46 +303,42 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
         name = request.recommender_name
         info = (await self.store.recommenders()).get(name)
         if info is None:
-            await self._abort(
-                context, grpc.StatusCode.NOT_FOUND, f"recommender_name: {name!r} is not registered"
-            )
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"recommender_name: {name!r} is not registered")
         rs = request.recommendations
         if not rs.job_id:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "recommendations.job_id: required")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "recommendations.job_id: required")
         allowed = set(info.resources)
         for i, rec in enumerate(rs.vertical):
             field = f"recommendations.vertical[{i}]"
             if rec.recommender.kind != job_pb2.RECOMMENDER_KIND_CUSTOM or rec.recommender.custom_name != name:
-                await self._abort(
+                await abort(
                     context, grpc.StatusCode.INVALID_ARGUMENT, f"{field}.recommender: must be CUSTOM {name!r}"
                 )
             if rec.job_id and rec.job_id != rs.job_id:
-                await self._abort(
+                await abort(
                     context, grpc.StatusCode.INVALID_ARGUMENT, f"{field}.job_id: differs from the set's"
                 )
             if rec.resource not in allowed:
-                await self._abort(
+                await abort(
                     context,
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"{field}.resource: not registered for {name!r}",
                 )
             if rec.value <= 0:
-                await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{field}.value: must be > 0")
+                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{field}.value: must be > 0")
         for i, hrec in enumerate(rs.horizontal):
             field = f"recommendations.horizontal[{i}]"
             if not info.horizontal:
-                await self._abort(
-                    context, grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {name!r} is not horizontal"
-                )
+                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {name!r} is not horizontal")
             if (
                 hrec.recommender.kind != job_pb2.RECOMMENDER_KIND_CUSTOM
                 or hrec.recommender.custom_name != name
             ):
-                await self._abort(
+                await abort(
                     context, grpc.StatusCode.INVALID_ARGUMENT, f"{field}.recommender: must be CUSTOM {name!r}"
                 )
             if hrec.raw_task_count < 0:
-                await self._abort(
+                await abort(
                     context, grpc.StatusCode.INVALID_ARGUMENT, f"{field}.raw_task_count: must be >= 0"
                 )
         await self._leader_only(context)

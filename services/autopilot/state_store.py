@@ -20,7 +20,6 @@ exactly which records the stored state already includes.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
@@ -28,37 +27,7 @@ from cellpilot.api.v1 import autopilot_pb2, recommendation_pb2
 from cellpilot.autopilot.decisions import JobMemory
 from cellpilot.autopilot.job_memory_codec import decode_memory, encode_memory
 from cellpilot.platform.kafka import AppliedOffsets
-from cellpilot.platform.redis_client import reply_bytes, reply_text
-
-_FENCED_WRITE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-for i = 2, #KEYS do
-  local f = ARGV[3 * i - 4]
-  local op = ARGV[3 * i - 3]
-  if op == 'set' then
-    redis.call('HSET', KEYS[i], f, ARGV[3 * i - 2])
-  else
-    redis.call('HDEL', KEYS[i], f)
-  end
-end
-return 1
-"""
-
-
-@dataclass
-class StateWrites:
-    """A batch of hash writes applied together, only while the lock is ours."""
-
-    ops: list[tuple[str, str, str, bytes]] = field(default_factory=list)
-
-    def set(self, key: str, field_name: str, value: bytes) -> None:
-        self.ops.append((key, field_name, "set", value))
-
-    def delete(self, key: str, field_name: str) -> None:
-        self.ops.append((key, field_name, "del", b""))
-
-    def __len__(self) -> int:
-        return len(self.ops)
+from cellpilot.platform.redis_client import FencedWrites, reply_bytes, reply_text, write_fenced
 
 
 class StateStore:
@@ -78,25 +47,16 @@ class StateStore:
         return f"{self.prefix}:horiz:{job_id}"
 
     # ------------------------------------------------------------------ writes
-    async def commit(self, writes: StateWrites, lock_value: str, chunk: int = 2_000) -> bool:
+    async def commit(self, writes: FencedWrites, lock_value: str, chunk: int = 2_000) -> bool:
         """Apply ``writes`` if the lock still holds ``lock_value``; False = we are deposed.
 
         Large batches go in chunks (each fenced); the offsets should be the last chunk's.
         """
-        for start in range(0, max(1, len(writes.ops)), chunk):
-            ops = writes.ops[start : start + chunk]
-            keys = [self.lock_key, *(op[0] for op in ops)]
-            args: list[str | bytes] = [lock_value]
-            for _, name, kind, value in ops:
-                args.extend((name, kind, value))
-            ok = await self.redis.eval(_FENCED_WRITE, len(keys), *keys, *args)  # type: ignore[misc]
-            if not ok:
-                return False
-        return True
+        return await write_fenced(self.redis, self.lock_key, lock_value, writes, chunk)
 
-    def put_offsets(self, writes: StateWrites, offsets: AppliedOffsets) -> None:
+    def put_offsets(self, writes: FencedWrites, offsets: AppliedOffsets) -> None:
         for name, position in offsets.to_mapping().items():
-            writes.set(self.offsets_key, name, position.encode())
+            writes.hset(self.offsets_key, name, position.encode())
 
     # ------------------------------------------------------------------ reads
     async def offsets(self) -> AppliedOffsets:

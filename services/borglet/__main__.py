@@ -7,21 +7,13 @@ CELLPILOT_BORGLET_BORGMASTER_ADDRESSES=127.0.0.1:7100,127.0.0.1:7101``.
 
 from __future__ import annotations
 
-import asyncio
-
-from cellpilot.platform.service import run_service
-from cellpilot.platform.telemetry import Telemetry
+from cellpilot.platform.service import service_main
 from cellpilot_services.borglet.borglet_service import serve
 from cellpilot_services.borglet.settings import BorgletSettings
 
 
 def main() -> None:
-    settings = BorgletSettings.load()
-
-    async def run(stop: asyncio.Event, telemetry: Telemetry) -> None:
-        await serve(settings, stop, telemetry)
-
-    run_service("borglet", settings.platform, run)
+    service_main(BorgletSettings, serve)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from cellpilot.borglet.machine_agent import MachineAgent, MachineProfile
 from cellpilot.borglet.task_record import Limits
 from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
 from cellpilot.platform.kafka import MessageProducer
+from cellpilot.platform.service import run_until_stopped
 from cellpilot.platform.system_accounts import RunAs
 from cellpilot.platform.telemetry import Telemetry
 from cellpilot_services.borglet import convert
@@ -241,9 +242,4 @@ class Borglet:
 
 
 async def serve(settings: BorgletSettings, stop: asyncio.Event, telemetry: Telemetry | None = None) -> None:
-    borglet = Borglet(settings, telemetry)
-    await borglet.start()
-    try:
-        await stop.wait()
-    finally:
-        await borglet.stop()
+    await run_until_stopped(Borglet(settings, telemetry), stop)

@@ -1,7 +1,7 @@
 """The one place the Borglet's protobuf messages meet its plain dataclasses (docs/architecture.md rule 2).
 
 Requests become :class:`TaskPlan` objects, validated on the way in: a bad field raises
-:class:`InvalidFieldError` naming it (StartTask answers INVALID_ARGUMENT). In a poll's desired
+:class:`InvalidField` naming it (StartTask answers INVALID_ARGUMENT). In a poll's desired
 set, a task whose plan cannot be read becomes an :class:`UnrunnablePlan` instead, so it fails
 alone and the rest of the set is applied (:func:`desired_plans`). Records, events and sample
 arrays become replies and Kafka messages on the way out.
@@ -29,15 +29,10 @@ from cellpilot.borglet.task_record import (
     TaskRecord,
     UnrunnablePlan,
 )
+from cellpilot.platform.request_validation import InvalidField
 from cellpilot.world.job_demand import DemandError, JobDemand
 from cellpilot.world.step import WorldStep, WorldTasks
 from cellpilot.world.usage_models import resolve_params
-
-
-class InvalidFieldError(ValueError):
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclass(frozen=True)
@@ -74,7 +69,7 @@ STOP_REASONS: dict[state_pb2.TaskEventKind.ValueType, TaskEvent] = {
 def limits(resources: resources_pb2.Resources, field: str) -> Limits:
     for name in ("cpu_millicores", "memory_bytes", "disk_bytes", "ports"):
         if getattr(resources, name) < 0:
-            raise InvalidFieldError(f"{field}.{name}", "must be >= 0")
+            raise InvalidField(f"{field}.{name}", "must be >= 0")
     return Limits(resources.cpu_millicores, resources.memory_bytes, resources.disk_bytes, resources.ports)
 
 
@@ -93,7 +88,7 @@ def hard_memory_limit(kind: int, field: str) -> bool:
         job_pb2.MEMORY_LIMIT_KIND_HARD,
         job_pb2.MEMORY_LIMIT_KIND_SOFT,
     ):
-        raise InvalidFieldError(field, f"unknown memory limit kind {kind}")
+        raise InvalidField(field, f"unknown memory limit kind {kind}")
     return kind != job_pb2.MEMORY_LIMIT_KIND_SOFT
 
 
@@ -101,10 +96,10 @@ def _runtime(spec: job_pb2.RuntimeSpec, field: str, defaults: RuntimeDefaults) -
     which = spec.WhichOneof("runtime") or defaults.runtime
     if which == "process":
         if not defaults.allow_process:
-            raise InvalidFieldError(f"{field}.process", "this Borglet does not run process tasks")
+            raise InvalidField(f"{field}.process", "this Borglet does not run process tasks")
         process = spec.process
         if not process.command:
-            raise InvalidFieldError(f"{field}.process.command", "must name an executable")
+            raise InvalidField(f"{field}.process.command", "must name an executable")
         check = None
         if process.HasField("health_check"):
             h = process.health_check
@@ -118,23 +113,23 @@ def _runtime(spec: job_pb2.RuntimeSpec, field: str, defaults: RuntimeDefaults) -
             )
             problem = validate_health_check(core, f"{field}.process.health_check")
             if problem is not None:
-                raise InvalidFieldError(*problem)
+                raise InvalidField(*problem)
             check = resolve(core)
         return ProcessPlan(process.command, tuple(process.args), tuple(sorted(process.env.items())), check)
     simulated = spec.simulated
     if simulated.trace_uri:
-        raise InvalidFieldError(
+        raise InvalidField(
             f"{field}.simulated.trace_uri", "trace replay is not supported by this Borglet; use usage_model"
         )
     if simulated.duration_seconds < 0 or simulated.startup_seconds < 0:
         name = "duration_seconds" if simulated.duration_seconds < 0 else "startup_seconds"
-        raise InvalidFieldError(f"{field}.simulated.{name}", "must be >= 0")
+        raise InvalidField(f"{field}.simulated.{name}", "must be >= 0")
     model = simulated.usage_model or defaults.usage_model
     try:
         params = resolve_params(model, dict(simulated.params))
     except ValueError as error:
         name = "usage_model" if "unknown usage model" in str(error) else "params"
-        raise InvalidFieldError(f"{field}.simulated.{name}", str(error)) from error
+        raise InvalidField(f"{field}.simulated.{name}", str(error)) from error
     return SimulatedPlan(
         usage_model=model,
         params=tuple(sorted(params.items())),
@@ -158,7 +153,7 @@ def _demand(simulated: job_pb2.SimulatedRuntime, field: str) -> JobDemand:
     try:
         return demand_in(shared, simulated.seed)
     except DemandError as error:
-        raise InvalidFieldError(f"{field}.{error.field}" if error.field else field, error.message) from error
+        raise InvalidField(f"{field}.{error.field}" if error.field else field, error.message) from error
 
 
 def latency_sensitive(task: borglet_pb2.TaskAssignment) -> bool:
@@ -172,11 +167,11 @@ def latency_sensitive(task: borglet_pb2.TaskAssignment) -> bool:
 
 def task_plan(task: borglet_pb2.TaskAssignment, field: str, defaults: RuntimeDefaults) -> TaskPlan:
     if not task.job_id:
-        raise InvalidFieldError(f"{field}.job_id", "must not be empty")
+        raise InvalidField(f"{field}.job_id", "must not be empty")
     if task.task_index < 0:
-        raise InvalidFieldError(f"{field}.task_index", "must be >= 0")
+        raise InvalidField(f"{field}.task_index", "must be >= 0")
     if task.incarnation < 0:
-        raise InvalidFieldError(f"{field}.incarnation", "must be >= 0")
+        raise InvalidField(f"{field}.incarnation", "must be >= 0")
     spec = task.spec
     return TaskPlan(
         job_id=task.job_id,
@@ -209,7 +204,7 @@ def unrunnable_plan(task: borglet_pb2.TaskAssignment, reason: str) -> TaskPlan:
     """The plan of a task this Borglet cannot run: enough of it to report the task FAILED."""
     try:
         task_limits = limits(task.spec.limits, "limits")
-    except InvalidFieldError:
+    except InvalidField:
         task_limits = Limits()
     return TaskPlan(
         job_id=task.job_id,
@@ -253,7 +248,7 @@ def desired_plans(desired: borglet_pb2.DesiredTasks, defaults: RuntimeDefaults) 
         seen.add((task.job_id, task.task_index))
         try:
             plans.append(task_plan(task, field, defaults))
-        except InvalidFieldError as error:
+        except InvalidField as error:
             plans.append(unrunnable_plan(task, f"invalid task plan: {error}"))
     return DesiredPlans(tuple(plans), tuple(skipped))
 

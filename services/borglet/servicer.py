@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 from opentelemetry import trace
@@ -20,8 +20,9 @@ from opentelemetry import trace
 from cellpilot.api.v1 import borglet_pb2, borglet_pb2_grpc
 from cellpilot.borglet.machine_agent import MachineAgent
 from cellpilot.borglet.task_record import Phase, TaskRecord
+from cellpilot.platform.request_validation import InvalidField, abort
 from cellpilot_services.borglet import convert
-from cellpilot_services.borglet.convert import InvalidFieldError, RuntimeDefaults
+from cellpilot_services.borglet.convert import RuntimeDefaults
 from cellpilot_services.borglet.fleet import Fleet, StaleIncarnationError
 
 log = logging.getLogger(__name__)
@@ -33,11 +34,6 @@ def _traced(name: str, machine_id: str, cause_id: str) -> Any:
     return tracer.start_as_current_span(
         f"Borglet.{name}", attributes={"cellpilot.machine_id": machine_id, "cellpilot.cause_id": cause_id}
     )
-
-
-async def _abort(context: Any, code: grpc.StatusCode, message: str) -> NoReturn:
-    await context.abort(code, message)
-    raise AssertionError("unreachable")  # context.abort raises
 
 
 @dataclass(frozen=True)
@@ -69,7 +65,7 @@ class BorgletServicer(borglet_pb2_grpc.BorgletServicer):
     async def _machine(self, machine_id: str, epoch: int, context: Any) -> MachineAgent:
         admitted = self._admit(machine_id, epoch)
         if isinstance(admitted, _Refused):
-            await _abort(context, admitted.code, admitted.message)
+            await abort(context, admitted.code, admitted.message)
         return admitted
 
     def _report(self, record: TaskRecord) -> borglet_pb2.TaskReport:
@@ -158,15 +154,15 @@ class BorgletServicer(borglet_pb2_grpc.BorgletServicer):
     ) -> borglet_pb2.StartTaskResponse:
         machine = await self._machine(request.machine_id, request.master_epoch, context)
         if not request.HasField("task"):
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "task: required")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "task: required")
         try:
             plan = convert.task_plan(request.task, "task", self.defaults)
-        except InvalidFieldError as error:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except InvalidField as error:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
         try:
             record = await self.fleet.start_task(machine, plan, request.request_id or f"start:{plan.name}")
         except StaleIncarnationError as error:
-            await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"task.incarnation: {error}")
+            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"task.incarnation: {error}")
         return borglet_pb2.StartTaskResponse(task=self._report(record))
 
     async def _task(
@@ -174,13 +170,13 @@ class BorgletServicer(borglet_pb2_grpc.BorgletServicer):
     ) -> TaskRecord:
         record = machine.tasks.get((job_id, task_index))
         if record is None:
-            await _abort(
+            await abort(
                 context,
                 grpc.StatusCode.NOT_FOUND,
                 f"task {job_id}/{task_index} is not on {machine.machine_id}",
             )
         if record.plan.incarnation != incarnation:
-            await _abort(
+            await abort(
                 context,
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"incarnation: {job_id}/{task_index} runs incarnation {record.plan.incarnation} here, "
@@ -200,11 +196,11 @@ class BorgletServicer(borglet_pb2_grpc.BorgletServicer):
         machine = await self._machine(request.machine_id, request.master_epoch, context)
         kind = convert.STOP_REASONS.get(request.reason)
         if kind is None:
-            await _abort(
+            await abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, "reason: must be KILLED, PREEMPTED or EVICTED"
             )
         if request.grace_period_seconds < 0:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "grace_period_seconds: must be >= 0")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "grace_period_seconds: must be >= 0")
         record = await self._task(machine, request.job_id, request.task_index, request.incarnation, context)
         cause = request.request_id or f"stop:{record.plan.name}"
         await self.fleet.stop_task(machine, record, kind, float(request.grace_period_seconds), cause)
@@ -223,11 +219,11 @@ class BorgletServicer(borglet_pb2_grpc.BorgletServicer):
         try:
             limits = convert.limits(request.limits, "limits")
             hard = convert.hard_memory_limit(request.memory_limit_kind, "memory_limit_kind")
-        except InvalidFieldError as error:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except InvalidField as error:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
         record = await self._task(machine, request.job_id, request.task_index, request.incarnation, context)
         if record.phase in (Phase.DEAD, Phase.STOPPING):
-            await _abort(
+            await abort(
                 context, grpc.StatusCode.FAILED_PRECONDITION, f"task {record.plan.name} is not running"
             )
         self.fleet.update_task(record, limits, hard, request.priority, request.spec_version)

@@ -8,28 +8,18 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
-from cellpilot.platform.settings import PlatformSettings
-from cellpilot.security.tls import SecuritySettings
+from cellpilot.platform.settings import AddressList, ServiceSettings
 from cellpilot_services.borglet.task_sandbox import MINIMAL_PATH
 
 GIB = 1 << 30
 
 
-def _split(value: object) -> object:
-    if isinstance(value, str):
-        return [item.strip() for item in value.split(",") if item.strip()]
-    return value
-
-
-class BorgletSettings(BaseSettings):
+class BorgletSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="CELLPILOT_BORGLET_", extra="ignore")
-
-    platform: PlatformSettings = Field(default_factory=PlatformSettings)
-    # mTLS certificates, token secret, request size limit (CELLPILOT_TLS_MODE, CELLPILOT_CERTS_DIR).
-    security: SecuritySettings = Field(default_factory=SecuritySettings.load)
+    service_name = "borglet"
 
     # Where the gRPC server listens, and the host the Borgmaster is told to call back on.
     listen_address: str = "127.0.0.1:0"
@@ -37,14 +27,9 @@ class BorgletSettings(BaseSettings):
 
     # The machines this process hosts: explicit ids, or fleet_size generated ones named
     # "<machine_id_prefix>-r<replica>-<i>". One process per machine is fleet_size = 1.
-    machine_ids: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    machine_ids: AddressList = Field(default_factory=list)
     fleet_size: int = Field(default=1, ge=1)
     machine_id_prefix: str = "machine"
-    replica_index: int = Field(
-        default=0,
-        ge=0,
-        validation_alias=AliasChoices("CELLPILOT_BORGLET_REPLICA_INDEX", "CELLPILOT_REPLICA_INDEX"),
-    )
     # Capacity of every hosted machine (Resources units: millicores, bytes, bytes, ports).
     cpu_millicores: int = Field(default=32_000, gt=0)
     memory_bytes: int = Field(default=128 * GIB, gt=0)
@@ -59,7 +44,7 @@ class BorgletSettings(BaseSettings):
 
     # The Borgmaster replicas to register with (any order; writes follow "cellpilot-leader").
     # Empty: run standalone, driven by whoever calls the Borglet API.
-    borgmaster_addresses: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    borgmaster_addresses: AddressList = Field(default_factory=list)
     # The service identity this process presents (its certificate, or its service token in
     # plaintext-dev); it names the machines it may report for. Empty: "borglet-r<replica>",
     # whose certificate covers "machine-r<replica>-*" (cellpilot certs issue).
@@ -111,11 +96,6 @@ class BorgletSettings(BaseSettings):
     # Kill the tasks this process started when it shuts down (no orphans on a laptop).
     kill_tasks_on_exit: bool = True
 
-    @field_validator("machine_ids", "borgmaster_addresses", mode="before")
-    @classmethod
-    def _split_list(cls, value: object) -> object:
-        return _split(value)
-
     @field_validator("attributes", mode="before")
     @classmethod
     def _split_attributes(cls, value: object) -> object:
@@ -133,7 +113,3 @@ class BorgletSettings(BaseSettings):
         if self.machine_ids:
             return list(self.machine_ids)
         return [f"{self.machine_id_prefix}-r{self.replica_index}-{i:04d}" for i in range(self.fleet_size)]
-
-    @classmethod
-    def load(cls) -> BorgletSettings:
-        return cls(platform=PlatformSettings.load())

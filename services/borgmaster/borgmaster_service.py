@@ -13,6 +13,7 @@ import logging
 from cellpilot.api.v1 import borgmaster_pb2_grpc, link_shard_pb2_grpc
 from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
 from cellpilot.platform.postgres import apply_migrations, create_engine
+from cellpilot.platform.service import run_until_stopped
 from cellpilot.platform.telemetry import Telemetry
 from cellpilot.security.policy import JobFacts
 from cellpilot_services.borgmaster.borglet_poller import BorgletPoller
@@ -119,9 +120,4 @@ async def serve(
     settings: BorgmasterSettings, stop: asyncio.Event, telemetry: Telemetry | None = None
 ) -> None:
     del telemetry  # spans go through the global tracer provider run_service configured
-    borgmaster = Borgmaster(settings)
-    await borgmaster.start()
-    try:
-        await stop.wait()
-    finally:
-        await borgmaster.stop()
+    await run_until_stopped(Borgmaster(settings), stop)

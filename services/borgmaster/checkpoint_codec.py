@@ -17,9 +17,9 @@ from cellpilot.borg import mutations as mu
 from cellpilot.borg.cell_state import AppliedRequest, CellState, JobRecord, Leader, MachineRecord, TaskRecord
 from cellpilot.borg.lifecycle import JobState, MachineState, TaskState
 from cellpilot.job_vocabulary import PriorityBand
+from cellpilot.platform.request_validation import InvalidField
 from cellpilot_services.borgmaster import lifetime_convert
 from cellpilot_services.borgmaster.convert import (
-    InvalidField,
     enum_in,
     enum_out,
     job_spec_in,

@@ -17,6 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from cellpilot.platform.postgres import query, query_one
 from cellpilot_services.borgmaster.leader_lease import LEASE_NAME
 
 
@@ -67,17 +68,13 @@ class CheckpointLog:
 
     async def read(self, after_seq: int, up_to_seq: int | None = None, limit: int = 5000) -> list[LogEntry]:
         """Records with ``after_seq < seq <= up_to_seq`` in order (at most ``limit``)."""
-        async with self.engine.connect() as conn:
-            rows = (
-                await conn.execute(
-                    text(
-                        "SELECT seq, epoch, kind, record FROM checkpoint_log"
-                        " WHERE seq > :after AND (CAST(:upto AS bigint) IS NULL OR seq <= :upto)"
-                        " ORDER BY seq LIMIT :limit"
-                    ),
-                    {"after": after_seq, "upto": up_to_seq, "limit": limit},
-                )
-            ).all()
+        rows = await query(
+            self.engine,
+            "SELECT seq, epoch, kind, record FROM checkpoint_log"
+            " WHERE seq > :after AND (CAST(:upto AS bigint) IS NULL OR seq <= :upto)"
+            " ORDER BY seq LIMIT :limit",
+            {"after": after_seq, "upto": up_to_seq, "limit": limit},
+        )
         return [LogEntry(int(r.seq), int(r.epoch), str(r.kind), bytes(r.record)) for r in rows]
 
     async def last_seq(self) -> int:
@@ -97,14 +94,10 @@ class CheckpointLog:
 
     async def latest_snapshot(self, at_or_before: int | None = None) -> tuple[int, bytes] | None:
         """The newest snapshot whose sequence is <= ``at_or_before`` (or the newest of all)."""
-        async with self.engine.connect() as conn:
-            row = (
-                await conn.execute(
-                    text(
-                        "SELECT seq, state FROM checkpoint_snapshot"
-                        " WHERE CAST(:limit AS bigint) IS NULL OR seq <= :limit ORDER BY seq DESC LIMIT 1"
-                    ),
-                    {"limit": at_or_before},
-                )
-            ).first()
+        row = await query_one(
+            self.engine,
+            "SELECT seq, state FROM checkpoint_snapshot"
+            " WHERE CAST(:limit AS bigint) IS NULL OR seq <= :limit ORDER BY seq DESC LIMIT 1",
+            {"limit": at_or_before},
+        )
         return None if row is None else (int(row.seq), bytes(row.state))

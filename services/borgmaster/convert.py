@@ -48,17 +48,11 @@ from cellpilot.job_vocabulary import (
     RecommenderKind,
     ScalingMode,
 )
+from cellpilot.platform.request_validation import InvalidField
 from cellpilot.schedule import RESOURCE_NAMES, Resources
 from cellpilot_services.wire_enums import UnknownWireValueError, wire_enum
 
 E = TypeVar("E", bound=Enum)
-
-
-class InvalidField(Exception):  # noqa: N818 - a request error, named for what is wrong
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 # ---------------------------------------------------------------------- enums

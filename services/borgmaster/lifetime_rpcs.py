@@ -16,6 +16,7 @@ from cellpilot.api.v1 import lifetimes_pb2
 from cellpilot.borg.decisions import Command, SetMachineState
 from cellpilot.borg.model import MachineAvailability
 from cellpilot.borg.task_lifetimes import TooLittleHistory
+from cellpilot.platform.request_validation import abort
 from cellpilot.platform.store_outage import StoreUnavailable
 from cellpilot_services.borgmaster import convert, lifetime_convert
 from cellpilot_services.borgmaster.lifetime_keeper import LifetimeKeeper
@@ -28,10 +29,6 @@ class _Servicer(Protocol):
 
     async def _write(self, command: Command, context: grpc.aio.ServicerContext) -> tuple[Any, int]: ...
 
-    async def _abort(
-        self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str, reason: str = ""
-    ) -> NoReturn: ...
-
     async def _no_master_here(self, context: grpc.aio.ServicerContext, error: NotLeader) -> NoReturn: ...
 
     def _name_the_master(self, context: grpc.aio.ServicerContext) -> None: ...
@@ -42,16 +39,16 @@ class LifetimeRpcs:
         self: _Servicer, request: lifetimes_pb2.TrainLifetimesRequest, context: grpc.aio.ServicerContext
     ) -> lifetimes_pb2.TrainLifetimesResponse:
         if request.min_runs < 0:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "min_runs: must be >= 0")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "min_runs: must be >= 0")
         cause = request.request_id or f"req-{uuid.uuid4().hex[:12]}"
         try:
             outcome = await self.lifetimes.train(request.min_runs, cause)
         except NotLeader as error:
             await self._no_master_here(context, error)
         except StoreUnavailable as error:
-            await self._abort(context, grpc.StatusCode.UNAVAILABLE, f"{error}; retry")
+            await abort(context, grpc.StatusCode.UNAVAILABLE, f"{error}; retry")
         if isinstance(outcome, TooLittleHistory):
-            await self._abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(outcome))
+            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(outcome))
         trained = outcome.trained
         return lifetimes_pb2.TrainLifetimesResponse(
             runs=trained.runs,
@@ -66,9 +63,7 @@ class LifetimeRpcs:
         self: _Servicer, request: lifetimes_pb2.DrainMachineRequest, context: grpc.aio.ServicerContext
     ) -> lifetimes_pb2.DrainMachineResponse:
         if not request.machine_id:
-            await self._abort(
-                context, grpc.StatusCode.INVALID_ARGUMENT, "machine_id: name the machine to drain"
-            )
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "machine_id: name the machine to drain")
         command = SetMachineState(
             request.request_id,
             request.machine_id,

@@ -26,6 +26,7 @@ import grpc
 from cellpilot.api.v1 import borglet_pb2, link_shard_pb2, link_shard_pb2_grpc
 from cellpilot.borg.lifecycle import MachineState
 from cellpilot.borg.link_shards import Membership, ReportDigest, must_forward, report_digest
+from cellpilot.platform.request_validation import InvalidField
 from cellpilot.platform.store_outage import StoreUnavailable
 from cellpilot_services.borgmaster import convert
 from cellpilot_services.borgmaster.borglet_poller import BorgletPoller
@@ -74,7 +75,7 @@ class LinkShard:
         address = replica.leader_address()
         if leader is None or address is None:
             return None
-        return leader.epoch, address
+        return leader.token, address
 
     def share(self) -> list[str]:
         """The machines this shard polls now (cached until the membership or machines change)."""
@@ -173,7 +174,7 @@ class LinkShard:
             machine_id = response.machine_id
             try:
                 report = convert.report_in(response)
-            except convert.InvalidField:
+            except InvalidField:
                 out.append((response, None))  # the master says what is wrong with it
                 continue
             digest = report_digest(report, self.poller.acked_event.get(machine_id, 0))

@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, NoReturn
 
 import grpc
 
 from cellpilot.api.v1 import link_shard_pb2, link_shard_pb2_grpc
 from cellpilot.borg.link_shards import Membership, next_membership
-from cellpilot.platform.error_reasons import NO_MASTER, STORE_UNAVAILABLE, reason_metadata
+from cellpilot.platform.error_reasons import NO_MASTER, STORE_UNAVAILABLE
+from cellpilot.platform.request_validation import abort
 from cellpilot.platform.store_outage import StoreUnavailable
 from cellpilot_services.borgmaster.poll_reports import apply_reports
 from cellpilot_services.borgmaster.replica import NotLeader, Replica
@@ -100,13 +100,6 @@ class ShardRegistry:
         )
 
 
-async def _abort(context: Any, code: grpc.StatusCode, message: str, reason: str = "") -> NoReturn:
-    if reason:
-        context.set_trailing_metadata(reason_metadata(reason))
-    await context.abort(code, message)
-    raise AssertionError("unreachable")  # context.abort raises
-
-
 class LinkShardsServicer(link_shard_pb2_grpc.LinkShardsServicer):
     def __init__(self, replica: Replica, registry: ShardRegistry) -> None:
         self.replica = replica
@@ -117,16 +110,16 @@ class LinkShardsServicer(link_shard_pb2_grpc.LinkShardsServicer):
     ) -> link_shard_pb2.ReportMachineChangesResponse:
         replica = self.replica
         if not replica.is_leader:
-            await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, "not the elected master", NO_MASTER)
+            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, "not the elected master", NO_MASTER)
         if request.master_epoch != replica.epoch:
-            await _abort(
+            await abort(
                 context,
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"master_epoch: the shard polled for epoch {request.master_epoch}, "
                 f"the master's is {replica.epoch}",
             )
         if not request.replica_id:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "replica_id: must not be empty")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "replica_id: must not be empty")
         self.registry.heard(
             request.replica_id,
             request.machines_polled,
@@ -144,9 +137,9 @@ class LinkShardsServicer(link_shard_pb2_grpc.LinkShardsServicer):
                 replica, list(request.changed), missed, f"shard-{request.replica_id}-{request.master_epoch}"
             )
         except NotLeader as error:
-            await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(error), NO_MASTER)
+            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(error), NO_MASTER)
         except StoreUnavailable as error:
-            await _abort(context, grpc.StatusCode.UNAVAILABLE, str(error), STORE_UNAVAILABLE)
+            await abort(context, grpc.StatusCode.UNAVAILABLE, str(error), STORE_UNAVAILABLE)
         return link_shard_pb2.ReportMachineChangesResponse(
             master_epoch=replica.epoch,
             membership_version=membership.version,
@@ -159,5 +152,5 @@ class LinkShardsServicer(link_shard_pb2_grpc.LinkShardsServicer):
         self, request: link_shard_pb2.GetLinkShardsRequest, context: grpc.aio.ServicerContext
     ) -> link_shard_pb2.GetLinkShardsResponse:
         if not self.replica.is_leader:
-            await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, "not the elected master", NO_MASTER)
+            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, "not the elected master", NO_MASTER)
         return self.registry.status_out()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from cellpilot.api.v1 import borglet_pb2
 from cellpilot.borg.mutations import Mutation
 from cellpilot.borg.poll_diff import diff_report, machines_down
+from cellpilot.platform.request_validation import InvalidField
 from cellpilot.schedule import Resources
 from cellpilot_services.borgmaster import convert
 from cellpilot_services.borgmaster.replica import NotLeader, Replica, now_ms
@@ -56,7 +57,7 @@ async def apply_reports(
         for response in responses:
             try:
                 report = convert.report_in(response)
-            except convert.InvalidField as error:
+            except InvalidField as error:
                 log.warning(
                     "malformed poll response", extra={"machine_id": response.machine_id, "error": str(error)}
                 )

@@ -41,12 +41,13 @@ from cellpilot.borg.decisions import Command, Result
 from cellpilot.borg.lifetime_tracker import LifetimeTracker
 from cellpilot.borg.mutations import LeaderElected, LogRecord, Mutation, kind_of, to_records
 from cellpilot.borg.scheduling_view import SchedulingView
+from cellpilot.platform.leadership import Leadership
 from cellpilot.platform.store_outage import POSTGRES, StoreUnavailable, describe, store_of
 from cellpilot.schedule import SchedulerConfig, default_profile
 from cellpilot_services.borgmaster import checkpoint_codec, convert
 from cellpilot_services.borgmaster.checkpoint_log import CheckpointLog, FencedOut
 from cellpilot_services.borgmaster.group_commit import GroupCommit
-from cellpilot_services.borgmaster.leader_lease import LeaderLease, Leadership
+from cellpilot_services.borgmaster.leader_lease import leader_lease
 from cellpilot_services.borgmaster.settings import BorgmasterSettings
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ class Replica:
         self.address = address
         self.engine = engine
         self.log = CheckpointLog(engine)
-        self.lease = LeaderLease(engine, self.replica_id, address, settings.lease_s)
+        self.lease = leader_lease(engine, self.replica_id, address, settings.lease_s)
         self.state = CellState()
         self.lifetimes = LifetimeTracker()  # LAS / LAVA (LAVA §4.2-4.3) over the view's cell
         profile = default_profile(
@@ -119,7 +120,6 @@ class Replica:
         self.known_leader_at = 0.0  # when the lease last named known_leader (monotonic)
         self.store_error = ""  # why the last contact with PostgreSQL failed ("" = it worked)
         self.store_error_since = 0.0
-        self.lease_renewed_at = 0.0
         self.recent = RecentChanges(settings.recent_changes)
         self.task_events: dict[TaskKey, deque[TaskChange]] = {}
         self.listeners: list[Listener] = []
@@ -311,8 +311,7 @@ class Replica:
                 if self.is_leader:
                     if now >= next_renew:
                         next_renew = now + self.settings.renew_interval_s
-                        if await self.lease.renew(self.epoch):
-                            self.lease_renewed_at = time.monotonic()
+                        if await self.lease.renew():
                             self.note_store_reachable()
                         else:
                             await self._locked_step_down("lost the lease", release=False)
@@ -335,7 +334,7 @@ class Replica:
                     self.note_store_failure(error)
                 else:
                     log.exception("replica loop error", extra={"replica_id": self.replica_id})
-                if self.is_leader and time.monotonic() - self.lease_renewed_at > self.settings.lease_s:
+                if self.is_leader and not self.lease.holds():
                     await self._locked_step_down("could not renew the lease in time", release=False)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.settings.tail_interval_s)
@@ -343,15 +342,14 @@ class Replica:
     async def _promote(self, leadership: Leadership) -> None:
         started = time.monotonic()
         async with self.lock:
-            self.epoch = leadership.epoch
-            self.lease_renewed_at = started
+            self.epoch = leadership.token
             # The new epoch fences every older master: the log up to its head is now final.
             await self.catch_up()
             self.is_leader = True
             try:
                 await self.commit(
-                    [LeaderElected(self.replica_id, self.address, leadership.epoch)],
-                    f"election-{leadership.epoch}",
+                    [LeaderElected(self.replica_id, self.address, leadership.token)],
+                    f"election-{leadership.token}",
                 )
             except (NotLeader, StoreUnavailable):
                 return
@@ -405,7 +403,7 @@ class Replica:
         self.view.forget_cpu()  # soft state: the next master re-learns CPU moments from its polls
         if release:
             with contextlib.suppress(Exception):
-                await self.lease.release(self.epoch)
+                await self.lease.release()
 
     async def shutdown(self) -> None:
         tasks = list(self._leader_tasks)

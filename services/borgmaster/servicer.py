@@ -13,7 +13,6 @@ request id, or a fresh one) goes to the log record, the logs and the trace span.
 
 from __future__ import annotations
 
-import base64
 import logging
 import uuid
 from typing import Any, NoReturn
@@ -36,14 +35,8 @@ from cellpilot.borg.model import MachineAvailability
 from cellpilot.borg.pending_reasons import explain
 from cellpilot.borg.rejection import Code, Rejection
 from cellpilot.job_vocabulary import PriorityBand
-from cellpilot.platform.error_reasons import (
-    LEADER_METADATA_KEY,
-    NO_MASTER,
-    QUOTA_EXCEEDED,
-    REQUEST_ID_REUSED,
-    STORE_UNAVAILABLE,
-    reason_metadata,
-)
+from cellpilot.platform import error_reasons
+from cellpilot.platform.request_validation import InvalidField, abort, after_page_token, page_size, page_token
 from cellpilot.platform.store_outage import StoreUnavailable
 from cellpilot_services.borgmaster import convert, lifetime_convert
 from cellpilot_services.borgmaster.lifetime_keeper import LifetimeKeeper
@@ -65,30 +58,19 @@ STATUS = {
 }
 
 
+# The ``cellpilot-error-reason`` of a refusal whose status code is shared by several causes,
+# by the code and the field the refusal names.
+REASONS = {
+    (Code.ALREADY_EXISTS, "request_id"): error_reasons.REQUEST_ID_REUSED,
+    (Code.FAILED_PRECONDITION, "fencing_token"): error_reasons.FENCED,
+    (Code.FAILED_PRECONDITION, "expected_spec_version"): error_reasons.STALE_SPEC_VERSION,
+}
+
+
 def _reason(rejection: Rejection) -> str:
-    """The ``cellpilot-error-reason`` of a refusal whose status code is shared by several causes."""
     if rejection.code is Code.RESOURCE_EXHAUSTED:
-        return QUOTA_EXCEEDED
-    if rejection.code is Code.ALREADY_EXISTS and rejection.field == "request_id":
-        return REQUEST_ID_REUSED
-    return ""
-
-
-def _token(value: str) -> str:
-    return base64.urlsafe_b64encode(value.encode()).decode() if value else ""
-
-
-def _untoken(token: str) -> str:
-    try:
-        return base64.urlsafe_b64decode(token.encode()).decode()
-    except (ValueError, UnicodeDecodeError) as error:
-        raise convert.InvalidField("page_token", "not a token this server issued") from error
-
-
-def _page_size(requested: int, default: int) -> int:
-    if requested < 0:
-        raise convert.InvalidField("page_size", "must be >= 0")
-    return min(requested or default, MAX_PAGE)
+        return error_reasons.QUOTA_EXCEEDED
+    return REASONS.get((rejection.code, rejection.field), "")
 
 
 class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
@@ -97,12 +79,6 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
         self.lifetimes = lifetimes or LifetimeKeeper(replica, replica.settings)
 
     # ------------------------------------------------------------------ plumbing
-    async def _abort(
-        self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str, reason: str = ""
-    ) -> NoReturn:
-        await context.abort(code, message, trailing_metadata=reason_metadata(reason) if reason else ())
-        raise AssertionError("unreachable")  # pragma: no cover
-
     async def _no_master_here(self, context: grpc.aio.ServicerContext, error: NotLeader) -> NoReturn:
         """A write this replica cannot take: redirect to the master if one is known, else
         UNAVAILABLE (retryable) saying why there is none."""
@@ -111,30 +87,33 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"{error}; the master is {leader}",
-                trailing_metadata=((LEADER_METADATA_KEY, leader),),
+                trailing_metadata=(
+                    (error_reasons.LEADER_METADATA_KEY, leader),
+                    *error_reasons.reason_metadata(error_reasons.NOT_MASTER),
+                ),
             )
             raise AssertionError("unreachable") from error  # pragma: no cover
         problem = self.replica.store_problem()
         if problem:
-            await self._abort(
+            await abort(
                 context,
                 grpc.StatusCode.UNAVAILABLE,
                 f"no elected Borgmaster master: {problem}; retry with the same request_id",
-                STORE_UNAVAILABLE,
+                error_reasons.STORE_UNAVAILABLE,
             )
-        await self._abort(
+        await abort(
             context,
             grpc.StatusCode.UNAVAILABLE,
             f"no elected Borgmaster master at the moment ({error}; an election is under way); "
             "retry with the same request_id",
-            NO_MASTER,
+            error_reasons.NO_MASTER,
         )
 
     def _name_the_master(self, context: grpc.aio.ServicerContext) -> None:
         """A follower answers reads from its warm copy, but soft state (usage, readiness) lives
         with the master: name it, so clients send their next calls there."""
         if not self.replica.is_leader and (leader := self.replica.leader_address()):
-            context.set_trailing_metadata(((LEADER_METADATA_KEY, leader),))
+            context.set_trailing_metadata(((error_reasons.LEADER_METADATA_KEY, leader),))
 
     async def _write(self, command: Command, context: grpc.aio.ServicerContext) -> tuple[Any, int]:
         cause = command.request_id or f"req-{uuid.uuid4().hex[:12]}"
@@ -146,11 +125,11 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
                 await self._no_master_here(context, error)
             except StoreUnavailable as error:
                 span.set_attribute("cellpilot.rejected", str(error))
-                await self._abort(
+                await abort(
                     context,
                     grpc.StatusCode.UNAVAILABLE,
                     f"{error}; the write was not acknowledged: retry it with the same request_id",
-                    STORE_UNAVAILABLE,
+                    error_reasons.STORE_UNAVAILABLE,
                 )
             if isinstance(result, Rejection):
                 span.set_attribute("cellpilot.rejected", str(result))
@@ -158,7 +137,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
                     "request refused",
                     extra={"cause_id": cause, "code": result.code.value, "reason": str(result)},
                 )
-                await self._abort(context, STATUS[result.code], str(result), _reason(result))
+                await abort(context, STATUS[result.code], str(result), _reason(result))
             log.info(
                 "request applied", extra={"cause_id": cause, "seq": seq, "command": type(command).__name__}
             )
@@ -167,18 +146,18 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
     async def _reused_request_id(self, context: grpc.aio.ServicerContext, request_id: str) -> NoReturn:
         """A request id an earlier, different request used (logged before requests recorded
         their method and payload digest): its recorded answer is not this one's."""
-        await self._abort(
+        await abort(
             context,
             grpc.StatusCode.ALREADY_EXISTS,
             f"request_id: {request_id!r} was already used by another request; use a new id",
-            REQUEST_ID_REUSED,
+            error_reasons.REQUEST_ID_REUSED,
         )
 
     async def _convert_or_abort(self, context: grpc.aio.ServicerContext, fn: Any, *args: Any) -> Any:
         try:
             return fn(*args)
-        except convert.InvalidField as error:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except InvalidField as error:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
 
     # ------------------------------------------------------------------ jobs
     async def SubmitJob(  # noqa: N802
@@ -231,7 +210,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
         self._name_the_master(context)
         job = self.replica.state.job(request.job_id)
         if job is None:
-            await self._abort(context, grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
         reservations = {}
         if request.include_tasks:
             for task in job.visible_tasks():
@@ -246,12 +225,12 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
     ) -> borgmaster_pb2.ListJobsResponse:
         self._name_the_master(context)
         try:
-            size = _page_size(request.page_size, DEFAULT_JOBS_PAGE)
-            after = _untoken(request.page_token)
+            size = page_size(request.page_size, DEFAULT_JOBS_PAGE, MAX_PAGE)
+            after = after_page_token(request.page_token, str)
             states = {convert.enum_in(JobState, state_pb2.JobState, s, "states") for s in request.states}
             band = convert.enum_in(PriorityBand, job_pb2.PriorityBand, request.band, "band")
-        except convert.InvalidField as error:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except InvalidField as error:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
         response = borgmaster_pb2.ListJobsResponse()
         for job_id in sorted(self.replica.state.jobs):
             if job_id <= after:
@@ -267,7 +246,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             ):
                 continue
             if len(response.jobs) == size:
-                response.next_page_token = _token(response.jobs[-1].job_id)
+                response.next_page_token = page_token(response.jobs[-1].job_id)
                 break
             response.jobs.append(convert.job_status_out(job))
         return response
@@ -279,7 +258,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
         job = self.replica.state.job(request.job_id)
         task = None if job is None else job.tasks.get(request.task_index)
         if job is None or task is None or request.task_index >= job.spec.task_count:
-            await self._abort(
+            await abort(
                 context,
                 grpc.StatusCode.NOT_FOUND,
                 f"task_index: no task {request.job_id}/{request.task_index}",
@@ -299,11 +278,11 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             state = self.replica.state
             job = state.job(request.job_id)
             if job is None:
-                await self._abort(context, grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
+                await abort(context, grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
             if request.HasField("task_index"):
                 index = request.task_index
                 if index not in job.tasks or index >= job.spec.task_count:
-                    await self._abort(context, grpc.StatusCode.NOT_FOUND, f"task_index: no task {index}")
+                    await abort(context, grpc.StatusCode.NOT_FOUND, f"task_index: no task {index}")
             else:
                 pending = [t.index for t in job.visible_tasks() if t.state is TaskState.PENDING]
                 index = pending[0] if pending else 0
@@ -319,14 +298,14 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
     ) -> borgmaster_pb2.ListMachinesResponse:
         self._name_the_master(context)
         try:
-            size = _page_size(request.page_size, DEFAULT_MACHINES_PAGE)
-            after = _untoken(request.page_token)
+            size = page_size(request.page_size, DEFAULT_MACHINES_PAGE, MAX_PAGE)
+            after = after_page_token(request.page_token, str)
             states = {
                 convert.enum_in(MachineAvailability, machine_pb2.MachineState, s, "states")
                 for s in request.states
             }
-        except convert.InvalidField as error:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except InvalidField as error:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
         state = self.replica.state
         response = borgmaster_pb2.ListMachinesResponse()
         for machine_id in sorted(state.machines):
@@ -338,7 +317,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             ):
                 continue
             if len(response.machines) == size:
-                response.next_page_token = _token(response.machines[-1].spec.machine_id)
+                response.next_page_token = page_token(response.machines[-1].spec.machine_id)
                 break
             response.machines.append(convert.machine_out(state, machine, self.replica.soft))
         return response
@@ -398,7 +377,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             context, convert.enum_in, PriorityBand, job_pb2.PriorityBand, request.band, "band"
         )
         if band is PriorityBand.UNSPECIFIED:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "band: name the priority band")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "band: name the priority band")
         limit = await self._convert_or_abort(context, convert.resources_in, request.limit, "limit")
         command = SetQuota(
             request.request_id, request.user, band, limit, payload_digest=convert.payload_digest(request)
@@ -424,7 +403,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             )
         elif leader is not None:
             response.leader.CopyFrom(
-                state_pb2.LeaderInfo(replica_id=leader.holder, address=leader.address, epoch=leader.epoch)
+                state_pb2.LeaderInfo(replica_id=leader.holder, address=leader.address, epoch=leader.token)
             )
         if response.HasField("leader"):
             response.leader.log_sequence = replica.state.last_sequence

@@ -7,32 +7,20 @@ Built once in ``__main__`` and passed down. Replica ``i`` of ``cellpilot run`` l
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
 
 from cellpilot.borg.restart_backoff import RestartPolicy
-from cellpilot.platform.settings import PlatformSettings
+from cellpilot.platform.settings import ReplicaServerSettings
 from cellpilot.schedule.cpu_demand import CpuLearning
 from cellpilot.schedule.profile import PLACEMENT_POLICIES
-from cellpilot.security.tls import SecuritySettings
 
 
-class BorgmasterSettings(BaseSettings):
+class BorgmasterSettings(ReplicaServerSettings):
     model_config = SettingsConfigDict(env_prefix="CELLPILOT_BORGMASTER_", extra="ignore")
+    service_name = "borgmaster"
 
-    platform: PlatformSettings = Field(default_factory=PlatformSettings)
-    # mTLS certificates, token secret, request size limit (CELLPILOT_TLS_MODE, CELLPILOT_CERTS_DIR).
-    security: SecuritySettings = Field(default_factory=SecuritySettings.load)
-
-    replica_index: int = Field(
-        default=0,
-        ge=0,
-        validation_alias=AliasChoices("CELLPILOT_BORGMASTER_REPLICA_INDEX", "CELLPILOT_REPLICA_INDEX"),
-    )
-    replica_id: str = ""  # default "borgmaster-<replica_index>"
-    listen_host: str = "127.0.0.1"
     base_port: int = Field(default=7100, ge=1, le=65_000)
-    port: int = Field(default=-1, ge=-1, le=65_535)  # -1: base_port + replica_index; 0: any free port
     advertise_host: str = "127.0.0.1"  # the host other processes reach this replica on
     apply_migrations: bool = True
 
@@ -142,15 +130,3 @@ class BorgmasterSettings(BaseSettings):
             crash_window_ms=round(self.crash_window_s * 1000),
             avoid_ms=round(self.crash_avoid_s * 1000),
         )
-
-    @property
-    def resolved_replica_id(self) -> str:
-        return self.replica_id or f"borgmaster-{self.replica_index}"
-
-    @property
-    def resolved_port(self) -> int:
-        return self.base_port + self.replica_index if self.port < 0 else self.port
-
-    @classmethod
-    def load(cls) -> BorgmasterSettings:
-        return cls(platform=PlatformSettings.load())

@@ -7,21 +7,13 @@ health on 127.0.0.1:750i.
 
 from __future__ import annotations
 
-import asyncio
-
-from cellpilot.platform.service import run_service
-from cellpilot.platform.telemetry import Telemetry
+from cellpilot.platform.service import service_main
 from cellpilot_services.recommender.settings import RecommenderSettings
 from cellpilot_services.recommender.worker import serve
 
 
 def main() -> None:
-    settings = RecommenderSettings.load()
-
-    async def run(stop: asyncio.Event, telemetry: Telemetry) -> None:
-        await serve(settings, stop, telemetry)
-
-    run_service("recommender", settings.platform, run, metrics_port=settings.resolved_metrics_port)
+    service_main(RecommenderSettings, serve)
 
 
 if __name__ == "__main__":

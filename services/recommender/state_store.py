@@ -7,9 +7,10 @@ Per partition ``p`` (keys ``<prefix>:<group>:p<p>:...``):
   state (its ``usage.histograms`` partition and every ``borg.events`` partition), JSON;
 * ``jobs``: a hash job id -> :class:`~cellpilot.autopilot.job_recommendations.JobState` bytes.
 
-A save writes the changed jobs and the offsets in one Lua script that first checks the
-epoch, so state and offsets move together (a successor resumes without a gap or a double
-apply) and a deposed worker can never write (docs/architecture.md rule 7).
+A save writes the changed jobs and the offsets in one fenced write that first checks the
+epoch (:func:`cellpilot.platform.redis_client.write_fenced`), so state and offsets move
+together (a successor resumes without a gap or a double apply) and a deposed worker can
+never write (docs/architecture.md rule 7).
 """
 
 from __future__ import annotations
@@ -22,18 +23,7 @@ import redis.asyncio as aioredis
 
 from cellpilot.autopilot.job_recommendations import JobState
 from cellpilot.platform.kafka import AppliedOffsets
-from cellpilot.platform.redis_client import reply_bytes, reply_text
-
-_SAVE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-redis.call('SET', KEYS[2], ARGV[2])
-for i = 3, #ARGV, 2 do
-  redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
-end
-return 1
-"""
+from cellpilot.platform.redis_client import FencedWrites, reply_bytes, reply_text, write_fenced
 
 
 @dataclass
@@ -70,8 +60,9 @@ class StateStore:
         self, partition: int, epoch: int, offsets: AppliedOffsets, jobs: Mapping[str, JobState]
     ) -> bool:
         """Write the changed jobs and the offsets atomically; False if another epoch owns it."""
-        args: list[str | bytes] = [str(epoch), json.dumps(offsets.to_mapping())]
+        epoch_key, offsets_key, jobs_key = self._keys(partition)
+        writes = FencedWrites()
+        writes.set(offsets_key, json.dumps(offsets.to_mapping()))
         for job_id, state in jobs.items():
-            args.extend((job_id, state.to_bytes()))
-        result = await self.redis.eval(_SAVE, 3, *self._keys(partition), *args)  # type: ignore[misc]
-        return bool(int(result))
+            writes.hset(jobs_key, job_id, state.to_bytes())
+        return await write_fenced(self.redis, epoch_key, str(epoch), writes)

@@ -41,18 +41,13 @@ from cellpilot.autopilot.job_recommendations import (
     apply_ooms,
 )
 from cellpilot.autopilot.ml_config import shipped_recommender_config
+from cellpilot.platform import kafka
 from cellpilot.platform.grpc_server import GrpcServer
-from cellpilot.platform.kafka import (
-    AppliedOffsets,
-    MessageProducer,
-    PoisonRecordError,
-    Record,
-    dead_letter,
-    record_links,
-)
 from cellpilot.platform.kafka_consumers import AssignedConsumer, MessageConsumer
 from cellpilot.platform.metrics import CellpilotMetrics
+from cellpilot.platform.partition_owner import AssignmentChange, OwnedPartition, PartitionOwner
 from cellpilot.platform.redis_client import connect_redis
+from cellpilot.platform.service import run_until_stopped
 from cellpilot.platform.telemetry import Telemetry
 from cellpilot.recommend.unmet_demand import RaiseForUnmetDemand
 from cellpilot_services.recommender import convert
@@ -63,22 +58,20 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 
 
-@dataclass
-class OwnedPartition:
-    partition: int
-    epoch: int
-    fence: AppliedOffsets
+@dataclass(kw_only=True)
+class JobsPartition(OwnedPartition):
+    """A ``usage.histograms`` partition's jobs, and what changed in them since the checkpoint."""
+
     jobs: dict[str, JobState]
     changed: set[str] = field(default_factory=set)  # jobs whose state changed since the checkpoint
     oom_jobs: set[str] = field(default_factory=set)  # jobs bumped by an OOM since then
     ready: list[tuple[str, int, JobState]] = field(default_factory=list)  # sets to publish
-    dirty: bool = False
 
 
 @dataclass
 class StepOutput:
     published: int = 0
-    poison: list[PoisonRecordError] = field(default_factory=list)
+    poison: list[kafka.PoisonRecordError] = field(default_factory=list)
 
 
 class RecommenderWorker:
@@ -93,7 +86,7 @@ class RecommenderWorker:
         self.redis = connect_redis(settings.platform.redis_url_for("recommender"))
         self.store = StateStore(self.redis, settings.state_prefix, settings.consumer_group)
         bootstrap = settings.platform.kafka_bootstrap
-        self.producer = MessageProducer(bootstrap, client_id=self.replica_id)
+        self.producer = kafka.MessageProducer(bootstrap, client_id=self.replica_id)
         self.consumer = MessageConsumer(
             bootstrap,
             [settings.histograms_topic],
@@ -101,13 +94,14 @@ class RecommenderWorker:
             client_id=self.replica_id,
             log_check_interval_s=settings.platform.log_check_interval_s,
         )
+        self.owner = PartitionOwner(self.consumer, settings.histograms_topic, self.replica_id, self._claim)
+        self.owned = self.owner.owned
         self.events: AssignedConsumer | None = None
         self.server = GrpcServer(
             [],
             address=f"{settings.listen_host}:{settings.resolved_port}",
             **settings.security.server_options("recommender"),
         )
-        self.owned: dict[int, OwnedPartition] = {}
         # Malformed borg.events records skipped: every worker reads that stream, so none of
         # them dead-letters it (that would file each poison record once per worker).
         self.skipped_events = 0
@@ -147,54 +141,28 @@ class RecommenderWorker:
 
     async def _run(self) -> None:
         settings = self.settings
-        async for records in self.consumer.batches(
-            timeout_ms=settings.poll_timeout_ms, max_records=settings.max_poll_records
-        ):
-            if self._stop.is_set():
-                return
-            try:
-                claimed = await self._sync_assignment()
-                # Every owned partition's positions (its usage.histograms partition and every
-                # borg.events partition) checked against the broker's logs: at a claim, then
-                # periodically whether or not records arrive (a broker that lost its log).
-                fences = [owned.fence for owned in self.owned.values()]
-                records = await self.consumer.follow_log_resets(records, fences, force=claimed)
-                events = await self._poll_events()
-                if self.events is not None:
-                    events = await self.events.follow_log_resets(events, fences, force=claimed)
-                await self._step(records, events)
-            except Exception:
-                log.exception("recommender step failed; continuing")
-                await asyncio.sleep(0.5)
+        await self.owner.run(
+            self._consume,
+            self._stop,
+            timeout_ms=settings.poll_timeout_ms,
+            max_records=settings.max_poll_records,
+        )
 
-    async def _sync_assignment(self) -> bool:
-        """Follow the group's assignment; True if a partition was claimed."""
-        topic = self.settings.histograms_topic
-        assigned = {tp.partition for tp in self.consumer.assignment() if tp.topic == topic}
-        changed = False
-        for partition in set(self.owned) - assigned:
-            log.info("partition revoked", extra={"partition": partition, "replica": self.replica_id})
-            del self.owned[partition]
-            changed = True
-        claimed = sorted(assigned - set(self.owned))
-        for partition in claimed:
-            checkpoint = await self.store.claim(partition)
-            self.owned[partition] = OwnedPartition(
-                partition, checkpoint.epoch, checkpoint.offsets, checkpoint.jobs
-            )
-            log.info(
-                "partition claimed",
-                extra={
-                    "partition": partition,
-                    "epoch": checkpoint.epoch,
-                    "jobs": len(checkpoint.jobs),
-                    "replica": self.replica_id,
-                },
-            )
-            changed = True
-        if changed:
+    async def _claim(self, partition: int) -> JobsPartition:
+        checkpoint = await self.store.claim(partition)
+        return JobsPartition(partition, checkpoint.epoch, checkpoint.offsets, jobs=checkpoint.jobs)
+
+    async def _consume(self, records: list[kafka.Record], change: AssignmentChange) -> None:
+        if change.changed:
             await self._restart_events()
-        return bool(claimed)
+        events = await self._poll_events()
+        if self.events is not None:
+            # Every owned partition's borg.events positions are checked too, like its
+            # usage.histograms one: at a claim, then periodically (a broker that lost its log).
+            events = await self.events.follow_log_resets(
+                events, self.owner.fences(), force=bool(change.claimed)
+            )
+        await self._step(records, events)
 
     async def _restart_events(self) -> None:
         """Read ``borg.events`` from the oldest position any owned partition still needs."""
@@ -220,15 +188,15 @@ class RecommenderWorker:
         )
         # Starts where the oldest position needs; the positions themselves (with their
         # fingerprints) are checked by follow_log_resets right after a claim.
-        await self.events.start(AppliedOffsets(starts))
+        await self.events.start(kafka.AppliedOffsets(starts))
 
-    async def _poll_events(self) -> list[Record]:
+    async def _poll_events(self) -> list[kafka.Record]:
         if self.events is None:
             return []
         return await anext(self.events.batches(timeout_ms=1, max_records=self.settings.max_poll_records))
 
-    async def _step(self, records: list[Record], events: list[Record]) -> None:
-        by_partition: dict[int, list[Record]] = defaultdict(list)
+    async def _step(self, records: list[kafka.Record], events: list[kafka.Record]) -> None:
+        by_partition: dict[int, list[kafka.Record]] = defaultdict(list)
         for record in records:
             if record.partition in self.owned:
                 by_partition[record.partition].append(record)
@@ -236,16 +204,16 @@ class RecommenderWorker:
             return
         # Linked to the histogram records it folds in; the recommendations it publishes are its
         # children (their headers carry this span), so a trace walks window -> recommendation.
-        links = record_links([*records, *events])
+        links = kafka.record_links([*records, *events])
         with tracer.start_as_current_span("recommend", links=links) as span:
             span.set_attribute("cellpilot.records", len(records))
             span.set_attribute("cellpilot.events", len(events))
             out = await asyncio.to_thread(self._apply, by_partition, events)
             for error in out.poison:
-                await dead_letter(self.producer, error)
+                await kafka.dead_letter(self.producer, error)
             await self._publish_and_checkpoint()
 
-    def _apply(self, by_partition: dict[int, list[Record]], events: list[Record]) -> StepOutput:
+    def _apply(self, by_partition: dict[int, list[kafka.Record]], events: list[kafka.Record]) -> StepOutput:
         """Convert and fold records into the owned partitions' job states (a worker thread)."""
         out = StepOutput()
         for partition, records in by_partition.items():
@@ -258,7 +226,7 @@ class RecommenderWorker:
                 owned.dirty = True
                 try:
                     inputs.append(convert.histogram_in(record, self.config))
-                except PoisonRecordError as error:
+                except kafka.PoisonRecordError as error:
                     out.poison.append(error)
             result = apply_histograms(self.config, owned.jobs, inputs)
             owned.changed |= result.changed
@@ -269,7 +237,7 @@ class RecommenderWorker:
             try:
                 oom = convert.oom_in(record)
                 settings = convert.horizontal_settings_in(record, self.config) if oom is None else None
-            except PoisonRecordError as error:  # the Borgmaster's stream: every worker reads it
+            except kafka.PoisonRecordError as error:  # the Borgmaster's stream: every worker reads it
                 self.skipped_events += 1
                 log.warning(
                     "skipped a malformed borg.events record",
@@ -299,7 +267,6 @@ class RecommenderWorker:
         return out
 
     async def _publish_and_checkpoint(self) -> None:
-        topic = self.settings.histograms_topic
         for owned in list(self.owned.values()):
             if not owned.dirty:
                 continue
@@ -315,26 +282,13 @@ class RecommenderWorker:
                     self.metrics.recommendations.add(sum(len(sets) for sets in per_job.values()))
             changed = {job_id: owned.jobs[job_id] for job_id in owned.changed}
             saved = await self.store.save(owned.partition, owned.epoch, owned.fence, changed)
-            if not saved:
-                log.warning(
-                    "partition taken over by another worker; dropping it",
-                    extra={"partition": owned.partition, "epoch": owned.epoch, "replica": self.replica_id},
-                )
-                self.owned.pop(owned.partition, None)
+            if not self.owner.keep(owned, saved):
                 continue
             owned.changed.clear()
             owned.oom_jobs.clear()
             owned.ready.clear()
             owned.dirty = False
-            next_offset = owned.fence.next_offset.get((topic, owned.partition), 0)
-            if next_offset > 0:
-                marker = Record(topic, owned.partition, next_offset - 1, "", b"", (), 0)
-                try:
-                    await self.consumer.commit([marker])
-                except Exception as error:  # rebalancing: the checkpoint is what counts
-                    log.info(
-                        "offset commit skipped", extra={"partition": owned.partition, "error": str(error)}
-                    )
+            await self.owner.commit(owned)
 
     async def _send_in_order(self, job_id: str, sets: list[tuple[int, JobState]]) -> None:
         """One job's sets one after the other, so they stay in order on its partition."""
@@ -346,9 +300,4 @@ class RecommenderWorker:
 async def serve(
     settings: RecommenderSettings, stop: asyncio.Event, telemetry: Telemetry | None = None
 ) -> None:
-    worker = RecommenderWorker(settings, telemetry)
-    await worker.start()
-    try:
-        await stop.wait()
-    finally:
-        await worker.stop()
+    await run_until_stopped(RecommenderWorker(settings, telemetry), stop)

@@ -19,12 +19,12 @@ import asyncpg
 
 from cellpilot.api.v1 import checkpoint_pb2, machine_pb2
 from cellpilot.autopilot.job_recommendations import JobState
+from cellpilot.platform.leadership import Leadership
 from cellpilot.platform.redis_client import connect_redis, reply_bytes, reply_text
 from cellpilot.platform.topics import TOPICS
 from cellpilot.stack import StackEndpoints
 from cellpilot_services.actuator.settings import ActuatorSettings
 from cellpilot_services.aggregator.history_store import asyncpg_dsn
-from cellpilot_services.autopilot.leader_lock import Leadership
 from cellpilot_services.autopilot.settings import AutopilotSettings
 from cellpilot_services.recommender.settings import RecommenderSettings
 

@@ -73,7 +73,9 @@ class RequestTooLargeError(CellpilotError):
 
 
 class ConflictError(CellpilotError):
-    """A precondition failed: stale spec version, stale fencing token, illegal transition."""
+    """A precondition failed: stale spec version, stale fencing token, illegal transition
+    (``reason`` STALE_SPEC_VERSION / FENCED for the first two; NOT_MASTER when a follower
+    refused a write and the master it named could not be followed)."""
 
 
 class UnavailableError(CellpilotError):

@@ -19,6 +19,13 @@ QUOTA_EXCEEDED = "QUOTA_EXCEEDED"  # RESOURCE_EXHAUSTED: admission refused the j
 REQUEST_ID_REUSED = "REQUEST_ID_REUSED"  # ALREADY_EXISTS: the request id names another request
 NO_MASTER = "NO_MASTER"  # UNAVAILABLE: no replica is the elected master right now (an election)
 STORE_UNAVAILABLE = "STORE_UNAVAILABLE"  # UNAVAILABLE: a store the service needs cannot be reached
+# FAILED_PRECONDITION: a follower refused a write; ``cellpilot-leader`` names the master.
+NOT_MASTER = "NOT_MASTER"
+# FAILED_PRECONDITION: the write's fencing token is older than one the object has seen: it comes
+# from a deposed leader (docs/architecture.md rule 7).
+FENCED = "FENCED"
+# FAILED_PRECONDITION: the write expected a spec version the job is no longer at.
+STALE_SPEC_VERSION = "STALE_SPEC_VERSION"
 
 
 def reason_metadata(reason: str) -> tuple[tuple[str, str], ...]:

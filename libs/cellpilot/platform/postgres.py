@@ -7,9 +7,11 @@ advisory lock serialises replicas that start at the same time.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import make_url, text
+from sqlalchemy import Row, make_url, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -19,6 +21,23 @@ _MIGRATION_LOCK_KEY = 0x43656C6C  # any constant shared by every migrator
 
 def create_engine(url: str, pool_size: int = 5) -> AsyncEngine:
     return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+
+
+async def query(
+    engine: AsyncEngine, sql: str, params: Mapping[str, Any], write: bool = False
+) -> Sequence[Row[Any]]:
+    """The rows of one statement that returns rows (``RETURNING`` for a write); with ``write``,
+    in a transaction of its own (committed)."""
+    async with engine.begin() if write else engine.connect() as conn:
+        return (await conn.execute(text(sql), dict(params))).all()
+
+
+async def query_one(
+    engine: AsyncEngine, sql: str, params: Mapping[str, Any], write: bool = False
+) -> Row[Any] | None:
+    """The first row of one statement (None if it returns none), as :func:`query`."""
+    rows = await query(engine, sql, params, write)
+    return rows[0] if rows else None
 
 
 async def ensure_database(url: str) -> None:

@@ -1,9 +1,29 @@
-"""Redis connections (``redis.asyncio`` for services, a blocking PING for health checks)."""
+"""Redis connections (``redis.asyncio`` for services, a blocking PING for health checks), and
+writes fenced by a token (docs/architecture.md rule 7)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import redis
 import redis.asyncio as aioredis
+
+# Applies the batch only while KEYS[1] holds ARGV[1] (the writer's fencing token or lease
+# value); each op i >= 2 writes KEYS[i] with ARGV[3i-4] (op), ARGV[3i-3] (field), ARGV[3i-2].
+_FENCED_WRITE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+for i = 2, #KEYS do
+  local op = ARGV[3 * i - 4]
+  if op == 'hset' then
+    redis.call('HSET', KEYS[i], ARGV[3 * i - 3], ARGV[3 * i - 2])
+  elseif op == 'hdel' then
+    redis.call('HDEL', KEYS[i], ARGV[3 * i - 3])
+  else
+    redis.call('SET', KEYS[i], ARGV[3 * i - 2])
+  end
+end
+return 1
+"""
 
 
 def connect_redis(url: str) -> aioredis.Redis:
@@ -25,3 +45,40 @@ def reply_bytes(value: bytes | str) -> bytes:
 
 def reply_text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass
+class FencedWrites:
+    """A batch of writes applied together by :func:`write_fenced`, in the order they were added."""
+
+    ops: list[tuple[str, str, str, bytes | str]] = field(default_factory=list)  # key, op, field, value
+
+    def hset(self, key: str, field_name: str, value: bytes | str) -> None:
+        self.ops.append((key, "hset", field_name, value))
+
+    def hdel(self, key: str, field_name: str) -> None:
+        self.ops.append((key, "hdel", field_name, b""))
+
+    def set(self, key: str, value: bytes | str) -> None:
+        self.ops.append((key, "set", "", value))
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+
+async def write_fenced(
+    client: aioredis.Redis, guard_key: str, guard_value: str, writes: FencedWrites, chunk: int | None = None
+) -> bool:
+    """Apply ``writes`` atomically if ``guard_key`` still holds ``guard_value``; False = fenced out
+    (nothing written). With ``chunk``, large batches go in chunks of that many, each fenced and
+    atomic on its own (put what must land last, such as consumed offsets, last)."""
+    size = chunk or max(1, len(writes.ops))
+    for start in range(0, max(1, len(writes.ops)), size):
+        ops = writes.ops[start : start + size]
+        args: list[str | bytes] = [guard_value]
+        for _, op, name, value in ops:
+            args.extend((op, name, value))
+        keys = [guard_key, *(op[0] for op in ops)]
+        if not await client.eval(_FENCED_WRITE, len(keys), *keys, *args):  # type: ignore[misc]
+            return False
+    return True

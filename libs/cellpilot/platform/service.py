@@ -1,13 +1,13 @@
 """The common way a service process runs: settings, logging, telemetry, and a clean SIGTERM.
 
-A service entry point looks like::
+A service's ``__main__`` is one call::
 
     def main() -> None:
-        settings = MySettings()
-        run_service("borgmaster", settings.platform, lambda stop: serve(settings, stop))
+        service_main(BorgmasterSettings, serve)
 
-``serve`` receives an :class:`asyncio.Event` that is set on SIGTERM/SIGINT; it should stop
-accepting work, finish what is in flight and return.
+``serve(settings, stop, telemetry)`` receives an :class:`asyncio.Event` that is set on
+SIGTERM/SIGINT; it should stop accepting work, finish what is in flight and return. A service
+assembled as one object with ``start``/``stop`` serves with :func:`run_until_stopped`.
 """
 
 from __future__ import annotations
@@ -16,15 +16,25 @@ import asyncio
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
 
 from cellpilot.platform.logging_setup import setup_logging
 from cellpilot.platform.metrics import MetricsEndpoint, prometheus_reader
-from cellpilot.platform.settings import PlatformSettings
+from cellpilot.platform.settings import PlatformSettings, ServiceSettings
 from cellpilot.platform.telemetry import Telemetry, setup_telemetry
 
 log = logging.getLogger(__name__)
 
 ServeFn = Callable[[asyncio.Event, Telemetry], Awaitable[None]]
+SettingsT = TypeVar("SettingsT", bound=ServiceSettings)
+
+
+class StartStop(Protocol):
+    """A service assembled as one object: ``start`` brings it up, ``stop`` takes it down."""
+
+    async def start(self) -> object: ...
+
+    async def stop(self) -> None: ...
 
 
 async def _run(
@@ -66,3 +76,34 @@ def run_service(
     registers the metrics with prometheus_client for a service that serves ``/metrics`` itself."""
     setup_logging(name, platform.log_level, platform.log_json)
     asyncio.run(_run(name, platform, serve, metrics_port, prometheus))
+
+
+def service_main(
+    settings_class: type[SettingsT],
+    serve: Callable[[SettingsT, asyncio.Event, Telemetry], Awaitable[None]],
+    prometheus: bool = False,
+) -> None:
+    """A service process: its settings built once (a bad one ends it with one line naming it),
+    then :func:`run_service` under the service's name, serving ``/metrics`` where its settings
+    say (``metrics_port_to_serve``)."""
+    settings = settings_class.load_or_exit()
+
+    async def run(stop: asyncio.Event, telemetry: Telemetry) -> None:
+        await serve(settings, stop, telemetry)
+
+    run_service(
+        settings.service_name,
+        settings.platform,
+        run,
+        metrics_port=settings.metrics_port_to_serve(),
+        prometheus=prometheus,
+    )
+
+
+async def run_until_stopped(service: StartStop, stop: asyncio.Event) -> None:
+    """Start ``service``, wait for ``stop``, then stop it (also when the wait is cancelled)."""
+    await service.start()
+    try:
+        await stop.wait()
+    finally:
+        await service.stop()

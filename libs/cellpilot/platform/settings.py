@@ -4,17 +4,50 @@ Values come from environment variables prefixed ``CELLPILOT_`` and, underneath t
 from the embedded stack's ``stack.env`` file (``CELLPILOT_STACK_ENV`` names it; the
 default is ``.cellpilot/stack/stack.env``). A service builds its settings once, in its
 entry point, and passes them down.
+
+A service's own settings class inherits one of the bases here and sets its environment
+prefix (``CELLPILOT_<SERVICE>_``):
+
+* :class:`ServiceSettings`: the platform, the service's security, its replica index;
+* :class:`ReplicaServerSettings`: also the gRPC address of replica ``i`` (``base_port + i``);
+* :class:`MeteredReplicaSettings`: also the Prometheus ``/metrics`` port (the gRPC port + 1000).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, BeforeValidator, Field, ValidationError
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-DEFAULT_STACK_ENV = Path(".cellpilot/stack/stack.env")
+from cellpilot.platform.metrics import DEFAULT_METRICS_PORT_OFFSET
+from cellpilot.platform.stack_env import DEFAULT_STACK_ENV, stack_env_file
+from cellpilot.security.tls import SecuritySettings
+
+__all__ = [
+    "DEFAULT_STACK_ENV",
+    "AddressList",
+    "MeteredReplicaSettings",
+    "PlatformSettings",
+    "ReplicaServerSettings",
+    "ServiceSettings",
+    "comma_separated",
+]
+
+# The Borgmaster replicas of `cellpilot run`, which every client of the Borgmaster defaults to.
+BORGMASTER_ADDRESSES = ("127.0.0.1:7100", "127.0.0.1:7101", "127.0.0.1:7102")
+
+
+def comma_separated(value: object) -> object:
+    """A list from ``a, b,c`` (the environment's form); a list passes through."""
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+# A list of host:port addresses, comma-separated in the environment.
+AddressList = Annotated[list[str], NoDecode, BeforeValidator(comma_separated)]
 
 
 class PlatformSettings(BaseSettings):
@@ -54,7 +87,84 @@ class PlatformSettings(BaseSettings):
     @classmethod
     def load(cls, env_file: Path | None = None) -> PlatformSettings:
         """Environment first, then the stack's env file (if it exists), then defaults."""
-        path = env_file or Path(os.environ.get("CELLPILOT_STACK_ENV", str(DEFAULT_STACK_ENV)))
-        if path.exists():
-            return cls(_env_file=path)  # type: ignore[call-arg]
-        return cls()
+        path = stack_env_file(env_file)
+        return cls() if path is None else cls(_env_file=path)  # type: ignore[call-arg]
+
+
+class ServiceSettings(BaseSettings):
+    """What every service's one settings class holds: the platform, the service's security,
+    and which replica of the service this process is.
+
+    ``replica_index`` is read from ``<prefix>REPLICA_INDEX``, else from
+    ``CELLPILOT_REPLICA_INDEX`` (what ``cellpilot run`` sets for each replica it starts).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="CELLPILOT_", extra="ignore")
+    # The service's name: its account, its log and telemetry name, its replica ids.
+    service_name: ClassVar[str] = ""
+
+    platform: PlatformSettings = Field(default_factory=PlatformSettings)
+    # mTLS certificates, token secret, request size limit (CELLPILOT_TLS_MODE, CELLPILOT_CERTS_DIR).
+    security: SecuritySettings = Field(default_factory=SecuritySettings.load)
+    replica_index: int = Field(default=0, ge=0)
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        prefix = cls.model_config.get("env_prefix", "")
+        cls.model_fields["replica_index"].validation_alias = AliasChoices(
+            f"{prefix}REPLICA_INDEX", "CELLPILOT_REPLICA_INDEX"
+        )
+        cls.model_rebuild(force=True)
+
+    @classmethod
+    def load(cls) -> Self:
+        return cls(platform=PlatformSettings.load())
+
+    @classmethod
+    def load_or_exit(cls) -> Self:
+        """:meth:`load`, or exit with one line naming each bad setting (no traceback)."""
+        try:
+            return cls.load()
+        except ValidationError as error:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+            raise SystemExit(f"invalid {cls.service_name.capitalize()} settings: {problems}") from None
+
+    def metrics_port_to_serve(self) -> int | None:
+        """Where the service serves Prometheus ``/metrics`` on its own; None: it does not."""
+        return None
+
+
+class ReplicaServerSettings(ServiceSettings):
+    """A replicated gRPC server: replica ``i`` listens on ``base_port + i`` unless ``port`` is
+    set, and is called ``<service>-<i>`` unless ``replica_id`` is set. A service sets its own
+    ``base_port`` default."""
+
+    replica_id: str = ""  # default "<service_name>-<replica_index>"
+    listen_host: str = "127.0.0.1"
+    base_port: int = Field(default=7000, ge=1, le=65_000)
+    port: int = Field(default=-1, ge=-1, le=65_535)  # -1: base_port + replica_index; 0: any free port
+
+    @property
+    def resolved_replica_id(self) -> str:
+        return self.replica_id or f"{self.service_name}-{self.replica_index}"
+
+    @property
+    def resolved_port(self) -> int:
+        return self.base_port + self.replica_index if self.port < 0 else self.port
+
+
+class MeteredReplicaSettings(ReplicaServerSettings):
+    """A replicated gRPC server that also serves Prometheus ``/metrics`` on a port of its own."""
+
+    # Prometheus /metrics: -1 = the gRPC port + 1000, 0 = any free port.
+    metrics_port: int = Field(default=-1, ge=-1, le=65_535)
+
+    @property
+    def resolved_metrics_port(self) -> int:
+        if self.metrics_port >= 0:
+            return self.metrics_port
+        return self.resolved_port + DEFAULT_METRICS_PORT_OFFSET if self.resolved_port else 0
+
+    def metrics_port_to_serve(self) -> int | None:
+        return self.resolved_metrics_port

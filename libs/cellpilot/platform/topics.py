@@ -60,3 +60,8 @@ TOPICS: tuple[Topic, ...] = (
     Topic("borg.events", 3, "job id", "task and machine events in checkpoint-log order (Borgmaster)"),
     Topic("deadletter", 1, "source topic", "malformed records skipped by consumers, with the reason"),
 )
+
+
+def partitions_of(topic: str) -> int:
+    """The partition count :data:`TOPICS` declares for ``topic``."""
+    return next(t.partitions for t in TOPICS if t.name == topic)

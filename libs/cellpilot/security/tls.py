@@ -13,7 +13,6 @@ In mTLS mode servers require a client certificate signed by the stack's CA
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +21,7 @@ import grpc
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from cellpilot.platform.settings import DEFAULT_STACK_ENV
+from cellpilot.platform.stack_env import stack_env_file
 from cellpilot.security.authentication import Authenticator
 from cellpilot.security.certificates import (
     CA_CERT,
@@ -63,10 +62,8 @@ class SecuritySettings(BaseSettings):
     @classmethod
     def load(cls, env_file: Path | None = None) -> SecuritySettings:
         """Environment first, then the stack's env file, like PlatformSettings.load."""
-        path = env_file or Path(os.environ.get("CELLPILOT_STACK_ENV", str(DEFAULT_STACK_ENV)))
-        if path.exists():
-            return cls(_env_file=path)  # type: ignore[call-arg]
-        return cls()
+        path = stack_env_file(env_file)
+        return cls() if path is None else cls(_env_file=path)  # type: ignore[call-arg]
 
     @property
     def plaintext(self) -> bool:

@@ -26,9 +26,9 @@ from autopilot_master_harness import (
 from stack_security import user_channel
 
 from cellpilot.api.v1 import actuation_pb2, autopilot_pb2, autopilot_pb2_grpc, job_pb2, resources_pb2
+from cellpilot.platform.leadership import Leadership
 from cellpilot.platform.redis_client import connect_redis
 from cellpilot.stack import StackEndpoints
-from cellpilot_services.autopilot.leader_lock import Leadership
 
 ON = job_pb2.SCALING_MODE_ON
 

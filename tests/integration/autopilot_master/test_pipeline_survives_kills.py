@@ -46,11 +46,11 @@ from autopilot_processes import ServiceProcess, new_topics
 
 from cellpilot.api.v1 import actuation_pb2, job_pb2, recommendation_pb2, resources_pb2, usage_pb2
 from cellpilot.autopilot.job_recommendations import JobState
+from cellpilot.platform.leadership import Leadership
 from cellpilot.platform.redis_client import reply_bytes, reply_text
 from cellpilot.stack import StackEndpoints
 from cellpilot.usage.buckets import CPU_SCHEME, MEMORY_SCHEME
 from cellpilot_services.aggregator.history_store import asyncpg_dsn
-from cellpilot_services.autopilot.leader_lock import Leadership
 
 ON = job_pb2.SCALING_MODE_ON
 APPLIED = actuation_pb2.ACTUATION_OUTCOME_APPLIED

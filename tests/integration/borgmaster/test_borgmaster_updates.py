@@ -20,6 +20,7 @@ from cellpilot.api.v1 import borgmaster_pb2, job_pb2, state_pb2
 from cellpilot.borg.cell_state import CellState
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
 from cellpilot.borg.mutations import LogRecord, TaskStateChanged
+from cellpilot.platform.error_reasons import FENCED, reason_of
 from cellpilot.platform.postgres import create_engine
 from cellpilot.stack import StackEndpoints
 from cellpilot_services.borgmaster.checkpoint_codec import record_in
@@ -134,6 +135,7 @@ async def test_an_autopiloted_job_is_held_until_the_actuator_releases_it(
                 )
             assert deposed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "fencing_token" in (deposed.value.details() or "")
+            assert reason_of(deposed.value.trailing_metadata()) == FENCED
 
     records = await _log(fresh_database_url)
     assert sum(1 for r in records if r.cause_id == "autopilot-first") == 1, "one JobUpdated, no retry"

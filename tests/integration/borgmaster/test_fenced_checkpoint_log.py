@@ -8,7 +8,7 @@ import pytest
 
 from cellpilot.platform.postgres import create_engine
 from cellpilot_services.borgmaster.checkpoint_log import CheckpointLog, FencedOut
-from cellpilot_services.borgmaster.leader_lease import LeaderLease
+from cellpilot_services.borgmaster.leader_lease import leader_lease
 
 LEASE_S = 1.0
 
@@ -16,35 +16,35 @@ LEASE_S = 1.0
 async def test_only_one_replica_leads_and_a_deposed_leader_cannot_append(fresh_database_url: str) -> None:
     engine = create_engine(fresh_database_url)
     try:
-        a = LeaderLease(engine, "replica-a", "a:1", LEASE_S)
-        b = LeaderLease(engine, "replica-b", "b:1", LEASE_S)
+        a = leader_lease(engine, "replica-a", "a:1", LEASE_S)
+        b = leader_lease(engine, "replica-b", "b:1", LEASE_S)
         log = CheckpointLog(engine)
 
         lead_a = await a.try_acquire()
         assert lead_a is not None
         assert await b.try_acquire() is None, "a live lease must not be taken over"
-        assert await log.append(lead_a.epoch, 1, [("test", b"one"), ("test", b"two")]) == 2
+        assert await log.append(lead_a.token, 1, [("test", b"one"), ("test", b"two")]) == 2
 
         await asyncio.sleep(LEASE_S + 0.3)  # replica A stalls and does not renew
         lead_b = await b.try_acquire()
         assert lead_b is not None
-        assert lead_b.epoch == lead_a.epoch + 1
+        assert lead_b.token == lead_a.token + 1
         current = await b.current()
         assert current is not None
         assert (current.holder, current.address) == ("replica-b", "b:1")
 
         with pytest.raises(FencedOut, match="current epoch"):
-            await log.append(lead_a.epoch, 3, [("test", b"from the deposed master")])
-        assert not await a.renew(lead_a.epoch), "the deposed master learns it lost the lease"
+            await log.append(lead_a.token, 3, [("test", b"from the deposed master")])
+        assert not await a.renew(), "the deposed master learns it lost the lease"
 
-        assert await log.append(lead_b.epoch, 3, [("test", b"three")]) == 3
+        assert await log.append(lead_b.token, 3, [("test", b"three")]) == 3
         with pytest.raises(FencedOut, match="already taken"):
-            await log.append(lead_b.epoch, 3, [("test", b"duplicate position")])
+            await log.append(lead_b.token, 3, [("test", b"duplicate position")])
         entries = await log.read(after_seq=0)
         assert [(e.seq, e.epoch, e.record) for e in entries] == [
-            (1, lead_a.epoch, b"one"),
-            (2, lead_a.epoch, b"two"),
-            (3, lead_b.epoch, b"three"),
+            (1, lead_a.token, b"one"),
+            (2, lead_a.token, b"two"),
+            (3, lead_b.token, b"three"),
         ]
         assert [e.seq for e in await log.read(after_seq=1, up_to_seq=2)] == [2]
     finally:
@@ -56,12 +56,12 @@ async def test_release_hands_over_at_once_and_snapshots_are_found_by_position(
 ) -> None:
     engine = create_engine(fresh_database_url)
     try:
-        a = LeaderLease(engine, "replica-a", "a:1", 30.0)
-        b = LeaderLease(engine, "replica-b", "b:1", 30.0)
+        a = leader_lease(engine, "replica-a", "a:1", 30.0)
+        b = leader_lease(engine, "replica-b", "b:1", 30.0)
         lead_a = await a.try_acquire()
         assert lead_a is not None
-        assert await a.renew(lead_a.epoch)
-        await a.release(lead_a.epoch)
+        assert await a.renew()
+        await a.release()
         assert await b.try_acquire() is not None, "a released lease is free without waiting for expiry"
 
         log = CheckpointLog(engine)

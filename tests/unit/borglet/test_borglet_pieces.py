@@ -17,9 +17,10 @@ from cellpilot.borglet.task_record import (
     TaskRecord,
     UnrunnablePlan,
 )
+from cellpilot.platform.request_validation import InvalidField
 from cellpilot.world.step import WorldStep, WorldTasks
 from cellpilot_services.borglet import convert
-from cellpilot_services.borglet.convert import InvalidFieldError, RuntimeDefaults, SampleChunk
+from cellpilot_services.borglet.convert import RuntimeDefaults, SampleChunk
 from cellpilot_services.borglet.event_clock import ClockAnchor, EventClock
 from cellpilot_services.borglet.settings import BorgletSettings
 from cellpilot_services.borglet.task_sandbox import MINIMAL_PATH
@@ -111,7 +112,7 @@ def _assignment(**spec_fields: object) -> borglet_pb2.TaskAssignment:
     ],
 )
 def test_invalid_assignments_name_the_field(assignment: borglet_pb2.TaskAssignment, field: str) -> None:
-    with pytest.raises(InvalidFieldError) as error:
+    with pytest.raises(InvalidField) as error:
         convert.task_plan(assignment, "task", DEFAULTS)
     assert error.value.field == field
 
@@ -123,7 +124,7 @@ def test_assignment_defaults_to_the_default_runtime_and_hard_limit() -> None:
     assert plan.hard_memory_limit
     soft = convert.task_plan(_assignment(memory_limit_kind=job_pb2.MEMORY_LIMIT_KIND_SOFT), "task", DEFAULTS)
     assert not soft.hard_memory_limit
-    with pytest.raises(InvalidFieldError):
+    with pytest.raises(InvalidField):
         convert.task_plan(
             _assignment(runtime=job_pb2.RuntimeSpec(process=job_pb2.ProcessRuntime(command="x"))),
             "task",

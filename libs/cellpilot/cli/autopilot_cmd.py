@@ -51,11 +51,15 @@ def _print_recommendations(job: str, recs: autopilot_pb2.JobRecommendations) -> 
         resource = enum_label(resources_pb2.Resource, decision.resource, "RESOURCE_")
         mode = _mode_label(decision.mode)
         table = Table(
+            "recommender",
+            "value",
+            "raw",
+            "margin",
+            "why",
+            "",
             title=f"{resource}: mode {mode}, limit now {amount(decision.resource, decision.current_limit)}",
             title_justify="left",
         )
-        for column in ("recommender", "value", "raw", "margin", "why", ""):
-            table.add_column(column)
         chosen = decision.chosen
         for candidate in decision.candidates:
             selected = candidate.recommender == decision.selected

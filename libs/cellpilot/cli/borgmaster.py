@@ -105,9 +105,16 @@ def machines_json(state: CellState) -> str:
 
 
 def _print_jobs(state: CellState) -> None:
-    table = Table(title=f"jobs at log position {state.last_sequence}")
-    for column in ("job", "state", "priority", "version", "pending", "running", "dead"):
-        table.add_column(column)
+    table = Table(
+        "job",
+        "state",
+        "priority",
+        "version",
+        "pending",
+        "running",
+        "dead",
+        title=f"jobs at log position {state.last_sequence}",
+    )
     for job_id in sorted(state.jobs):
         job = state.jobs[job_id]
         counts = job.task_counts()
@@ -129,9 +136,7 @@ def _print_job(state: CellState, job_id: str) -> None:
         f"priority {job.spec.priority}, {job.spec.task_count} tasks of {limits.cpu / 1000:g} cores, "
         f"{limits.ram / GIB:.3g} GiB"
     )
-    table = Table()
-    for column in ("task", "state", "reason", "machine", "incarnation", "restarts", "detail"):
-        table.add_column(column)
+    table = Table("task", "state", "reason", "machine", "incarnation", "restarts", "detail")
     for task in job.visible_tasks():
         table.add_row(
             str(task.index),
@@ -146,9 +151,10 @@ def _print_job(state: CellState, job_id: str) -> None:
 
 
 def _print_machines(state: CellState) -> None:
-    table = Table(title=f"machines at log position {state.last_sequence}")
-    for column in ("machine", "state", "tasks", "cpu used/cap (cores)", "ram used/cap (GiB)"):
-        table.add_column(column)
+    table = Table(
+        *("machine", "state", "tasks", "cpu used/cap (cores)", "ram used/cap (GiB)"),
+        title=f"machines at log position {state.last_sequence}",
+    )
     for machine_id in sorted(state.machines):
         machine = state.machines[machine_id]
         used = [0.0, 0.0]
@@ -207,9 +213,7 @@ def schedule_pending(state: CellState, packing: str, as_json: bool) -> None:
     title = (
         f"{len(placements)} of {pending} pending tasks would schedule (log position {state.last_sequence})"
     )
-    table = Table(title=title)
-    table.add_column("task")
-    table.add_column("machine")
+    table = Table("task", "machine", title=title)
     for p in placements:
         table.add_row(str(p["task"]), str(p["machine"]))
     console.print(table)

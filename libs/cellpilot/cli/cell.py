@@ -60,9 +60,17 @@ def machines(
     )
     if found is None:
         return
-    table = Table(title=f"{len(found)} machines (shares of capacity: used / reserved / allocated)")
-    for column in ("machine", "state", "rack", "tasks", "cores", "cpu u/r/a", "memory", "mem u/r/a"):
-        table.add_column(column)
+    table = Table(
+        "machine",
+        "state",
+        "rack",
+        "tasks",
+        "cores",
+        "cpu u/r/a",
+        "memory",
+        "mem u/r/a",
+        title=f"{len(found)} machines (shares of capacity: used / reserved / allocated)",
+    )
     for m in found:
         cap = m.spec.capacity
         table.add_row(
@@ -93,9 +101,7 @@ def quota(
     if as_json:
         print_json(list(answer.quotas))
         return
-    table = Table(title="quotas (used / limit)")
-    for column in ("user", "band", "cpu cores", "memory"):
-        table.add_column(column)
+    table = Table("user", "band", "cpu cores", "memory", title="quotas (used / limit)")
     for q in answer.quotas:
         table.add_row(
             q.user,
@@ -230,9 +236,10 @@ def lifetimes(
         return
     model = f"model trained on {answer.model_runs} runs" if answer.model_loaded else "no lifetime model"
     console.print(f"placement policy {answer.placement_policy}; {model}", highlight=False)
-    table = Table(title=f"{len(answer.hosts)} machines with a LAVA lifetime class")
-    for column in ("machine", "state", "class", "deadline (ms)", "residual tasks"):
-        table.add_column(column)
+    table = Table(
+        *("machine", "state", "class", "deadline (ms)", "residual tasks"),
+        title=f"{len(answer.hosts)} machines with a LAVA lifetime class",
+    )
     for host in answer.hosts:
         table.add_row(
             host.machine_id,

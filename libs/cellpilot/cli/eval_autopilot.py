@@ -9,14 +9,13 @@ CDF plots of Figures 3a, 3b, 3c, 5 and 7. ``cellpilot eval autopilot-tune`` runs
 from __future__ import annotations
 
 import resource
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import numpy as np
 import typer
 from matplotlib import colormaps
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from cellpilot.autopilot.ml_config import MAX_ML_CONFIG_BYTES, TUNED_FILE, load_ml_config, ml_config_from_json
@@ -25,28 +24,17 @@ from cellpilot.cli.study_command import OutOption, comma_list, replay_progress
 from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
 from cellpilot.cli.text_file import TextFileError, read_text_file
 from cellpilot.evaluate.autopilot_deciders import parse_recommenders
-from cellpilot.evaluate.autopilot_metrics import TABLE2_ROWS, JobDays, cdf, table2_label
+from cellpilot.evaluate.autopilot_metrics import CORE_KEYS, TABLE2_ROWS, JobDays, cdf, table2_label
 from cellpilot.evaluate.autopilot_replay import ReplayConfig, StudyResult, run_study
 from cellpilot.evaluate.autopilot_tuning import MODEL_GRIDS, TuningGrid, TuningSetup, run_sweep
 from cellpilot.evaluate.replay_machines import CellModel
-from cellpilot.evaluate.report import markdown_table, write_markdown, write_summary
+from cellpilot.evaluate.report import markdown_table, save_figure, write_markdown, write_summary
 from cellpilot.recommend.ml_ensemble import EnsembleConfig
 from cellpilot.traces.google import TRACES, open_google_trace
 from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig
 from cellpilot.workloads.task_signals import WINDOWS_PER_DAY, JobSignals
 
 DEFAULT_RECOMMENDERS = "manual-hard,manual-soft,moving-window,ml,vpa,clairvoyant"
-SUMMARY_KEYS = (
-    "relative_slack_mean",
-    "relative_slack_median",
-    "absolute_slack_machines",
-    "footprint_machines",
-    "relative_oom_rate_per_task_day",
-    "oom_free_job_days_fraction",
-    "seriously_impacted_job_days",
-    "limit_changes_per_job_day_p99",
-    "job_days",
-)
 MAIN_COLUMNS = (
     "recommender",
     "relative_slack_mean",
@@ -122,13 +110,6 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _save(fig: Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=90, bbox_inches="tight")
-    return path
-
-
 def plot_cdfs(
     path: Path,
     series: Mapping[str, Sequence[float] | np.ndarray],
@@ -158,7 +139,7 @@ def plot_cdfs(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=90)
 
 
 def write_plots(out: Path, rows: Mapping[str, JobDays], machine_bytes: float, population: str) -> list[Path]:
@@ -168,41 +149,66 @@ def write_plots(out: Path, rows: Mapping[str, JobDays], machine_bytes: float, po
     chosen = {name: pick(r) for name, r in rows.items()}
     return [
         plot_cdfs(
-            out / "fig3a_relative_slack_cdf.png",
-            {n: r.relative_slack for n, r in chosen.items()},
-            "relative slack (limit - p95 usage) / limit",
-            "Figure 3a: relative slack per job-day",
-        ),
-        plot_cdfs(
-            out / "fig3b_absolute_slack_cdf.png",
-            {n: r.absolute_slack / machine_bytes for n, r in chosen.items()},
-            "absolute slack (machines)",
-            "Figure 3b: absolute slack per job-day",
-            log_x=True,
-        ),
-        plot_cdfs(
-            out / "fig3c_footprint_cdf.png",
-            {n: r.footprint / machine_bytes for n, r in chosen.items()},
-            "footprint (machines)",
-            "Figure 3c: footprint per job-day",
-            log_x=True,
-        ),
-        plot_cdfs(
-            out / "fig5_relative_oom_cdf.png",
-            {n: r.relative_oom_rate for n, r in chosen.items()},
-            "OOMs per task-day",
-            "Figure 5: relative OOMs per job-day (zoomed y axis)",
-            log_x=True,
-            zoom_y=True,
-        ),
-        plot_cdfs(
-            out / "fig7_limit_changes_cdf.png",
-            {n: r.limit_changes for n, r in chosen.items()},
-            "limit changes per job-day",
-            "Figure 7: limit changes per job-day (zoomed y axis)",
-            zoom_y=True,
-        ),
+            out / figure.file_name,
+            {n: figure.metric(r, machine_bytes) for n, r in chosen.items()},
+            figure.xlabel,
+            figure.title,
+            log_x=figure.log_x,
+            zoom_y=figure.zoom_y,
+        )
+        for figure in CDF_FIGURES
     ]
+
+
+class CdfFigure(NamedTuple):
+    """One of the paper's CDF figures: its file, the per-job-day metric (given the machine size
+    in bytes), the axis label, the title, a log x axis and a y axis zoomed near the lowest F(0)."""
+
+    file_name: str
+    metric: Callable[[JobDays, float], np.ndarray]
+    xlabel: str
+    title: str
+    log_x: bool = False
+    zoom_y: bool = False
+
+
+CDF_FIGURES = (
+    CdfFigure(
+        "fig3a_relative_slack_cdf.png",
+        lambda r, _: r.relative_slack,
+        "relative slack (limit - p95 usage) / limit",
+        "Figure 3a: relative slack per job-day",
+    ),
+    CdfFigure(
+        "fig3b_absolute_slack_cdf.png",
+        lambda r, machine: r.absolute_slack / machine,
+        "absolute slack (machines)",
+        "Figure 3b: absolute slack per job-day",
+        log_x=True,
+    ),
+    CdfFigure(
+        "fig3c_footprint_cdf.png",
+        lambda r, machine: r.footprint / machine,
+        "footprint (machines)",
+        "Figure 3c: footprint per job-day",
+        log_x=True,
+    ),
+    CdfFigure(
+        "fig5_relative_oom_cdf.png",
+        lambda r, _: r.relative_oom_rate,
+        "OOMs per task-day",
+        "Figure 5: relative OOMs per job-day (zoomed y axis)",
+        log_x=True,
+        zoom_y=True,
+    ),
+    CdfFigure(
+        "fig7_limit_changes_cdf.png",
+        lambda r, _: r.limit_changes,
+        "limit changes per job-day",
+        "Figure 7: limit changes per job-day (zoomed y axis)",
+        zoom_y=True,
+    ),
+)
 
 
 def _sections(result: StudyResult, description: str) -> list[str]:
@@ -331,7 +337,7 @@ def autopilot(
             progress=lambda done, total: progress.update(bar, completed=done, total=total),
         )
     cpu_seconds = _cpu_seconds() - cpu_started
-    summary = {name: {**{k: s.get(k) for k in SUMMARY_KEYS}, **s} for name, s in result.summaries.items()}
+    summary = {name: {**{k: s.get(k) for k in CORE_KEYS}, **s} for name, s in result.summaries.items()}
     write_summary(out, summary)
     run_info = {
         "description": description,

@@ -107,9 +107,18 @@ def list_jobs(
     )
     if jobs is None:
         return
-    table = Table(title=f"{len(jobs)} jobs")
-    for column in ("job", "state", "priority", "tasks", "pending", "running", "cpu", "memory", "autopilot"):
-        table.add_column(column)
+    table = Table(
+        "job",
+        "state",
+        "priority",
+        "tasks",
+        "pending",
+        "running",
+        "cpu",
+        "memory",
+        "autopilot",
+        title=f"{len(jobs)} jobs",
+    )
     for job in jobs:
         limits = job.spec.task.limits
         table.add_row(
@@ -150,20 +159,9 @@ def show(
         f"autopilot {autopilot_modes(spec.autopilot)}",
         highlight=False,
     )
-    table = Table()
-    columns = (
-        "task",
-        "state",
-        "reason",
-        "machine",
-        "cpu used",
-        "mem used",
-        "restarts",
-        "next restart",
-        "detail",
+    table = Table(
+        "task", "state", "reason", "machine", "cpu used", "mem used", "restarts", "next restart", "detail"
     )
-    for column in columns:
-        table.add_column(column)
     for task in status.tasks:
         table.add_row(
             str(task.task_index),

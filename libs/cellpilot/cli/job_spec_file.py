@@ -44,7 +44,7 @@ import difflib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -56,6 +56,7 @@ from cellpilot_services.borgmaster.convert import job_spec_in
 # Where each API field of the spec came from: its path relative to JobSpec (as the Borgmaster's
 # validation names it, without the leading "spec.") -> the YAML node that set it.
 Locations = dict[str, "_Node"]
+N = TypeVar("N", int, float)
 
 
 @dataclass(frozen=True)
@@ -115,21 +116,17 @@ class _Node:
         return [_Node(item, f"{self.path}[{i}]") for i, item in enumerate(self.node.value)]
 
     def integer(self, low: int, high: int) -> int:
-        text = self.scalar()
-        try:
-            value = int(text)
-        except ValueError:
-            raise self.error(f"expected a whole number, got {text!r}") from None
-        if not low <= value <= high:
-            raise self.error(f"must be between {low} and {high}, got {value}")
-        return value
+        return self._bounded(int, "a whole number", low, high)
 
     def number(self, low: float, high: float) -> float:
+        return self._bounded(float, "a number", low, high)
+
+    def _bounded(self, parse: Callable[[str], N], expected: str, low: N, high: N) -> N:
         text = self.scalar()
         try:
-            value = float(text)
+            value = parse(text)
         except ValueError:
-            raise self.error(f"expected a number, got {text!r}") from None
+            raise self.error(f"expected {expected}, got {text!r}") from None
         if not low <= value <= high:
             raise self.error(f"must be between {low} and {high}, got {value}")
         return value

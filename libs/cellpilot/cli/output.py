@@ -129,36 +129,37 @@ def connect(
         client.close()
 
 
+# What each kind of refusal means to a person, in the order they are tried: {method} is
+# " (Service/Method)" when known, {details} the server's message.
+_ERROR_WORDS: tuple[tuple[type[CellpilotError], str], ...] = (
+    (RequestTooLargeError, "request too large{method}: {details}"),
+    (InvalidArgumentError, "the request was refused as invalid{method}: {details}"),
+    (NotFoundError, "not found{method}: {details}"),
+    (QuotaExceededError, "over quota{method}: {details} (see `cellpilot cell quota`)"),
+    (AlreadyExistsError, "already exists{method}: {details}"),
+    (ConflictError, "conflict{method}: {details}"),
+    (
+        UnauthenticatedError,
+        "not authenticated{method}: {details}. Pass --token or set CELLPILOT_TOKEN "
+        "(`cellpilot certs token --user NAME`).",
+    ),
+    (PermissionDeniedError, "permission denied{method}: {details}"),
+)
+
+
 def describe_error(error: CellpilotError) -> str:
     """One line a person can act on, from a client exception."""
     method = f" ({error.method})" if error.method else ""
-    match error:
-        case UnavailableError() if error.reason:  # it answered, but cannot take the call now
+    if isinstance(error, UnavailableError):
+        if error.reason:  # it answered, but cannot take the call now
             return f"the service is unavailable for now{method}: {error.details}. Try again shortly."
-        case UnavailableError():
-            return (
-                f"cannot reach the service{method}: {error.details}. Is it running? "
-                "Start everything with `cellpilot run`, or pass the address with --borgmaster/--autopilot."
-            )
-        case RequestTooLargeError():
-            return f"request too large{method}: {error.details}"
-        case InvalidArgumentError():
-            return f"the request was refused as invalid{method}: {error.details}"
-        case NotFoundError():
-            return f"not found{method}: {error.details}"
-        case QuotaExceededError():
-            return f"over quota{method}: {error.details} (see `cellpilot cell quota`)"
-        case AlreadyExistsError():
-            return f"already exists{method}: {error.details}"
-        case ConflictError():
-            return f"conflict{method}: {error.details}"
-        case UnauthenticatedError():
-            return (
-                f"not authenticated{method}: {error.details}. Pass --token or set CELLPILOT_TOKEN "
-                "(`cellpilot certs token --user NAME`)."
-            )
-        case PermissionDeniedError():
-            return f"permission denied{method}: {error.details}"
+        return (
+            f"cannot reach the service{method}: {error.details}. Is it running? "
+            "Start everything with `cellpilot run`, or pass the address with --borgmaster/--autopilot."
+        )
+    for kind, words in _ERROR_WORDS:
+        if isinstance(error, kind):
+            return words.format(method=method, details=error.details)
     return f"{error.code.name.lower()}{method}: {error.details}"
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -32,19 +34,28 @@ def _stack(data_dir: Path, kafka_port: int = 0, postgres_port: int = 0, redis_po
     )
 
 
+@contextmanager
+def _exit_on_stack_error(failure: str) -> Iterator[None]:
+    """A StackError inside the block is printed after ``failure`` and ends the command (exit 1)."""
+    try:
+        yield
+    except StackError as error:
+        console.print(f"[red]{failure}:[/red] {error}")
+        raise typer.Exit(1) from error
+
+
 def start_stack(stack: Stack) -> StackEndpoints:
     """Bring the stack up with a live status line; exits with a message if it cannot."""
-    try:
-        with console.status("starting the embedded stack") as status:
+    with (
+        _exit_on_stack_error("could not start the stack"),
+        console.status("starting the embedded stack") as status,
+    ):
 
-            def progress(line: str) -> None:
-                status.update(line)
-                console.log(line)
+        def progress(line: str) -> None:
+            status.update(line)
+            console.log(line)
 
-            return stack.up(progress=progress)
-    except StackError as error:
-        console.print(f"[red]could not start the stack:[/red] {error}")
-        raise typer.Exit(1) from error
+        return stack.up(progress=progress)
 
 
 @app.command()
@@ -69,14 +80,11 @@ def down(data_dir: DataDir = Path(".cellpilot/stack")) -> None:
     If `cellpilot run` supervises this data directory, it is asked to stop everything (its
     services too), as `cellpilot stop` does; otherwise it would restart what stops here."""
     state = SupervisorState.load(data_dir)
-    try:
+    with _exit_on_stack_error("stack down failed"):
         if state is not None and state.supervisor_alive():
             stop_data_dir(data_dir, console.log)
         else:
             _stack(data_dir).down(progress=console.log)
-    except StackError as error:
-        console.print(f"[red]stack down failed:[/red] {error}")
-        raise typer.Exit(1) from error
 
 
 @app.command()

@@ -13,9 +13,9 @@ default) is refused before it is sent. Errors are :mod:`cellpilot.client.errors`
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Self, TypeVar, cast
+from typing import Protocol, Self, TypeVar, cast
 
 import grpc
 from google.protobuf.field_mask_pb2 import FieldMask
@@ -40,6 +40,15 @@ from cellpilot.client.failover import ReplicaChannels, RetryPolicy
 from cellpilot.security.tls import DEFAULT_MAX_REQUEST_BYTES
 
 R = TypeVar("R", bound=Message)
+T = TypeVar("T")
+
+
+class _PageRequest(Protocol):
+    page_token: str
+
+
+class _Page(Protocol):
+    next_page_token: str
 
 
 def new_request_id() -> str:
@@ -85,6 +94,24 @@ class _ServiceClient:
             return result
 
         return await self._replicas.call(method, attempt, self._policy, request_bytes=size)
+
+    async def _all_pages(
+        self,
+        stub_type: type,
+        method: str,
+        request: Message,
+        response: type[R],
+        items: Callable[[R], Iterable[T]],
+    ) -> list[T]:
+        """Every page of a paged call, concatenated: each page names the next by its token."""
+        collected: list[T] = []
+        while True:
+            page = await self._call(stub_type, method, request, response)
+            collected.extend(items(page))
+            next_page_token = cast(_Page, page).next_page_token
+            if not next_page_token:
+                return collected
+            cast(_PageRequest, request).page_token = next_page_token
 
 
 class BorgmasterClient(_ServiceClient):
@@ -135,16 +162,13 @@ class BorgmasterClient(_ServiceClient):
         self, request: borgmaster_pb2.ListJobsRequest | None = None
     ) -> list[state_pb2.JobStatus]:
         """Every page of ListJobs, concatenated."""
-        request = request or borgmaster_pb2.ListJobsRequest()
-        jobs: list[state_pb2.JobStatus] = []
-        while True:
-            page: borgmaster_pb2.ListJobsResponse = await self._bm(
-                "ListJobs", request, borgmaster_pb2.ListJobsResponse
-            )
-            jobs.extend(page.jobs)
-            if not page.next_page_token:
-                return jobs
-            request.page_token = page.next_page_token
+        return await self._all_pages(
+            borgmaster_pb2_grpc.BorgmasterStub,
+            "ListJobs",
+            request or borgmaster_pb2.ListJobsRequest(),
+            borgmaster_pb2.ListJobsResponse,
+            lambda page: page.jobs,
+        )
 
     async def get_task(self, job_id: str, task_index: int) -> borgmaster_pb2.GetTaskResponse:
         request = borgmaster_pb2.GetTaskRequest(job_id=job_id, task_index=task_index)
@@ -161,16 +185,13 @@ class BorgmasterClient(_ServiceClient):
     async def list_machines(
         self, request: borgmaster_pb2.ListMachinesRequest | None = None
     ) -> list[machine_pb2.Machine]:
-        request = request or borgmaster_pb2.ListMachinesRequest()
-        machines: list[machine_pb2.Machine] = []
-        while True:
-            page: borgmaster_pb2.ListMachinesResponse = await self._bm(
-                "ListMachines", request, borgmaster_pb2.ListMachinesResponse
-            )
-            machines.extend(page.machines)
-            if not page.next_page_token:
-                return machines
-            request.page_token = page.next_page_token
+        return await self._all_pages(
+            borgmaster_pb2_grpc.BorgmasterStub,
+            "ListMachines",
+            request or borgmaster_pb2.ListMachinesRequest(),
+            borgmaster_pb2.ListMachinesResponse,
+            lambda page: page.machines,
+        )
 
     async def get_quota(self, user: str = "") -> borgmaster_pb2.GetQuotaResponse:
         return await self._bm(
@@ -232,16 +253,13 @@ class AutopilotClient(_ServiceClient):
     async def list_recommendations(
         self, request: autopilot_pb2.ListRecommendationsRequest | None = None
     ) -> list[autopilot_pb2.JobRecommendations]:
-        request = request or autopilot_pb2.ListRecommendationsRequest()
-        items: list[autopilot_pb2.JobRecommendations] = []
-        while True:
-            page: autopilot_pb2.ListRecommendationsResponse = await self._ap(
-                "ListRecommendations", request, autopilot_pb2.ListRecommendationsResponse
-            )
-            items.extend(page.recommendations)
-            if not page.next_page_token:
-                return items
-            request.page_token = page.next_page_token
+        return await self._all_pages(
+            autopilot_pb2_grpc.AutopilotStub,
+            "ListRecommendations",
+            request or autopilot_pb2.ListRecommendationsRequest(),
+            autopilot_pb2.ListRecommendationsResponse,
+            lambda page: page.recommendations,
+        )
 
     async def get_config(self, job_id: str) -> autopilot_pb2.GetAutopilotConfigResponse:
         request = autopilot_pb2.GetAutopilotConfigRequest(job_id=job_id)
@@ -299,34 +317,24 @@ class MonitoringClient(_ServiceClient):
     async def histogram_history(
         self, request: monitoring_pb2.GetHistogramHistoryRequest
     ) -> list[usage_pb2.UsageHistogram]:
-        histograms: list[usage_pb2.UsageHistogram] = []
-        while True:
-            page = await self._call(
-                monitoring_pb2_grpc.MonitoringStub,
-                "GetHistogramHistory",
-                request,
-                monitoring_pb2.GetHistogramHistoryResponse,
-            )
-            histograms.extend(page.histograms)
-            if not page.next_page_token:
-                return histograms
-            request.page_token = page.next_page_token
+        return await self._all_pages(
+            monitoring_pb2_grpc.MonitoringStub,
+            "GetHistogramHistory",
+            request,
+            monitoring_pb2.GetHistogramHistoryResponse,
+            lambda page: page.histograms,
+        )
 
     async def task_usage(
         self, request: monitoring_pb2.GetTaskUsageRequest
     ) -> list[monitoring_pb2.TaskUsageWindow]:
-        windows: list[monitoring_pb2.TaskUsageWindow] = []
-        while True:
-            page = await self._call(
-                monitoring_pb2_grpc.MonitoringStub,
-                "GetTaskUsage",
-                request,
-                monitoring_pb2.GetTaskUsageResponse,
-            )
-            windows.extend(page.windows)
-            if not page.next_page_token:
-                return windows
-            request.page_token = page.next_page_token
+        return await self._all_pages(
+            monitoring_pb2_grpc.MonitoringStub,
+            "GetTaskUsage",
+            request,
+            monitoring_pb2.GetTaskUsageResponse,
+            lambda page: page.windows,
+        )
 
     async def bucket_scheme(self, scheme_id: str, version: int) -> usage_pb2.BucketScheme:
         request = monitoring_pb2.GetBucketSchemeRequest(scheme_id=scheme_id, version=version)

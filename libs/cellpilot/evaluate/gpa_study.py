@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner
+from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner, counting_shards
 from cellpilot.schedule.gpa import ALGORITHMS, pack, size_av, size_cantelli
 from cellpilot.workloads.gpa_tasks import synthetic_usage
 
@@ -171,15 +171,7 @@ def run_study(
 ) -> dict[str, Any]:
     """Runs every instance (one shard each) and returns the summary (rows per method, goals, settings)."""
     states = instance_states(config, trace_pool)
-    done = 0
-
-    def finished(_: int) -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done)
-
-    results = runner.map(run_instance_shard, (config, trace_pool), states, on_done=finished)
+    results = runner.map(run_instance_shard, (config, trace_pool), states, on_done=counting_shards(progress))
     return summarise(config, results, source="trace" if trace_pool is not None else "synthetic")
 
 

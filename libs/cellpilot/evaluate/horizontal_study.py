@@ -61,7 +61,7 @@ from cellpilot.evaluate.horizontal_deciders import (
 )
 from cellpilot.evaluate.horizontal_metrics import series_metrics
 from cellpilot.evaluate.hpa import HpaConfig
-from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner
+from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner, counting_shards
 from cellpilot.world.step import WorldTasks, step_world
 
 FloatArray = npt.NDArray[np.float64]
@@ -206,15 +206,7 @@ def run_study(
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """(summary: rows per workload and decider, goals, settings; plot series per workload and decider)."""
     plan = shards(config)
-    done = 0
-
-    def finished(_: int) -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done)
-
-    results = runner.map(run_shard, config, plan, on_done=finished)
+    results = runner.map(run_shard, config, plan, on_done=counting_shards(progress))
     by_key: dict[tuple[int, str], list[dict[str, Any]]] = {}
     series: dict[str, dict[str, Any]] = {}
     for shard, result in zip(plan, results, strict=True):

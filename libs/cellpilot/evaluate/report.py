@@ -71,10 +71,11 @@ def write_markdown(out_dir: Path, name: str, title: str, sections: Sequence[str]
     return path
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def save_figure(fig: Figure, path: Path, dpi: int = 120) -> Path:
+    """``fig`` as a PNG at ``path`` (its directory made if need be), through the Agg backend."""
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
     return path
 
 
@@ -102,7 +103,7 @@ def plot_scatter(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_bars(
@@ -129,7 +130,7 @@ def plot_bars(
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_line_panels(
@@ -162,4 +163,4 @@ def plot_line_panels(
         ax.set_ylabel(ylabel)
     axes.flat[0].legend(fontsize=7, loc="upper left")
     fig.suptitle(title)
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -24,6 +24,19 @@ R = TypeVar("R")
 ShardDone = Callable[[int], None]  # called with the shard's index as each shard finishes
 
 
+def counting_shards(progress: Callable[[int], None] | None) -> ShardDone:
+    """An ``on_done`` that tells ``progress`` how many shards have finished so far."""
+    done = 0
+
+    def finished(_: int) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done)
+
+    return finished
+
+
 class ShardRunner(Protocol):
     """Maps a pure per-shard function over shards; results in shard order."""
 

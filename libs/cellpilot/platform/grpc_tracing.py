@@ -10,13 +10,15 @@ caused and the Borgmaster update that applied it. ``GrpcServer`` installs the se
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
+
+from cellpilot.platform.grpc_handlers import unary_calls_within
 
 tracer = trace.get_tracer(__name__)
 
@@ -50,42 +52,15 @@ class TraceContextServerInterceptor(grpc.aio.ServerInterceptor):
         parent = propagate.extract(carrier)
         name, attributes = _span_name(method), _attributes(method)
 
-        if handler.unary_unary is not None:
-            inner_unary = handler.unary_unary
+        @asynccontextmanager
+        async def server_span(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+            with tracer.start_as_current_span(
+                name, context=parent, kind=SpanKind.SERVER, attributes=attributes
+            ):
+                yield
 
-            async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                with tracer.start_as_current_span(
-                    name, context=parent, kind=SpanKind.SERVER, attributes=attributes
-                ):
-                    result = inner_unary(request, context)
-                    return await result if inspect.isawaitable(result) else result
-
-            return grpc.unary_unary_rpc_method_handler(
-                unary_unary,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            inner_stream = handler.unary_stream
-
-            async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                with tracer.start_as_current_span(
-                    name, context=parent, kind=SpanKind.SERVER, attributes=attributes
-                ):
-                    result = inner_stream(request, context)
-                    if inspect.isasyncgen(result):
-                        async for item in result:
-                            yield item
-                    else:
-                        for item in await result if inspect.isawaitable(result) else result:
-                            yield item
-
-            return grpc.unary_stream_rpc_method_handler(
-                unary_stream,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler  # client-streaming and bidirectional calls: passed through untraced
+        # client-streaming and bidirectional calls: passed through untraced
+        return unary_calls_within(handler, server_span) or handler
 
 
 def _with_trace_context(details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:

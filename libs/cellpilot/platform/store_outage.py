@@ -15,10 +15,10 @@ escaping a handler, into the UNAVAILABLE reply.
 from __future__ import annotations
 
 import errno
-import inspect
 import logging
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiokafka.errors
@@ -28,6 +28,7 @@ import redis.exceptions
 import sqlalchemy.exc
 
 from cellpilot.platform.error_reasons import STORE_UNAVAILABLE, reason_metadata
+from cellpilot.platform.grpc_handlers import unary_unary_within
 
 log = logging.getLogger(__name__)
 
@@ -116,14 +117,15 @@ class StoreOutageInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None:
             return handler
-        inner = handler.unary_unary
         method: str = handler_call_details.method  # type: ignore[attr-defined]
         default_store = self.default_store
 
-        async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        @asynccontextmanager
+        async def outage_as_unavailable(
+            request: Any, context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[None]:
             try:
-                result = inner(request, context)
-                return await result if inspect.isawaitable(result) else result
+                yield
             except grpc.aio.AbortError:
                 raise  # the handler's own refusal
             except Exception as error:
@@ -139,8 +141,4 @@ class StoreOutageInterceptor(grpc.aio.ServerInterceptor):
                 )
                 raise AssertionError("unreachable") from error  # pragma: no cover
 
-        return grpc.unary_unary_rpc_method_handler(
-            unary_unary,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return unary_unary_within(handler, outage_as_unavailable)

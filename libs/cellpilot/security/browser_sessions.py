@@ -24,6 +24,7 @@ import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from cellpilot.security.tokens import NAME_PATTERN, TokenClaims, TokenError, TokenSigner, seal, unseal
 
@@ -62,6 +63,17 @@ def _claims(value: object, what: str) -> dict[str, object]:
     if not isinstance(subject, str) or not NAME_PATTERN.fullmatch(subject):
         raise TokenError(f"{what} names no valid user")
     return value
+
+
+def _grant(data: dict[str, object], what: str) -> dict[str, Any]:
+    """The claims a sign-in link and a session both carry: who, what they may do, until when, and
+    the token they descend from."""
+    return {
+        "subject": _text(data["sub"], f"{what} user"),
+        "capabilities": _strings(data.get("caps", []), f"{what} capabilities"),
+        "expires_at": _whole(data.get("exp"), f"{what} expiry"),
+        "token_id": _text(data.get("jti"), f"{what} token id"),
+    }
 
 
 @dataclass(frozen=True)
@@ -142,11 +154,8 @@ class BrowserSessionSigner:
         """The ticket's grant if ours, unexpired, not too long-lived and not revoked (TokenError)."""
         data = _claims(unseal(self._ticket_key, TICKET_PREFIX, text, "sign-in link"), "sign-in link")
         ticket = SignInTicket(
-            subject=_text(data["sub"], "sign-in link user"),
-            capabilities=_strings(data.get("caps", []), "sign-in link capabilities"),
-            expires_at=_whole(data.get("exp"), "sign-in link expiry"),
+            **_grant(data, "sign-in link"),
             nonce=_text(data.get("nonce"), "sign-in link nonce"),
-            token_id=_text(data.get("jti"), "sign-in link token id"),
             session_expires_at=_whole(data.get("sexp", 0), "sign-in link session expiry"),
         )
         issued = _whole(data.get("iat"), "sign-in link issue time")
@@ -185,13 +194,7 @@ class BrowserSessionSigner:
 
     def open_session(self, text: str, now_s: float | None = None) -> BrowserSession:
         data = _claims(unseal(self._session_key, SESSION_PREFIX, text, "session"), "session")
-        session = BrowserSession(
-            subject=_text(data["sub"], "session user"),
-            capabilities=_strings(data.get("caps", []), "session capabilities"),
-            expires_at=_whole(data.get("exp"), "session expiry"),
-            session_id=_text(data.get("sid"), "session id"),
-            token_id=_text(data.get("jti"), "session token id"),
-        )
+        session = BrowserSession(**_grant(data, "session"), session_id=_text(data.get("sid"), "session id"))
         if _now(now_s) >= session.expires_at:
             raise TokenError("session has expired: sign in again")
         if session.token_id in self.signer.revoked or session.session_id in self.signer.revoked:

@@ -13,15 +13,16 @@ required a certificate). Streaming-request methods have no rules and are refused
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import Message
 
+from cellpilot.platform.grpc_handlers import unary_calls_within
 from cellpilot.security.authentication import AuthenticationError, Authenticator
 from cellpilot.security.identity import Principal, current_principal
 from cellpilot.security.policy import JobOwnerLookup, RecommenderOwnerLookup, authorize
@@ -107,46 +108,17 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
             return handler
         metadata = tuple(handler_call_details.invocation_metadata or ())  # type: ignore[attr-defined]
 
-        if handler.unary_unary is not None:
-            inner_unary = handler.unary_unary
+        @asynccontextmanager
+        async def as_admitted_caller(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+            principal = await self.admit(method, metadata, request, context)
+            token = current_principal.set(principal)
+            try:
+                yield
+            finally:
+                current_principal.reset(token)
 
-            async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                principal = await self.admit(method, metadata, request, context)
-                token = current_principal.set(principal)
-                try:
-                    result = inner_unary(request, context)
-                    return await result if inspect.isawaitable(result) else result
-                finally:
-                    current_principal.reset(token)
-
-            return grpc.unary_unary_rpc_method_handler(
-                unary_unary,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            inner_stream = handler.unary_stream
-
-            async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                principal = await self.admit(method, metadata, request, context)
-                token = current_principal.set(principal)
-                try:
-                    result = inner_stream(request, context)
-                    if inspect.isasyncgen(result):
-                        async for item in result:
-                            yield item
-                    else:
-                        for item in await result if inspect.isawaitable(result) else result:
-                            yield item
-                finally:
-                    current_principal.reset(token)
-
-            return grpc.unary_stream_rpc_method_handler(
-                unary_stream,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return self._refusing_stream_handler(method, handler)
+        wrapped = unary_calls_within(handler, as_admitted_caller)
+        return wrapped or self._refusing_stream_handler(method, handler)
 
     def _refusing_stream_handler(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         async def refuse(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:

@@ -31,8 +31,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from cellpilot.stack import components
+
+T = TypeVar("T")
 
 LINK_DIR = Path("/usr/local/bin")
 TOPICS_READY = Path("/tmp/cellpilot-topics-ready")
@@ -136,16 +139,15 @@ def database(attempts: int = 60, interval_s: float = 1.0) -> None:
         await apply_migrations(url)
         return await provision_postgres_roles(url, settings.certs_dir)
 
-    for attempt in range(1, attempts + 1):
-        try:
-            roles = asyncio.run(prepare())
-        except OSError as error:  # the server may still be starting
-            print(f"postgres: attempt {attempt} failed: {error!r}", flush=True)
-            time.sleep(interval_s)
-            continue
-        print(f"postgres: migrated; roles with their passwords: {', '.join(roles)}", flush=True)
-        return
-    raise SystemExit(f"could not prepare the database after {attempts} attempts")
+    _retrying(
+        lambda: asyncio.run(prepare()),
+        what="postgres",
+        goal="prepare the database",
+        done=lambda roles: f"migrated; roles with their passwords: {', '.join(roles)}",
+        retried=(OSError,),  # the server may still be starting
+        attempts=attempts,
+        interval_s=interval_s,
+    )
 
 
 def _create_topics(
@@ -153,18 +155,43 @@ def _create_topics(
 ) -> None:
     from cellpilot.platform.kafka import ensure_topics
 
+    _retrying(
+        lambda: asyncio.run(ensure_topics(bootstrap)),
+        what=f"topics on {bootstrap}",
+        goal=f"create the topics on {bootstrap}",
+        done=lambda created: f"created {created or 'none (all exist)'}",
+        retried=(Exception,),  # the broker may still be starting; anything else repeats too
+        attempts=attempts,
+        interval_s=interval_s,
+        running=running,
+    )
+
+
+def _retrying(
+    action: Callable[[], T],
+    *,
+    what: str,
+    goal: str,
+    done: Callable[[T], str],
+    retried: tuple[type[Exception], ...],
+    attempts: int,
+    interval_s: float,
+    running: Callable[[], bool] = lambda: True,
+) -> None:
+    """Runs ``action`` until it succeeds, ``interval_s`` apart, printing each failed attempt and
+    then what it did; stops quietly once ``running()`` is false, exits after ``attempts`` failures."""
     for attempt in range(1, attempts + 1):
         if not running():
             return
         try:
-            created = asyncio.run(ensure_topics(bootstrap))
-        except Exception as error:  # the broker may still be starting; anything else repeats too
-            print(f"topics on {bootstrap}: attempt {attempt} failed: {error!r}", flush=True)
+            result = action()
+        except retried as error:
+            print(f"{what}: attempt {attempt} failed: {error!r}", flush=True)
             time.sleep(interval_s)
             continue
-        print(f"topics on {bootstrap}: created {created or 'none (all exist)'}", flush=True)
+        print(f"{what}: {done(result)}", flush=True)
         return
-    raise SystemExit(f"could not create the topics on {bootstrap} after {attempts} attempts")
+    raise SystemExit(f"could not {goal} after {attempts} attempts")
 
 
 COMMANDS = {

@@ -185,9 +185,34 @@ def _rollouts(
     return memory, cpu, restart
 
 
+# (memory mean, memory peak, cpu mean, cpu peak, restarts, memory leak per window, job kind)
+_JobUsage = tuple[F32, F32, F32, F32, npt.NDArray[np.bool_], F32, str]
+
+
+def _job_usage(
+    memory_mean: npt.NDArray[np.float64],
+    memory_peak: npt.NDArray[np.float64],
+    cpu_mean: npt.NDArray[np.float64],
+    cpu_peak: npt.NDArray[np.float64],
+    restart: npt.NDArray[np.bool_],
+    leak_per_window: npt.NDArray[np.float64],
+    kind: str,
+) -> _JobUsage:
+    """A generated job's usage, its signals stored as float32."""
+    return (
+        memory_mean.astype(np.float32),
+        memory_peak.astype(np.float32),
+        cpu_mean.astype(np.float32),
+        cpu_peak.astype(np.float32),
+        restart,
+        leak_per_window.astype(np.float32),
+        kind,
+    )
+
+
 def _serving_usage(
     rng: np.random.Generator, config: AutopilotWorkloadConfig, grid: _Grid, tasks: int, leak: bool
-) -> tuple[F32, F32, F32, F32, npt.NDArray[np.bool_], F32, str]:
+) -> _JobUsage:
     t = grid.windows
     task_sigma = rng.uniform(0.02, 0.25)
     size = np.exp(rng.normal(0.0, task_sigma, size=tasks))
@@ -237,20 +262,12 @@ def _serving_usage(
     if leak:
         leak_per_window = memory_base * rng.uniform(0.03, 0.4) / WINDOWS_PER_DAY
     kind = "serving-leak" if leak else "serving"
-    return (
-        memory_mean.astype(np.float32),
-        memory_peak.astype(np.float32),
-        cpu_mean.astype(np.float32),
-        cpu_peak.astype(np.float32),
-        restart,
-        leak_per_window.astype(np.float32),
-        kind,
-    )
+    return _job_usage(memory_mean, memory_peak, cpu_mean, cpu_peak, restart, leak_per_window, kind)
 
 
 def _batch_usage(
     rng: np.random.Generator, config: AutopilotWorkloadConfig, grid: _Grid, slots: int
-) -> tuple[F32, F32, F32, F32, npt.NDArray[np.bool_], F32, str]:
+) -> _JobUsage:
     t = grid.windows
     memory_base = np.clip(
         config.memory_median_bytes * np.exp(rng.normal(0.0, config.memory_sigma)), 64 * MIB, 48 * GIB
@@ -287,15 +304,7 @@ def _batch_usage(
     else:
         cpu_mean = np.where(running, 0.0, np.nan)
         cpu_peak = cpu_mean.copy()
-    return (
-        memory_mean.astype(np.float32),
-        memory_peak.astype(np.float32),
-        cpu_mean.astype(np.float32),
-        cpu_peak.astype(np.float32),
-        restart,
-        np.zeros(slots, dtype=np.float32),
-        "batch",
-    )
+    return _job_usage(memory_mean, memory_peak, cpu_mean, cpu_peak, restart, np.zeros(slots), "batch")
 
 
 def _nominal_leak(restart: npt.NDArray[np.bool_], leak: F32) -> FloatArray:

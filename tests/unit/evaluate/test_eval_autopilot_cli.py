@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from cellpilot.cli import eval_autopilot
-from cellpilot.evaluate.autopilot_metrics import TABLE2_ROWS, table2_label
+from cellpilot.evaluate.autopilot_metrics import CORE_KEYS, TABLE2_ROWS, table2_label
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLES = ROOT / "libs" / "cellpilot" / "workloads" / "data"
@@ -44,7 +44,7 @@ def _run(out: Path, *args: str) -> dict[str, dict[str, object]]:
 def _check_outputs(out: Path, summary: dict[str, dict[str, object]], job_days: int) -> None:
     assert set(summary) == RECOMMENDERS
     for name, metrics in summary.items():
-        missing = [key for key in eval_autopilot.SUMMARY_KEYS if key not in metrics]
+        missing = [key for key in CORE_KEYS if key not in metrics]
         assert not missing, f"{name} lacks {missing}"
         assert metrics["job_days"] == job_days
         impacted = metrics["seriously_impacted_job_days"]

@@ -1,0 +1,66 @@
+"""Server interceptors' common step: run a unary-request handler inside a context of their own.
+
+A grpc.aio server interceptor (tracing, admission, store outages) wraps the servicer's
+handler so each call runs inside something: a span, the caller's identity, an exception
+translation. ``around(request, context)`` gives that as an async context manager; these
+functions build the wrapped handler with the original (de)serialisers, awaiting the servicer
+whether it is a coroutine or a plain function and streaming whether it yields asynchronously
+or returns an iterable.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import grpc
+
+CallContext = Callable[[Any, grpc.aio.ServicerContext], AbstractAsyncContextManager[Any]]
+
+
+def unary_unary_within(handler: grpc.RpcMethodHandler, around: CallContext) -> grpc.RpcMethodHandler:
+    """The unary-unary ``handler`` with every call run inside ``around(request, context)``."""
+    inner = handler.unary_unary
+
+    async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with around(request, context):
+            result = inner(request, context)
+            return await result if inspect.isawaitable(result) else result
+
+    return grpc.unary_unary_rpc_method_handler(
+        unary_unary,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+def unary_stream_within(handler: grpc.RpcMethodHandler, around: CallContext) -> grpc.RpcMethodHandler:
+    """The unary-stream ``handler`` with every call (all of its stream) run inside ``around``."""
+    inner = handler.unary_stream
+
+    async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async with around(request, context):
+            result = inner(request, context)
+            if inspect.isasyncgen(result):
+                async for item in result:
+                    yield item
+            else:
+                for item in await result if inspect.isawaitable(result) else result:
+                    yield item
+
+    return grpc.unary_stream_rpc_method_handler(
+        unary_stream,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+def unary_calls_within(handler: grpc.RpcMethodHandler, around: CallContext) -> grpc.RpcMethodHandler | None:
+    """``handler`` wrapped by ``around`` if its request is unary; None for a streaming request."""
+    if handler.unary_unary is not None:
+        return unary_unary_within(handler, around)
+    if handler.unary_stream is not None:
+        return unary_stream_within(handler, around)
+    return None

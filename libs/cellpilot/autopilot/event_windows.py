@@ -39,6 +39,7 @@ from cellpilot.usage.windows import (
     WindowBatch,
     build_task_windows,
     concat_windows,
+    group_runs,
     merge_partial_windows,
     window_starts,
 )
@@ -67,20 +68,6 @@ class WindowingConfig:
     def closable_end(self, watermark_ms: int) -> int:
         """The end of the last window that may close at this watermark (on the window grid)."""
         return ((watermark_ms - self.grace_ms) // self.window_ms) * self.window_ms
-
-
-def group_runs(*columns: Int64Array) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
-    """Lexicographic sort order of the rows of ``columns`` and the heads of equal runs."""
-    order = np.lexsort(columns[::-1])
-    n = order.size
-    if n == 0:
-        return order, np.zeros(0, dtype=np.intp)
-    change = np.zeros(n, dtype=bool)
-    change[0] = True
-    for column in columns:
-        ordered = column[order]
-        change[1:] |= ordered[1:] != ordered[:-1]
-    return order, np.flatnonzero(change)
 
 
 @dataclass(frozen=True, eq=False)

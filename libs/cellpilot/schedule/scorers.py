@@ -29,13 +29,6 @@ from cellpilot.schedule.priority import prod_levels
 from cellpilot.schedule.resources import CPU, EPSILON
 
 
-def _weights(scorer: object, cpu: float, ram: float, disk: float, ports: float) -> None:
-    w = np.array([cpu, ram, disk, ports], dtype=np.float64)
-    if np.any(w < 0) or w.sum() <= 0:
-        raise ValueError("resource weights must be >= 0 and not all zero")
-    object.__setattr__(scorer, "_w", w / w.sum())
-
-
 def utilisation_after(cell: Cell, req: Request, machines: IntArray) -> tuple[FloatArray, FloatArray]:
     """Fractions of capacity in use before and after placing ``req`` (n, R), capped at 1."""
     inv = cell.inv_capacity[machines]
@@ -44,13 +37,12 @@ def utilisation_after(cell: Cell, req: Request, machines: IntArray) -> tuple[Flo
     return np.minimum(before, 1.0), after
 
 
-@register("scorer", "best-fit")
 @dataclass(frozen=True)
-class BestFit(Plugin):
-    """Mean weighted utilisation after placement: fullest machine first (§3.2)."""
+class _WeightedPacking(Plugin):
+    """A packing scorer's per-dimension weights, normalised to sum 1 in ``_w`` (CPU, RAM,
+    disk, ports order); subclasses check their own arguments before calling this
+    ``__post_init__``."""
 
-    kind = "scorer"
-    name = "best-fit"
     job_dependent: ClassVar[bool] = False
     cpu: float = 1.0
     ram: float = 1.0
@@ -59,7 +51,19 @@ class BestFit(Plugin):
     _w: FloatArray = field(init=False, repr=False, compare=False, default_factory=lambda: np.zeros(0))
 
     def __post_init__(self) -> None:
-        _weights(self, self.cpu, self.ram, self.disk, self.ports)
+        w = np.array([self.cpu, self.ram, self.disk, self.ports], dtype=np.float64)
+        if np.any(w < 0) or w.sum() <= 0:
+            raise ValueError("resource weights must be >= 0 and not all zero")
+        object.__setattr__(self, "_w", w / w.sum())
+
+
+@register("scorer", "best-fit")
+@dataclass(frozen=True)
+class BestFit(_WeightedPacking):
+    """Mean weighted utilisation after placement: fullest machine first (§3.2)."""
+
+    kind = "scorer"
+    name = "best-fit"
 
     def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
         inv = cell.inv_capacity[machines]
@@ -69,7 +73,7 @@ class BestFit(Plugin):
 
 @register("scorer", "worst-fit")
 @dataclass(frozen=True)
-class WorstFit(Plugin):
+class WorstFit(_WeightedPacking):
     """E-PVM-like (Amir et al., cited in Borg §3.2): minimise the increase of sum_r base^u_r.
 
     The increase is normalised by its largest possible value, sum_r w_r (base - 1),
@@ -78,18 +82,12 @@ class WorstFit(Plugin):
 
     kind = "scorer"
     name = "worst-fit"
-    job_dependent: ClassVar[bool] = False
     base: float = 16.0
-    cpu: float = 1.0
-    ram: float = 1.0
-    disk: float = 1.0
-    ports: float = 0.0
-    _w: FloatArray = field(init=False, repr=False, compare=False, default_factory=lambda: np.zeros(0))
 
     def __post_init__(self) -> None:
         if self.base <= 1.0:
             raise ValueError("worst-fit base must be > 1")
-        _weights(self, self.cpu, self.ram, self.disk, self.ports)
+        super().__post_init__()
 
     def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
         u0, u1 = utilisation_after(cell, req, machines)
@@ -99,7 +97,7 @@ class WorstFit(Plugin):
 
 @register("scorer", "hybrid")
 @dataclass(frozen=True)
-class HybridStranding(Plugin):
+class HybridStranding(_WeightedPacking):
     """Best fit that also minimises stranded resources (Borg §3.2 "hybrid").
 
     After placement, let f_r be the free fraction of dimension r and s_r the
@@ -111,18 +109,12 @@ class HybridStranding(Plugin):
 
     kind = "scorer"
     name = "hybrid"
-    job_dependent: ClassVar[bool] = False
     stranding_weight: float = 1.0
-    cpu: float = 1.0
-    ram: float = 1.0
-    disk: float = 1.0
-    ports: float = 0.0
-    _w: FloatArray = field(init=False, repr=False, compare=False, default_factory=lambda: np.zeros(0))
 
     def __post_init__(self) -> None:
         if self.stranding_weight < 0:
             raise ValueError("stranding_weight must be >= 0")
-        _weights(self, self.cpu, self.ram, self.disk, self.ports)
+        super().__post_init__()
 
     def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
         w = self._w

@@ -152,33 +152,49 @@ class CellLifetimes:
 
 
 @dataclass(frozen=True)
-class LasScorer:
-    """LAS's temporal cost (§4.2) as a Borg scorer."""
+class _LifetimeLevel:
+    """A lifetime-aware scorer: 100 (1 - cost) with a cost in [0, 1] from the job's prediction;
+    a job with no prediction scores 100 everywhere, so the level never decides for it."""
 
     lifetimes: LifetimeSource
-    name: str = "las"
+    name: str = ""
     job_dependent: bool = True
 
     def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
-        remaining = self.lifetimes.job_remaining.get(req.job)
-        if remaining is None:
+        prediction = self.prediction(req.job)
+        if prediction is None:
             return np.full(machines.shape[0], MAX_SCORE)
-        lt = self.lifetimes
-        cost = temporal_cost(lt.now + remaining, lt.machine_exit(machines))
-        return MAX_SCORE * (1.0 - cost / MAX_TEMPORAL_COST)
+        return MAX_SCORE * (1.0 - self.cost(prediction, machines))
+
+    def prediction(self, job: int) -> float | None:
+        raise NotImplementedError
+
+    def cost(self, prediction: float, machines: IntArray) -> FloatArray:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
-class LavaScorer:
-    """LAVA's host preference (§4.3) as a Borg scorer."""
+class LasScorer(_LifetimeLevel):
+    """LAS's temporal cost (§4.2) as a Borg scorer; the prediction is the job's remaining lifetime."""
 
-    lifetimes: LifetimeSource
+    name: str = "las"
+
+    def prediction(self, job: int) -> float | None:
+        return self.lifetimes.job_remaining.get(job)
+
+    def cost(self, prediction: float, machines: IntArray) -> FloatArray:
+        lt = self.lifetimes
+        return temporal_cost(lt.now + prediction, lt.machine_exit(machines)) / MAX_TEMPORAL_COST
+
+
+@dataclass(frozen=True)
+class LavaScorer(_LifetimeLevel):
+    """LAVA's host preference (§4.3) as a Borg scorer; the prediction is the job's lifetime class."""
+
     name: str = "lava"
-    job_dependent: bool = True
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
-        vm_class = self.lifetimes.job_class.get(req.job)
-        if vm_class is None:
-            return np.full(machines.shape[0], MAX_SCORE)
-        ranks = self.lifetimes.ranks(vm_class, machines)
-        return MAX_SCORE * (1.0 - ranks / RANK_EMPTY)
+    def prediction(self, job: int) -> float | None:
+        return self.lifetimes.job_class.get(job)
+
+    def cost(self, prediction: float, machines: IntArray) -> FloatArray:
+        return self.lifetimes.ranks(int(prediction), machines) / RANK_EMPTY

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cellpilot.usage.buckets import BucketScheme, lookup_scheme
+from cellpilot.usage.tagged_bytes import read_tagged_length
 
 FloatArray = npt.NDArray[np.float64]
 Int32Array = npt.NDArray[np.int32]
@@ -186,11 +187,7 @@ class SparseHistogram:
     def from_bytes(cls, data: bytes, schemes: Iterable[BucketScheme] = ()) -> SparseHistogram:
         """Inverse of :meth:`to_bytes`; ``schemes`` adds schemes beyond the built-in ones."""
         view = memoryview(data)
-        if len(view) < _HEADER.size:
-            raise ValueError("truncated histogram")
-        magic, id_len = _HEADER.unpack_from(view, 0)
-        if magic != _MAGIC:
-            raise ValueError("not a serialised histogram (bad magic)")
+        id_len = read_tagged_length(view, _HEADER, _MAGIC, "histogram")
         offset = _HEADER.size
         scheme_id = bytes(view[offset : offset + id_len]).decode()
         offset += id_len

@@ -24,8 +24,9 @@ With all three off, every task evaluates every machine (the "naive" scheduler).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -34,6 +35,22 @@ from cellpilot.schedule.model import TaskShape, TaskSpec
 from cellpilot.schedule.plugins import BoolArray, FloatArray, IntArray, Request
 from cellpilot.schedule.profile import Profile
 from cellpilot.schedule.resources import EPSILON, Resources
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+# A memo of compiled requests or channel vectors is emptied whole past this many entries.
+MEMO_LIMIT = 100_000
+
+
+def _memoised(memo: dict[K, V], key: K, compute: Callable[[], V]) -> V:
+    """``memo[key]``, computed on a miss; a memo that outgrew :data:`MEMO_LIMIT` starts over."""
+    value = memo.get(key)
+    if value is None:
+        if len(memo) > MEMO_LIMIT:
+            memo.clear()
+        value = memo[key] = compute()
+    return value
 
 
 @dataclass(frozen=True)
@@ -193,12 +210,7 @@ class Scheduler:
         cell.publish_anticipated_shape(total, sum(counts.values()))
 
     def _request(self, shape: TaskShape) -> Request:
-        req = self._requests.get(shape)
-        if req is None:
-            if len(self._requests) > 100_000:
-                self._requests.clear()
-            req = self._requests[shape] = Request.compile(shape)
-        return req
+        return _memoised(self._requests, shape, lambda: Request.compile(shape))
 
     def _place(self, cell: Cell, task: TaskSpec, now: float) -> Placement | Unschedulable:
         if task.task_id in cell.task_handle:
@@ -233,13 +245,7 @@ class Scheduler:
         """The task's channel vector; tasks of a job share it, so it is computed once."""
         if task.reservation is None:
             return req.amount
-        key = (task.shape, task.reservation)
-        amount = self._amounts.get(key)
-        if amount is None:
-            if len(self._amounts) > 100_000:
-                self._amounts.clear()
-            amount = self._amounts[key] = cell.task_amount(task)
-        return amount
+        return _memoised(self._amounts, (task.shape, task.reservation), lambda: cell.task_amount(task))
 
     def _pool_for(self, cell: Cell, task: TaskSpec) -> _Pool:
         key: Hashable = task.shape if self.config.equivalence_classes else task.task_id

@@ -27,13 +27,15 @@ aggregate them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from itertools import pairwise
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from cellpilot.usage.row_arrays import RowArrays
 
 FloatArray = npt.NDArray[np.float64]
 F32 = npt.NDArray[np.float32]
@@ -53,7 +55,7 @@ def table2_label(row: tuple[int, int]) -> str:
 
 
 @dataclass(frozen=True, eq=False)
-class JobDays:
+class JobDays(RowArrays):
     """One row per job-day; CPU columns are NaN when CPU is not replayed."""
 
     job_id: IntArray
@@ -72,23 +74,11 @@ class JobDays:
     cpu_relative_slack: FloatArray
     cpu_throttled_fraction: FloatArray
 
-    def __len__(self) -> int:
-        return int(self.job_id.shape[0])
-
     @classmethod
     def empty(cls) -> JobDays:
         kinds: dict[str, type[np.generic]] = {"serving": np.bool_}
         kinds |= dict.fromkeys(("job_id", "day", "ooms", "limit_changes", "oom_tolerance"), np.int64)
         return cls(**{f.name: np.zeros(0, dtype=kinds.get(f.name, np.float64)) for f in fields(cls)})  # type: ignore[arg-type]
-
-    @classmethod
-    def concat(cls, parts: Sequence[JobDays]) -> JobDays:
-        if not parts:
-            return cls.empty()
-        return cls(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)})
-
-    def select(self, mask: BoolArray) -> JobDays:
-        return type(self)(**{f.name: getattr(self, f.name)[mask] for f in fields(self)})
 
 
 def seriously_impacted(ooms: npt.ArrayLike, tasks: npt.ArrayLike, count: int, fraction: float) -> BoolArray:

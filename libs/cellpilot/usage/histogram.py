@@ -32,11 +32,14 @@ _HEADER = struct.Struct("<4sH")  # magic, scheme id length
 _BODY = struct.Struct("<IqqI")  # scheme version, start_ms, window_ms, non-zero buckets
 
 
-def _check_window(start_ms: int, window_ms: int) -> None:
-    if window_ms <= 0:
+def _set_window(histogram: Histogram | SparseHistogram) -> None:
+    """Check a histogram's window and keep its bounds as plain ints."""
+    if histogram.window_ms <= 0:
         raise ValueError("window_ms must be positive")
-    if not isinstance(start_ms, int | np.integer):
+    if not isinstance(histogram.start_ms, int | np.integer):
         raise TypeError("start_ms must be an integer (event time in ms)")
+    object.__setattr__(histogram, "start_ms", int(histogram.start_ms))
+    object.__setattr__(histogram, "window_ms", int(histogram.window_ms))
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,15 +52,13 @@ class Histogram:
     counts: FloatArray
 
     def __post_init__(self) -> None:
-        _check_window(self.start_ms, self.window_ms)
+        _set_window(self)
         counts = np.array(self.counts, dtype=np.float64, copy=True)
         if counts.shape != (self.scheme.size,):
             raise ValueError(f"counts must have shape ({self.scheme.size},), got {counts.shape}")
         if np.any(~np.isfinite(counts)) or np.any(counts < 0.0):
             raise ValueError("counts must be finite and non-negative")
         counts.setflags(write=False)
-        object.__setattr__(self, "start_ms", int(self.start_ms))
-        object.__setattr__(self, "window_ms", int(self.window_ms))
         object.__setattr__(self, "counts", counts)
 
     @classmethod
@@ -147,7 +148,7 @@ class SparseHistogram:
     counts: FloatArray
 
     def __post_init__(self) -> None:
-        _check_window(self.start_ms, self.window_ms)
+        _set_window(self)
         indices = np.array(self.indices, dtype=np.int32, copy=True)
         counts = np.array(self.counts, dtype=np.float64, copy=True)
         if indices.ndim != 1 or indices.shape != counts.shape:
@@ -160,8 +161,6 @@ class SparseHistogram:
             raise ValueError("sparse counts must be finite and positive")
         indices.setflags(write=False)
         counts.setflags(write=False)
-        object.__setattr__(self, "start_ms", int(self.start_ms))
-        object.__setattr__(self, "window_ms", int(self.window_ms))
         object.__setattr__(self, "indices", indices)
         object.__setattr__(self, "counts", counts)
 

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import BoolArray, FloatArray, Int64Array
 from cellpilot.autopilot import array_bundle
 from cellpilot.usage.buckets import CPU_SCHEME, BucketScheme
 from cellpilot.usage.histogram import DEFAULT_WINDOW_MS
@@ -44,10 +45,6 @@ from cellpilot.usage.windows import (
     merge_partial_windows,
     window_starts,
 )
-
-FloatArray = npt.NDArray[np.float64]
-Int64Array = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 _FORMAT = 1
 

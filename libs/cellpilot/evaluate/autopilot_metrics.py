@@ -35,13 +35,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import BoolArray, FloatArray, Int64Array, IntpArray
 from cellpilot.usage.row_arrays import RowArrays
-
-FloatArray = npt.NDArray[np.float64]
-F32 = npt.NDArray[np.float32]
-IntArray = npt.NDArray[np.int64]
-IntpArray = npt.NDArray[np.intp]
-BoolArray = npt.NDArray[np.bool_]
 
 # Table 2: (number of OOMs, fraction of tasks); a job-day is seriously impacted when its
 # OOMs reach the larger of the two.
@@ -58,19 +53,19 @@ def table2_label(row: tuple[int, int]) -> str:
 class JobDays(RowArrays):
     """One row per job-day; CPU columns are NaN when CPU is not replayed."""
 
-    job_id: IntArray
-    day: IntArray
+    job_id: Int64Array
+    day: Int64Array
     serving: BoolArray  # the job is a serving job (the paper's population, §4.1.2)
-    oom_tolerance: IntArray  # index into OOM_TOLERANCES
+    oom_tolerance: Int64Array  # index into OOM_TOLERANCES
     tasks: FloatArray  # average running tasks
     footprint: FloatArray  # bytes (runtime-weighted sum of limits / day)
     absolute_slack: FloatArray  # bytes
     average_limit: FloatArray  # bytes
     usage_p95: FloatArray  # bytes
     relative_slack: FloatArray
-    ooms: IntArray
+    ooms: Int64Array
     relative_oom_rate: FloatArray
-    limit_changes: IntArray
+    limit_changes: Int64Array
     cpu_relative_slack: FloatArray
     cpu_throttled_fraction: FloatArray
 
@@ -121,7 +116,7 @@ class DayAccumulator:
         usage: FloatArray,
         weight: FloatArray,
         ooms: BoolArray,
-        changes: IntArray,
+        changes: Int64Array,
     ) -> None:
         running = weight > 0.0
         self.usage[slot] = np.where(running, usage, np.nan)
@@ -164,7 +159,9 @@ class DayAccumulator:
         ):
             array.fill(0)
 
-    def close_day(self, job_ids: IntArray, day: int, serving: BoolArray, oom_tolerance: IntArray) -> JobDays:
+    def close_day(
+        self, job_ids: Int64Array, day: int, serving: BoolArray, oom_tolerance: Int64Array
+    ) -> JobDays:
         """The day's rows for jobs that ran at all; resets the accumulator."""
         starts = self.bounds[:-1]
         per_day = float(self.windows_per_day)

@@ -41,6 +41,7 @@ import lightgbm as lgb
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray
 from cellpilot.lifetimes.distribution import (
     BIN_EDGES_HOURS,
     HOUR,
@@ -51,8 +52,6 @@ from cellpilot.lifetimes.distribution import (
 from cellpilot.lifetimes.features import CATEGORICAL, FEATURE_NAMES, NUM_FEATURES, UPTIME, model_inputs
 from cellpilot.lifetimes.model import FastSingleRow, JsonModelFile, read_model_json
 from cellpilot.lifetimes.training_examples import expand_at_uptimes
-
-FloatArray = npt.NDArray[np.float64]
 
 FORMAT = "cellpilot.lifetime-distribution/1"
 # Uptimes (hours) at which an uptime-aware model sees each VM that outlived them (§3's expansion):

@@ -34,10 +34,9 @@ import lightgbm as lgb
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray
 from cellpilot.lifetimes.features import CATEGORICAL, FEATURE_NAMES, MODEL_INPUTS, NUM_FEATURES, model_inputs
 from cellpilot.lifetimes.training_examples import UPTIME_FRACTIONS, expand_examples
-
-FloatArray = npt.NDArray[np.float64]
 
 FORMAT = "cellpilot.lifetime-model/1"
 

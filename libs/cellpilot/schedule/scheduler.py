@@ -30,9 +30,10 @@ from typing import TypeVar
 
 import numpy as np
 
+from cellpilot.array_types import BoolArray, FloatArray, IntpArray
 from cellpilot.schedule.cell import LIMIT, Cell
 from cellpilot.schedule.model import TaskShape, TaskSpec
-from cellpilot.schedule.plugins import BoolArray, FloatArray, IntArray, Request
+from cellpilot.schedule.plugins import Request
 from cellpilot.schedule.profile import Profile
 from cellpilot.schedule.resources import EPSILON, Resources
 
@@ -113,7 +114,7 @@ class _Pool:
 
     def __init__(self, req: Request, n_levels: int, start: int, machine_epoch: int, score_epoch: int) -> None:
         self.req = req
-        self.idx: IntArray = np.empty(0, dtype=np.intp)
+        self.idx: IntpArray = np.empty(0, dtype=np.intp)
         self.ver = np.empty(0, dtype=np.int64)
         self.feas: BoolArray = np.empty(0, dtype=bool)
         self.levels: FloatArray = np.empty((0, n_levels))
@@ -152,7 +153,7 @@ class Scheduler:
         self._requests: dict[TaskShape, Request] = {}
         self._amounts: dict[tuple[TaskShape, Resources], FloatArray] = {}
         self._cell_uid = -1
-        self._order: IntArray = np.empty(0, dtype=np.intp)
+        self._order: IntpArray = np.empty(0, dtype=np.intp)
         self._order_epoch = -1
 
     # ------------------------------------------------------------------ API
@@ -301,7 +302,7 @@ class Scheduler:
         if stale.size:
             self._evaluate(cell, pool, req, stale)
 
-    def _evaluate(self, cell: Cell, pool: _Pool, req: Request, rows: IntArray) -> int:
+    def _evaluate(self, cell: Cell, pool: _Pool, req: Request, rows: IntpArray) -> int:
         machines = pool.idx[rows]
         ok = np.ones(rows.size, dtype=bool)
         for f in self.profile.filters:

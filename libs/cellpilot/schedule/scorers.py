@@ -23,13 +23,14 @@ from typing import ClassVar
 
 import numpy as np
 
+from cellpilot.array_types import FloatArray, IntpArray
 from cellpilot.schedule.cell import COUNT, NUM_LEVELS, Cell
-from cellpilot.schedule.plugins import MAX_SCORE, FloatArray, IntArray, Plugin, Request, register
+from cellpilot.schedule.plugins import MAX_SCORE, Plugin, Request, register
 from cellpilot.schedule.priority import prod_levels
 from cellpilot.schedule.resources import CPU, EPSILON
 
 
-def utilisation_after(cell: Cell, req: Request, machines: IntArray) -> tuple[FloatArray, FloatArray]:
+def utilisation_after(cell: Cell, req: Request, machines: IntpArray) -> tuple[FloatArray, FloatArray]:
     """Fractions of capacity in use before and after placing ``req`` (n, R), capped at 1."""
     inv = cell.inv_capacity[machines]
     before = cell.below[machines, NUM_LEVELS, req.basis] * inv
@@ -65,7 +66,7 @@ class BestFit(_WeightedPacking):
     kind = "scorer"
     name = "best-fit"
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         inv = cell.inv_capacity[machines]
         after = np.minimum((cell.below[machines, NUM_LEVELS, req.basis] + req.limits) * inv, 1.0)
         return (MAX_SCORE * after) @ self._w
@@ -89,7 +90,7 @@ class WorstFit(_WeightedPacking):
             raise ValueError("worst-fit base must be > 1")
         super().__post_init__()
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         u0, u1 = utilisation_after(cell, req, machines)
         increase = (np.power(self.base, u1) - np.power(self.base, u0)) @ self._w
         return MAX_SCORE * (1.0 - increase / (self.base - 1.0))
@@ -116,7 +117,7 @@ class HybridStranding(_WeightedPacking):
             raise ValueError("stranding_weight must be >= 0")
         super().__post_init__()
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         w = self._w
         counted = w > 0
         inv = cell.inv_capacity[machines]
@@ -153,7 +154,7 @@ class FailureDomainSpread(Plugin):
         if min(self.machine, self.rack, self.power) < 0 or self.machine + self.rack + self.power <= 0:
             raise ValueError("spread weights must be >= 0 and not all zero")
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         total = self.machine + self.rack + self.power
         if req.job < 0 or req.job >= len(cell.job_machine_counts):
             return np.full(machines.shape[0], MAX_SCORE)
@@ -171,7 +172,7 @@ class PackageLocality(Plugin):
     name = "packages"
     job_dependent: ClassVar[bool] = False
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         packages = req.shape.packages
         if not packages:
             return np.full(machines.shape[0], MAX_SCORE)
@@ -198,7 +199,7 @@ class PriorityMixing(Plugin):
     name = "mix-priorities"
     job_dependent: ClassVar[bool] = False
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         cpu = cell.below[machines, :, CPU]  # (n, levels + 1)
         total = cpu[:, NUM_LEVELS] + req.limits[CPU]
         prod = cpu[:, NUM_LEVELS] - cpu[:, _FIRST_PROD] + (req.limits[CPU] if req.prod else 0.0)
@@ -215,7 +216,7 @@ class SoftConstraints(Plugin):
     name = "soft-constraints"
     job_dependent: ClassVar[bool] = False
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         if not req.soft:
             return np.full(machines.shape[0], MAX_SCORE)
         total = sum(c.weight for c in req.soft)
@@ -240,7 +241,7 @@ class PreemptionCost(Plugin):
     name = "preemption-cost"
     job_dependent: ClassVar[bool] = False
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         free = cell.capacity[machines] - cell.below[machines, NUM_LEVELS, req.basis]
         deficit = req.limits - free
         needs = (deficit > EPSILON).any(axis=1)

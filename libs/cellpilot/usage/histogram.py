@@ -19,11 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, Int32Array
 from cellpilot.usage.buckets import BucketScheme, lookup_scheme
 from cellpilot.usage.tagged_bytes import read_tagged_length
-
-FloatArray = npt.NDArray[np.float64]
-Int32Array = npt.NDArray[np.int32]
 
 DEFAULT_WINDOW_MS = 5 * 60 * 1000  # §3.2.1: "aggregates values over, typically, 5 minute windows"
 

@@ -28,12 +28,9 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, Int32Array, Int64Array
 from cellpilot.usage.buckets import BucketScheme, Resource
 from cellpilot.usage.histogram import DEFAULT_WINDOW_MS, Histogram
-
-FloatArray = npt.NDArray[np.float64]
-Int64Array = npt.NDArray[np.int64]
-Int32Array = npt.NDArray[np.int32]
 
 
 class SignalKind(StrEnum):

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.usage.tagged_bytes import read_tagged_length
+
 _MAGIC = b"CPAB"
 _LEN = struct.Struct("<4sI")
 
@@ -38,11 +40,7 @@ def pack(arrays: Mapping[str, npt.NDArray[Any]], meta: Mapping[str, Any] | None 
 def unpack(data: bytes) -> tuple[dict[str, npt.NDArray[Any]], dict[str, Any]]:
     """Inverse of :func:`pack`: (arrays by name, meta). Raises ValueError on malformed input."""
     view = memoryview(data)
-    if len(view) < _LEN.size:
-        raise ValueError("truncated array bundle")
-    magic, header_len = _LEN.unpack_from(view, 0)
-    if magic != _MAGIC:
-        raise ValueError("not an array bundle (bad magic)")
+    header_len = read_tagged_length(view, _LEN, _MAGIC, "array bundle")
     try:
         header = json.loads(bytes(view[_LEN.size : _LEN.size + header_len]))
     except json.JSONDecodeError as error:

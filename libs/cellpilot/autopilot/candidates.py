@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import BoolArray, FloatArray, Int64Array
 from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS, HorizontalStatistic, RecommenderKind
 from cellpilot.recommend.horizontal import (
     CpuSourceState,
@@ -61,11 +62,6 @@ from cellpilot.recommend.post_processing import (
     update_window_max,
 )
 from cellpilot.usage.buckets import BucketScheme, Resource, default_scheme
-
-FloatArray = npt.NDArray[np.float64]
-Int64Array = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
-
 
 WINDOW_STATISTICS: dict[RecommenderKind, Statistic] = {
     RecommenderKind.MOVING_WINDOW_MAX: Statistic.MAX,

@@ -31,21 +31,20 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import BoolArray, FloatArray, Int64Array
 from cellpilot.autopilot import array_bundle
 from cellpilot.usage.buckets import CPU_SCHEME, BucketScheme
 from cellpilot.usage.histogram import DEFAULT_WINDOW_MS
+from cellpilot.usage.row_arrays import RowArrays
 from cellpilot.usage.windows import (
     SignalKind,
     WindowBatch,
     build_task_windows,
     concat_windows,
+    group_runs,
     merge_partial_windows,
     window_starts,
 )
-
-FloatArray = npt.NDArray[np.float64]
-Int64Array = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
 
 _FORMAT = 1
 
@@ -69,22 +68,8 @@ class WindowingConfig:
         return ((watermark_ms - self.grace_ms) // self.window_ms) * self.window_ms
 
 
-def group_runs(*columns: Int64Array) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
-    """Lexicographic sort order of the rows of ``columns`` and the heads of equal runs."""
-    order = np.lexsort(columns[::-1])
-    n = order.size
-    if n == 0:
-        return order, np.zeros(0, dtype=np.intp)
-    change = np.zeros(n, dtype=bool)
-    change[0] = True
-    for column in columns:
-        ordered = column[order]
-        change[1:] |= ordered[1:] != ordered[:-1]
-    return order, np.flatnonzero(change)
-
-
 @dataclass(frozen=True, eq=False)
-class SampleChunk:
+class SampleChunk(RowArrays):
     """Raw samples r_i[τ] as parallel arrays; ``task`` is a key from a :class:`TaskRegistry`."""
 
     task: Int64Array
@@ -108,41 +93,10 @@ class SampleChunk:
         ):
             raise ValueError("sample arrays must have the same length")
 
-    def __len__(self) -> int:
-        return int(self.task.shape[0])
-
-    def select(self, mask: BoolArray) -> SampleChunk:
-        return SampleChunk(
-            self.task[mask],
-            self.time_ms[mask],
-            self.cpu[mask],
-            self.memory[mask],
-            self.throttled[mask],
-            self.unmet[mask],
-        )
-
     @classmethod
-    def concat(cls, chunks: Sequence[SampleChunk]) -> SampleChunk:
-        if not chunks:
-            return empty_chunk()
-        return cls(
-            np.concatenate([c.task for c in chunks]),
-            np.concatenate([c.time_ms for c in chunks]),
-            np.concatenate([c.cpu for c in chunks]),
-            np.concatenate([c.memory for c in chunks]),
-            np.concatenate([c.throttled for c in chunks]),
-            np.concatenate([c.unmet for c in chunks]),
-        )
-
-
-def empty_chunk() -> SampleChunk:
-    return SampleChunk(
-        np.zeros(0, dtype=np.int64),
-        np.zeros(0, dtype=np.int64),
-        np.zeros(0),
-        np.zeros(0),
-        np.zeros(0, dtype=bool),
-    )
+    def empty(cls) -> SampleChunk:
+        none = np.zeros(0, dtype=np.int64)
+        return cls(none, none.copy(), np.zeros(0), np.zeros(0), np.zeros(0, dtype=bool))
 
 
 _STAT_ADD = ("samples", "cpu_sum", "memory_sum", "throttled", "cpu_unmet_sum")
@@ -151,7 +105,7 @@ _STAT_FIELDS = ("keys", "start_ms", *_STAT_ADD, *_STAT_MAX)
 
 
 @dataclass(frozen=True, eq=False)
-class WindowStats:
+class WindowStats(RowArrays):
     """One row per (task, window) with samples, sorted by (key, start_ms)."""
 
     keys: Int64Array
@@ -169,9 +123,6 @@ class WindowStats:
     def __post_init__(self) -> None:
         if self.cpu_unmet_sum is None:
             object.__setattr__(self, "cpu_unmet_sum", np.zeros(self.keys.shape))
-
-    def __len__(self) -> int:
-        return int(self.keys.shape[0])
 
     @classmethod
     def empty(cls) -> WindowStats:
@@ -232,19 +183,6 @@ class WindowStats:
         }
         return cls.reduce_rows(
             np.concatenate([p.keys for p in parts]), np.concatenate([p.start_ms for p in parts]), columns
-        )
-
-    def select(self, mask: BoolArray) -> WindowStats:
-        return WindowStats(
-            self.keys[mask],
-            self.start_ms[mask],
-            self.samples[mask],
-            self.cpu_sum[mask],
-            self.cpu_max[mask],
-            self.memory_sum[mask],
-            self.memory_max[mask],
-            self.throttled[mask],
-            self.cpu_unmet_sum[mask],
         )
 
     def arrays(self, prefix: str) -> dict[str, npt.NDArray[Any]]:
@@ -310,10 +248,7 @@ class TaskWindows:
         """Rows of every part, in order, without merging rows of the same (task, window)."""
         if not parts:
             return cls.empty()
-        stats = WindowStats(
-            **{name: np.concatenate([getattr(p.stats, name) for p in parts]) for name in _STAT_FIELDS}
-        )
-        return cls(concat_windows([p.cpu for p in parts]), stats)
+        return cls(concat_windows([p.cpu for p in parts]), WindowStats.concat([p.stats for p in parts]))
 
     def select(self, mask: BoolArray) -> TaskWindows:
         return TaskWindows(self.cpu.select(mask), self.stats.select(mask))

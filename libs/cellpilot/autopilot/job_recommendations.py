@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray
 from cellpilot.autopilot import array_bundle
 from cellpilot.autopilot.candidates import (
     CandidateBatch,
@@ -42,7 +43,6 @@ from cellpilot.recommend.horizontal import CpuSourceState
 from cellpilot.recommend.unmet_demand import RaiseForUnmetDemand
 from cellpilot.usage.buckets import Resource
 
-FloatArray = npt.NDArray[np.float64]
 NO_TIME = -1
 RESOURCES = (Resource.CPU, Resource.MEMORY)
 _FORMAT = 1

@@ -20,12 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from cellpilot.autopilot.event_windows import TaskWindows, WindowStats, group_runs
+from cellpilot.array_types import FloatArray, Int64Array
+from cellpilot.autopilot.event_windows import TaskWindows, WindowStats
 from cellpilot.usage.buckets import MEMORY_SCHEME, BucketScheme
-from cellpilot.usage.windows import SignalKind, WindowBatch, merge_partial_windows, sum_by_group
-
-FloatArray = npt.NDArray[np.float64]
-Int64Array = npt.NDArray[np.int64]
+from cellpilot.usage.windows import SignalKind, WindowBatch, group_runs, merge_partial_windows, sum_by_group
 
 
 @dataclass(frozen=True, eq=False)

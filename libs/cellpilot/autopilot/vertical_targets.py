@@ -27,9 +27,7 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
-Int8Array = npt.NDArray[np.int8]
+from cellpilot.array_types import BoolArray, FloatArray, Int8Array
 
 
 class ClampReason(StrEnum):

@@ -30,7 +30,8 @@ from __future__ import annotations
 import errno
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import TypeVar
 
 CPU_PERIOD_US = 100_000
 MIN_CPU_QUOTA_US = 1_000  # the kernel's floor for cpu.max quota
@@ -133,13 +134,7 @@ class CpuStat:
 
 
 def parse_cpu_stat(text: str) -> CpuStat:
-    values = parse_flat_keyed(text)
-    return CpuStat(
-        usage_usec=values.get("usage_usec", 0),
-        nr_periods=values.get("nr_periods", 0),
-        nr_throttled=values.get("nr_throttled", 0),
-        throttled_usec=values.get("throttled_usec", 0),
-    )
+    return _flat_keyed_record(CpuStat, text)
 
 
 @dataclass(frozen=True)
@@ -150,14 +145,17 @@ class MemoryEvents:
     oom_kill: int = 0  # processes the kernel's OOM killer killed in it
 
 
+R = TypeVar("R", CpuStat, MemoryEvents)
+
+
 def parse_memory_events(text: str) -> MemoryEvents:
+    return _flat_keyed_record(MemoryEvents, text)
+
+
+def _flat_keyed_record(record: type[R], text: str) -> R:
+    """A flat-keyed file as a dataclass whose field names are the file's keys (absent keys: 0)."""
     values = parse_flat_keyed(text)
-    return MemoryEvents(
-        high=values.get("high", 0),
-        max=values.get("max", 0),
-        oom=values.get("oom", 0),
-        oom_kill=values.get("oom_kill", 0),
-    )
+    return record(**{f.name: values.get(f.name, 0) for f in fields(record)})
 
 
 # ----- where the hierarchy is ----------------------------------------------------------------------

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from cellpilot.array_types import FloatArray, IntpArray
 from cellpilot.borg.cell_state import CellState, TaskKey
 from cellpilot.borg.lifecycle import TaskState
 from cellpilot.borg.mutations import LavaHost, LavaHostsChanged, LifetimeModelTrained
@@ -34,7 +35,6 @@ from cellpilot.lifetimes.distribution_model import DistributionModel
 from cellpilot.schedule import Cell
 from cellpilot.schedule.lifetime_aware.borg_scorers import CellLifetimes
 from cellpilot.schedule.lifetime_aware.lava import EMPTY, RANK_EMPTY
-from cellpilot.schedule.plugins import FloatArray, IntArray
 
 
 def _task_id(key: TaskKey) -> str:
@@ -69,12 +69,12 @@ class LifetimeTracker:
     def now(self) -> float:
         return self.lifetimes.now if self.lifetimes is not None else 0.0
 
-    def machine_exit(self, machines: IntArray) -> FloatArray:
+    def machine_exit(self, machines: IntpArray) -> FloatArray:
         if self.lifetimes is None:
             return np.zeros(machines.shape[0])
         return self.lifetimes.machine_exit(machines)
 
-    def ranks(self, vm_class: int, machines: IntArray) -> IntArray:
+    def ranks(self, vm_class: int, machines: IntpArray) -> IntpArray:
         if self.lifetimes is None:
             return np.full(machines.shape[0], RANK_EMPTY, dtype=np.int64)
         return self.lifetimes.ranks(vm_class, machines)

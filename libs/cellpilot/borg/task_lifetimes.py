@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray
 from cellpilot.borg.cell_state import CellState, TaskKey, TaskRecord
 from cellpilot.borg.changes import TaskChange
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
@@ -38,8 +38,6 @@ from cellpilot.lifetimes.features import NUM_FEATURES
 from cellpilot.lifetimes.lifetime_classes import LIFETIME_CLASS_UPPER, NUM_LIFETIME_CLASSES, lifetime_class
 from cellpilot.lifetimes.predictors import DEFAULT_CLASS_RISK, estimate_lifetimes
 from cellpilot.schedule.lifetime_aware.lars import MigrationOrder, migration_key
-
-FloatArray = npt.NDArray[np.float64]
 
 GIB = float(1 << 30)
 HOUR_MS = 3_600_000

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import Int64Array
 from cellpilot.borglet.task_record import SimulatedPlan, TaskRecord
 from cellpilot.world.job_demand import JobDemand
 from cellpilot.world.step import (
@@ -34,7 +35,6 @@ from cellpilot.world.step import (
     step_world,
 )
 
-IntArray = npt.NDArray[np.int64]
 _U64 = (1 << 64) - 1
 NEVER = float("inf")
 
@@ -149,6 +149,6 @@ def build_table(
     )
 
 
-def run_ticks(table: WorldTasks, seconds: IntArray, measured: MeasuredUsage) -> WorldStep:
+def run_ticks(table: WorldTasks, seconds: Int64Array, measured: MeasuredUsage) -> WorldStep:
     """Sample and enforce for each event-second in ``seconds`` (ascending)."""
     return step_world(table, seconds, measured)

@@ -35,8 +35,8 @@ from enum import StrEnum
 from typing import Protocol
 
 import numpy as np
-import numpy.typing as npt
 
+from cellpilot.array_types import BoolArray, FloatArray, IntpArray
 from cellpilot.autopilot.candidates import (
     CandidateConfig,
     apply_oom,
@@ -62,10 +62,6 @@ from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS, RecommenderKind, Scal
 from cellpilot.recommend.ml_ensemble import EnsembleConfig
 from cellpilot.usage.buckets import Resource, wire_per_scheme_unit
 from cellpilot.workloads.task_signals import WINDOW_MS, WINDOWS_PER_DAY, JobTraits
-
-FloatArray = npt.NDArray[np.float64]
-IntpArray = npt.NDArray[np.intp]
-BoolArray = npt.NDArray[np.bool_]
 
 
 class PolicyKind(StrEnum):

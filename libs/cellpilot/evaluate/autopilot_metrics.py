@@ -27,7 +27,7 @@ aggregate them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from itertools import pairwise
 from typing import Any
@@ -35,11 +35,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
-F32 = npt.NDArray[np.float32]
-IntArray = npt.NDArray[np.int64]
-IntpArray = npt.NDArray[np.intp]
-BoolArray = npt.NDArray[np.bool_]
+from cellpilot.array_types import BoolArray, FloatArray, Int64Array, IntpArray
+from cellpilot.usage.row_arrays import RowArrays
 
 # Table 2: (number of OOMs, fraction of tasks); a job-day is seriously impacted when its
 # OOMs reach the larger of the two.
@@ -53,42 +50,30 @@ def table2_label(row: tuple[int, int]) -> str:
 
 
 @dataclass(frozen=True, eq=False)
-class JobDays:
+class JobDays(RowArrays):
     """One row per job-day; CPU columns are NaN when CPU is not replayed."""
 
-    job_id: IntArray
-    day: IntArray
+    job_id: Int64Array
+    day: Int64Array
     serving: BoolArray  # the job is a serving job (the paper's population, §4.1.2)
-    oom_tolerance: IntArray  # index into OOM_TOLERANCES
+    oom_tolerance: Int64Array  # index into OOM_TOLERANCES
     tasks: FloatArray  # average running tasks
     footprint: FloatArray  # bytes (runtime-weighted sum of limits / day)
     absolute_slack: FloatArray  # bytes
     average_limit: FloatArray  # bytes
     usage_p95: FloatArray  # bytes
     relative_slack: FloatArray
-    ooms: IntArray
+    ooms: Int64Array
     relative_oom_rate: FloatArray
-    limit_changes: IntArray
+    limit_changes: Int64Array
     cpu_relative_slack: FloatArray
     cpu_throttled_fraction: FloatArray
-
-    def __len__(self) -> int:
-        return int(self.job_id.shape[0])
 
     @classmethod
     def empty(cls) -> JobDays:
         kinds: dict[str, type[np.generic]] = {"serving": np.bool_}
         kinds |= dict.fromkeys(("job_id", "day", "ooms", "limit_changes", "oom_tolerance"), np.int64)
         return cls(**{f.name: np.zeros(0, dtype=kinds.get(f.name, np.float64)) for f in fields(cls)})  # type: ignore[arg-type]
-
-    @classmethod
-    def concat(cls, parts: Sequence[JobDays]) -> JobDays:
-        if not parts:
-            return cls.empty()
-        return cls(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)})
-
-    def select(self, mask: BoolArray) -> JobDays:
-        return type(self)(**{f.name: getattr(self, f.name)[mask] for f in fields(self)})
 
 
 def seriously_impacted(ooms: npt.ArrayLike, tasks: npt.ArrayLike, count: int, fraction: float) -> BoolArray:
@@ -131,7 +116,7 @@ class DayAccumulator:
         usage: FloatArray,
         weight: FloatArray,
         ooms: BoolArray,
-        changes: IntArray,
+        changes: Int64Array,
     ) -> None:
         running = weight > 0.0
         self.usage[slot] = np.where(running, usage, np.nan)
@@ -174,7 +159,9 @@ class DayAccumulator:
         ):
             array.fill(0)
 
-    def close_day(self, job_ids: IntArray, day: int, serving: BoolArray, oom_tolerance: IntArray) -> JobDays:
+    def close_day(
+        self, job_ids: Int64Array, day: int, serving: BoolArray, oom_tolerance: Int64Array
+    ) -> JobDays:
         """The day's rows for jobs that ran at all; resets the accumulator."""
         starts = self.bounds[:-1]
         per_day = float(self.windows_per_day)

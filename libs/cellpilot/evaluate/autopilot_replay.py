@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import BoolArray, Float32Array, FloatArray
 from cellpilot.autopilot.decisions import DecisionPolicy
 from cellpilot.autopilot.ml_config import hyperparameters, load_ml_config, options
 from cellpilot.evaluate.autopilot_deciders import (
@@ -67,11 +68,6 @@ from cellpilot.usage.buckets import Resource
 from cellpilot.usage.units import GIB
 from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig, generate_job, task_counts
 from cellpilot.workloads.task_signals import WINDOW_MS, WINDOWS_PER_DAY, JobSignals
-
-FloatArray = npt.NDArray[np.float64]
-F32 = npt.NDArray[np.float32]
-IntpArray = npt.NDArray[np.intp]
-BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
@@ -110,14 +106,14 @@ class ReplayConfig:
 class Chunk:
     job_ids: npt.NDArray[np.int64]
     layout: ChunkLayout
-    memory_mean: F32
-    memory_peak: F32
-    limit_hard: F32
-    limit_soft: F32
-    cpu_mean: F32
-    cpu_peak: F32
-    cpu_limit: F32
-    cpu_deciles: F32 | None
+    memory_mean: Float32Array
+    memory_peak: Float32Array
+    limit_hard: Float32Array
+    limit_soft: Float32Array
+    cpu_mean: Float32Array
+    cpu_peak: Float32Array
+    cpu_limit: Float32Array
+    cpu_deciles: Float32Array | None
     restart: BoolArray
     running: BoolArray
     leak: FloatArray
@@ -139,7 +135,7 @@ class Chunk:
         sizes = np.array([j.tasks for j in jobs])
         bounds = np.concatenate(([0], np.cumsum(sizes))).astype(np.intp)
 
-        def stack(name: str) -> F32:
+        def stack(name: str) -> Float32Array:
             return np.ascontiguousarray(np.concatenate([getattr(j, name) for j in jobs], axis=1))
 
         deciles = None
@@ -180,7 +176,9 @@ class Chunk:
 CPU_POINTS = 10
 
 
-def cpu_points(mean: F32, peak: F32, deciles: F32 | None) -> tuple[FloatArray, FloatArray]:
+def cpu_points(
+    mean: Float32Array, peak: Float32Array, deciles: Float32Array | None
+) -> tuple[FloatArray, FloatArray]:
     """Ten usage points per task-window, each standing for 10 % of its samples: (N, 10), (N, 10).
 
     With the 2019 traces' deciles: the mid-points between consecutive deciles. Otherwise,
@@ -260,14 +258,14 @@ class _Run:
         self.cpu_setter = _decider(spec, layout, Resource.CPU, config) if config.cpu else None
         self.cpu_actuation = Actuation(layout.jobs, config.delay_windows)
 
-    def _limits(self, manual: F32, actuation: Actuation) -> FloatArray:
+    def _limits(self, manual: Float32Array, actuation: Actuation) -> FloatArray:
         job = self.chunk.layout.job_of_task
         applied = actuation.applied[job]
         if self.spec.kind is PolicyKind.MANUAL:
             return np.fmax(manual.astype(np.float64), applied)  # NaN floor: the manual limit
         return np.where(np.isnan(applied), manual, applied)
 
-    def _clairvoyant(self, manual: F32, peak: FloatArray, running: BoolArray) -> FloatArray:
+    def _clairvoyant(self, manual: Float32Array, peak: FloatArray, running: BoolArray) -> FloatArray:
         """The bound: every task's limit is its job's peak of this very window, known ahead."""
         job_peak = self.chunk.layout.per_job_max(np.where(running, peak, np.nan))
         limit = job_peak[self.chunk.layout.job_of_task]

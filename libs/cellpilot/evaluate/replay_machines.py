@@ -32,11 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import BoolArray, FloatArray, IntpArray
 from cellpilot.world.enforcement import KillReason, MachineCapacity, TaskUsage, enforce_limits
-
-FloatArray = npt.NDArray[np.float64]
-IntpArray = npt.NDArray[np.intp]
-BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True)

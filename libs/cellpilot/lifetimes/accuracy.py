@@ -18,10 +18,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import BoolArray, FloatArray
 from cellpilot.lifetimes.vm_table import DAY
-
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
 
 SEVEN_DAYS = 7.0 * DAY
 

@@ -23,12 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, Int64Array
 from cellpilot.lifetimes.distribution import LifetimeDistribution
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 HOUR = 3600.0
 UPTIMES_HOURS: tuple[float, ...] = (0.0, 1.0, 10.0, 100.0)
@@ -36,7 +33,7 @@ COVERAGE_QUANTILES: tuple[float, ...] = (0.1, 0.5, 0.9)
 RELIABILITY_BINS = 10
 
 
-def expected_calibration_error(probs: FloatArray, true_class: IntArray) -> float:
+def expected_calibration_error(probs: FloatArray, true_class: Int64Array) -> float:
     """Sum over classes of the VM-weighted |mean predicted - observed| over ten probability bins."""
     probs = np.asarray(probs, dtype=np.float64)
     n, classes = probs.shape
@@ -53,7 +50,7 @@ def expected_calibration_error(probs: FloatArray, true_class: IntArray) -> float
     return total
 
 
-def reliability_table(probs: FloatArray, true_class: IntArray, klass: int) -> list[dict[str, float]]:
+def reliability_table(probs: FloatArray, true_class: Int64Array, klass: int) -> list[dict[str, float]]:
     """Rows (bin, mean predicted, observed share, VMs) of class ``klass``'s reliability diagram."""
     p = np.asarray(probs, dtype=np.float64)[:, klass]
     hit = (np.asarray(true_class) == klass).astype(np.float64)
@@ -73,7 +70,7 @@ def reliability_table(probs: FloatArray, true_class: IntArray, klass: int) -> li
     return rows
 
 
-def class_scores(probs: FloatArray, true_class: IntArray) -> dict[str, float]:
+def class_scores(probs: FloatArray, true_class: Int64Array) -> dict[str, float]:
     probs = np.asarray(probs, dtype=np.float64)
     onehot = np.eye(probs.shape[1])[true_class]
     return {
@@ -84,7 +81,7 @@ def class_scores(probs: FloatArray, true_class: IntArray) -> dict[str, float]:
 
 
 def calibration_report(
-    distribution: LifetimeDistribution | Callable[[IntArray, float], LifetimeDistribution] | None,
+    distribution: LifetimeDistribution | Callable[[Int64Array, float], LifetimeDistribution] | None,
     point_remaining: Any,
     lifetimes: FloatArray,
     class_upper: FloatArray,

@@ -24,8 +24,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
+from cellpilot.array_types import FloatArray, Int64Array
 
 HOUR = 3600.0
 # Lifetime bin edges (hours): 0.1 s .. 366 days. LAVA's class bounds 1, 10, 100, 1000 h are edges.
@@ -43,7 +42,7 @@ _LOG_WIDTH = np.diff(_LOG_EDGES)
 _BIN_MEANS = np.diff(BIN_EDGES) / _LOG_WIDTH
 
 
-def lifetime_bin(lifetime_seconds: npt.ArrayLike) -> IntArray:
+def lifetime_bin(lifetime_seconds: npt.ArrayLike) -> Int64Array:
     """Bin index of lifetimes; below the first edge goes to bin 0, beyond the last to the top bin."""
     life = np.asarray(lifetime_seconds, dtype=np.float64)
     return np.clip(np.searchsorted(BIN_EDGES, life, side="right") - 1, 0, NUM_BINS - 1).astype(np.int64)

@@ -35,13 +35,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import lightgbm as lgb
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray
 from cellpilot.lifetimes.distribution import (
     BIN_EDGES_HOURS,
     HOUR,
@@ -50,10 +50,8 @@ from cellpilot.lifetimes.distribution import (
     lifetime_bin,
 )
 from cellpilot.lifetimes.features import CATEGORICAL, FEATURE_NAMES, NUM_FEATURES, UPTIME, model_inputs
-from cellpilot.lifetimes.model import FastSingleRow
+from cellpilot.lifetimes.model import FastSingleRow, JsonModelFile, read_model_json
 from cellpilot.lifetimes.training_examples import expand_at_uptimes
-
-FloatArray = npt.NDArray[np.float64]
 
 FORMAT = "cellpilot.lifetime-distribution/1"
 # Uptimes (hours) at which an uptime-aware model sees each VM that outlived them (§3's expansion):
@@ -100,7 +98,7 @@ class DistributionParams:
         }
 
 
-class DistributionModel:
+class DistributionModel(JsonModelFile):
     """P(lifetime bin | creation-time features); remaining-lifetime answers by conditioning on uptime."""
 
     def __init__(
@@ -274,13 +272,12 @@ class DistributionModel:
 
     @classmethod
     def from_json(cls, text: str) -> DistributionModel:
-        data = json.loads(text)
-        if data.get("format") != FORMAT:
-            raise ValueError(f"not a lifetime distribution model file (format {data.get('format')!r})")
-        if tuple(data.get("features", ())) != FEATURE_NAMES:
-            raise ValueError("the model was trained on different features")
-        if tuple(data.get("bin_edges_hours", ())) != BIN_EDGES_HOURS:
-            raise ValueError("the model was trained on different lifetime bins")
+        data = read_model_json(
+            text,
+            FORMAT,
+            "lifetime distribution model",
+            [("features", FEATURE_NAMES, "features"), ("bin_edges_hours", BIN_EDGES_HOURS, "lifetime bins")],
+        )
         grid = data.get("uptime_grid_hours")
         bins = data.get("bins")
         return cls(
@@ -288,10 +285,3 @@ class DistributionModel:
             None if grid is None else tuple(grid),
             None if bins is None else tuple(int(b) for b in bins),
         )
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json())
-
-    @classmethod
-    def load(cls, path: str | Path) -> DistributionModel:
-        return cls.from_json(Path(path).read_text())

@@ -11,9 +11,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray
 from cellpilot.lifetimes.vm_table import DAY, HOUR, VmTrace
-
-FloatArray = npt.NDArray[np.float64]
 
 FEATURE_NAMES: tuple[str, ...] = (
     "cores",

@@ -9,18 +9,15 @@ reads them.
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, Int64Array
 from cellpilot.lifetimes.vm_table import HOUR
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 LIFETIME_CLASS_UPPER = np.array([1.0, 10.0, 100.0, 1000.0]) * HOUR  # §4.3: LC1..LC4
 NUM_LIFETIME_CLASSES = LIFETIME_CLASS_UPPER.size
 
 
-def lifetime_class(remaining_seconds: float | FloatArray) -> IntArray:
+def lifetime_class(remaining_seconds: float | FloatArray) -> Int64Array:
     """LAVA lifetime class (§4.3) of predicted remaining lifetimes: 0 (<1 h) .. 3 (>= 100 h)."""
     r = np.asarray(remaining_seconds, dtype=np.float64)
     return np.minimum(

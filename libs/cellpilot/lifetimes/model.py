@@ -24,19 +24,19 @@ from __future__ import annotations
 
 import ctypes
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import lightgbm as lgb
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray
 from cellpilot.lifetimes.features import CATEGORICAL, FEATURE_NAMES, MODEL_INPUTS, NUM_FEATURES, model_inputs
 from cellpilot.lifetimes.training_examples import UPTIME_FRACTIONS, expand_examples
-
-FloatArray = npt.NDArray[np.float64]
 
 FORMAT = "cellpilot.lifetime-model/1"
 
@@ -141,7 +141,40 @@ class FastSingleRow:
             config.value = None
 
 
-class LifetimeModel:
+class JsonModelFile:
+    """A trained model kept as one JSON document: ``save`` and ``load`` go through the
+    subclass's ``to_json`` / ``from_json``."""
+
+    def to_json(self) -> str:
+        raise NotImplementedError
+
+    @classmethod
+    def from_json(cls, text: str) -> Self:
+        raise NotImplementedError
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> Self:
+        return cls.from_json(Path(path).read_text())
+
+
+def read_model_json(
+    text: str, file_format: str, what: str, trained_on: Sequence[tuple[str, Any, str]]
+) -> Any:
+    """The JSON document of a ``what`` file of ``file_format``, after checking that each
+    ``(key, expected, words)`` of ``trained_on`` holds what this code was built for."""
+    data = json.loads(text)
+    if data.get("format") != file_format:
+        raise ValueError(f"not a {what} file (format {data.get('format')!r})")
+    for key, expected, words in trained_on:
+        if tuple(data.get(key, ())) != expected:
+            raise ValueError(f"the model was trained on different {words}")
+    return data
+
+
+class LifetimeModel(JsonModelFile):
     """Predicts a VM's remaining lifetime (seconds) from its features and uptime (seconds)."""
 
     def __init__(self, booster: lgb.Booster, label: LabelTransform) -> None:
@@ -224,16 +257,5 @@ class LifetimeModel:
 
     @classmethod
     def from_json(cls, text: str) -> LifetimeModel:
-        data = json.loads(text)
-        if data.get("format") != FORMAT:
-            raise ValueError(f"not a lifetime model file (format {data.get('format')!r})")
-        if tuple(data.get("inputs", ())) != MODEL_INPUTS:
-            raise ValueError("the model was trained on different inputs")
+        data = read_model_json(text, FORMAT, "lifetime model", [("inputs", MODEL_INPUTS, "inputs")])
         return cls(lgb.Booster(model_str=data["booster"]), LabelTransform(data["label"]))
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json())
-
-    @classmethod
-    def load(cls, path: str | Path) -> LifetimeModel:
-        return cls.from_json(Path(path).read_text())

@@ -14,6 +14,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, Int64Array
 from cellpilot.lifetimes.distribution import LifetimeDistribution
 from cellpilot.lifetimes.distribution_model import DistributionModel
 from cellpilot.lifetimes.features import vm_features
@@ -21,15 +22,12 @@ from cellpilot.lifetimes.lifetime_classes import LIFETIME_CLASS_UPPER
 from cellpilot.lifetimes.model import LifetimeModel
 from cellpilot.lifetimes.vm_table import VmTrace
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-
 SMALL_BATCH = 16  # up to this many VMs, predict one by one (see ModelPredictor.remaining)
 # LAVA's risk class (see DistributionPredictor): the shipped setting of the study and the live cell.
 DEFAULT_CLASS_RISK = 0.05
 
 
-def risk_classes(dist: LifetimeDistribution, uptime_seconds: npt.ArrayLike, class_risk: float) -> IntArray:
+def risk_classes(dist: LifetimeDistribution, uptime_seconds: npt.ArrayLike, class_risk: float) -> Int64Array:
     """LAVA's class (§4.3) from a lifetime distribution: per VM, the shortest class whose upper
     bound its remaining lifetime (at ``uptime_seconds``) exceeds with probability <= ``class_risk``."""
     if not 0.0 < class_risk < 1.0:
@@ -45,7 +43,7 @@ class LifetimeEstimates:
     """Per VM (or task): E[T_r | T_u] in seconds (§3, what LAS and LARS use) and LAVA's class (§4.3)."""
 
     remaining: FloatArray
-    lifetime_class: IntArray
+    lifetime_class: Int64Array
 
 
 def estimate_lifetimes(
@@ -67,7 +65,7 @@ class LifetimePredictor(Protocol):
     # False when repredicting at a later uptime never changes a VM's predicted exit time.
     repredicts: bool
 
-    def remaining(self, rows: IntArray, uptime_seconds: FloatArray) -> FloatArray:
+    def remaining(self, rows: Int64Array, uptime_seconds: FloatArray) -> FloatArray:
         """Predicted remaining lifetimes (seconds) of the VMs in ``rows`` at the given uptimes."""
         ...
 
@@ -84,7 +82,7 @@ class ModelPredictor:
         self.calls = 0
         self.predictions = 0
 
-    def remaining(self, rows: IntArray, uptime_seconds: FloatArray) -> FloatArray:
+    def remaining(self, rows: Int64Array, uptime_seconds: FloatArray) -> FloatArray:
         rows = np.asarray(rows, dtype=np.int64)
         self.calls += 1
         self.predictions += int(rows.size)
@@ -147,7 +145,7 @@ class DistributionPredictor:
         """Every VM's lifetime distribution at creation."""
         return LifetimeDistribution(self._by_grid[0])
 
-    def distribution(self, rows: IntArray, uptime_seconds: npt.ArrayLike) -> LifetimeDistribution:
+    def distribution(self, rows: Int64Array, uptime_seconds: npt.ArrayLike) -> LifetimeDistribution:
         """The VMs' lifetime distributions as known at their uptimes (condition on the same uptimes)."""
         rows = np.asarray(rows, dtype=np.int64)
         grid = self.model.grid_index(
@@ -163,7 +161,7 @@ class DistributionPredictor:
             probs[pick] = self._by_grid[k][rows[pick]]
         return LifetimeDistribution(probs)
 
-    def remaining(self, rows: IntArray, uptime_seconds: FloatArray) -> FloatArray:
+    def remaining(self, rows: Int64Array, uptime_seconds: FloatArray) -> FloatArray:
         rows = np.asarray(rows, dtype=np.int64)
         self.calls += 1
         self.predictions += int(rows.size)
@@ -172,7 +170,7 @@ class DistributionPredictor:
             return dist.quantile(self.exit_quantile, uptime_seconds)
         return dist.expected_remaining(uptime_seconds)
 
-    def lifetime_classes(self, rows: IntArray, uptime_seconds: FloatArray) -> IntArray:
+    def lifetime_classes(self, rows: Int64Array, uptime_seconds: FloatArray) -> Int64Array:
         return risk_classes(self.distribution(rows, uptime_seconds), uptime_seconds, self.class_risk)
 
 
@@ -185,5 +183,5 @@ class OraclePredictor:
     def __init__(self, trace: VmTrace) -> None:
         self.lifetime = trace.lifetime
 
-    def remaining(self, rows: IntArray, uptime_seconds: FloatArray) -> FloatArray:
+    def remaining(self, rows: Int64Array, uptime_seconds: FloatArray) -> FloatArray:
         return np.maximum(self.lifetime[np.asarray(rows, dtype=np.int64)] - uptime_seconds, 0.0)

@@ -14,12 +14,9 @@ of uptimes than short ones. This is the scheme of §3 as written; no reweighting
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, Int64Array
 from cellpilot.lifetimes.features import model_inputs
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 # §3: the original example (uptime 0) plus uptimes of 12.5 %, 25 %, ... of the lifetime.
 UPTIME_FRACTIONS: tuple[float, ...] = tuple(k / 8.0 for k in range(8))
@@ -27,7 +24,7 @@ UPTIME_FRACTIONS: tuple[float, ...] = tuple(k / 8.0 for k in range(8))
 
 def expand_examples(
     features: FloatArray, lifetimes: FloatArray, fractions: tuple[float, ...] = UPTIME_FRACTIONS
-) -> tuple[FloatArray, FloatArray, IntArray]:
+) -> tuple[FloatArray, FloatArray, Int64Array]:
     """Model inputs, remaining-lifetime labels (seconds) and source rows, fraction-major.
 
     Row ``j * n + i`` is VM ``i`` at uptime ``fractions[j] * lifetimes[i]``.
@@ -51,7 +48,7 @@ def expand_examples(
 
 def expand_at_uptimes(
     features: FloatArray, lifetimes: FloatArray, uptimes_seconds: FloatArray
-) -> tuple[FloatArray, FloatArray, IntArray]:
+) -> tuple[FloatArray, FloatArray, Int64Array]:
     """Model inputs, lifetime labels (seconds, the whole lifetime) and source rows, uptime-major.
 
     Each VM is an example at every uptime of ``uptimes_seconds`` it outlived (and always at

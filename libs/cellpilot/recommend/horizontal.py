@@ -31,6 +31,7 @@ from enum import IntEnum
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, Int8Array, Int64Array
 from cellpilot.job_vocabulary import HorizontalStatistic
 from cellpilot.recommend.job_arrays import JobArrays
 from cellpilot.recommend.post_processing import (
@@ -39,10 +40,6 @@ from cellpilot.recommend.post_processing import (
     initial_window_max,
     update_window_max,
 )
-
-FloatArray = npt.NDArray[np.float64]
-Int64Array = npt.NDArray[np.int64]
-Int8Array = npt.NDArray[np.int8]
 
 MINUTE_MS = 60 * 1000
 HOUR_MS = 60 * MINUTE_MS

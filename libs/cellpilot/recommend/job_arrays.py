@@ -23,6 +23,8 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.usage.tagged_bytes import read_tagged_length
+
 _MAGIC = b"CPST"
 _LEN = struct.Struct("<4sI")
 _FORMAT = 1
@@ -94,11 +96,7 @@ class JobArrays:
     @classmethod
     def from_bytes(cls: type[T], data: bytes) -> T:
         view = memoryview(data)
-        if len(view) < _LEN.size:
-            raise ValueError("truncated state")
-        magic, header_len = _LEN.unpack_from(view, 0)
-        if magic != _MAGIC:
-            raise ValueError("not a serialised recommender state (bad magic)")
+        header_len = read_tagged_length(view, _LEN, _MAGIC, "recommender state")
         header = json.loads(bytes(view[_LEN.size : _LEN.size + header_len]))
         if header.get("format") != _FORMAT:
             raise ValueError(f"unsupported state format {header.get('format')}")

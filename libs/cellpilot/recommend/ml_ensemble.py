@@ -60,11 +60,9 @@ from itertools import product
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, Int32Array, Int64Array
 from cellpilot.recommend.job_arrays import JobArrays
 
-FloatArray = npt.NDArray[np.float64]
-Int64Array = npt.NDArray[np.int64]
-Int32Array = npt.NDArray[np.int32]
 IntArray = npt.NDArray[np.integer]
 
 DEFAULT_CHUNK_JOBS = 64  # measured: small chunks keep the (chunk, D, K) temporaries in cache

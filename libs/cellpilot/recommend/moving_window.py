@@ -21,12 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, Int32Array, Int64Array
 from cellpilot.recommend.job_arrays import JobArrays
 from cellpilot.usage.buckets import Resource
-
-FloatArray = npt.NDArray[np.float64]
-Int64Array = npt.NDArray[np.int64]
-Int32Array = npt.NDArray[np.int32]
 
 HOUR_MS = 3600 * 1000
 # §3.2.2: "a 12 hour half life for the CPU signal and a 48 hour half life for memory".

@@ -18,12 +18,10 @@ from enum import IntEnum
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, Int8Array
 from cellpilot.job_vocabulary import AppClass, LatencySensitivity, OomTolerance
 from cellpilot.recommend.moving_window import WindowStatistics
 from cellpilot.usage.buckets import Resource
-
-FloatArray = npt.NDArray[np.float64]
-Int8Array = npt.NDArray[np.int8]
 
 
 class Statistic(IntEnum):

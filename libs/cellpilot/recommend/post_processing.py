@@ -17,12 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, Int64Array
 from cellpilot.recommend.job_arrays import JobArrays
 from cellpilot.usage.buckets import Resource
 from cellpilot.usage.units import GIB
-
-FloatArray = npt.NDArray[np.float64]
-Int64Array = npt.NDArray[np.int64]
 
 MINUTE_MS = 60 * 1000
 HOUR_MS = 60 * MINUTE_MS

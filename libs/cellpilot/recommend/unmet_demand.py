@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
+from cellpilot.array_types import BoolArray, FloatArray
 
 
 @dataclass(frozen=True)

@@ -26,14 +26,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, IntpArray
 from cellpilot.schedule.constraints import AttributeTable
 from cellpilot.schedule.model import MachineSpec, TaskSpec
 from cellpilot.schedule.priority import NUM_PRIORITIES, is_prod
 from cellpilot.schedule.reservation import ReclamationParams, next_reservation
 from cellpilot.schedule.resources import CPU, EPSILON, NUM_RESOURCES, RESOURCE_NAMES, Resources
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.intp]
 
 LIMIT = slice(0, NUM_RESOURCES)
 RESERVATION = slice(NUM_RESOURCES, 2 * NUM_RESOURCES)
@@ -160,7 +158,7 @@ class Cell:
         self.attributes.set(machine, name, value)
         self.version[machine] += 1
 
-    def alive_machines(self) -> IntArray:
+    def alive_machines(self) -> IntpArray:
         return np.flatnonzero(self.alive[: self.n_machines])
 
     def machine_spec_capacity(self, machine: int) -> Resources:
@@ -197,7 +195,7 @@ class Cell:
             self.job_power_counts.append(np.zeros(len(self.power_names), dtype=np.int32))
         return code
 
-    def job_counts(self, job: int, machines: IntArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+    def job_counts(self, job: int, machines: IntpArray) -> tuple[FloatArray, FloatArray, FloatArray]:
         """Tasks of ``job`` on each of ``machines``, in its rack and in its power domain."""
         counts = self.job_machine_counts[job]
         if counts:
@@ -420,7 +418,7 @@ class Cell:
         delta[:, CPU_VAR] = np.asarray(std, dtype=np.float64) ** 2 - self.t_amount[h, CPU_VAR]
         self._apply_deltas(h, delta)
 
-    def _apply_deltas(self, h: IntArray, delta: FloatArray) -> None:
+    def _apply_deltas(self, h: IntpArray, delta: FloatArray) -> None:
         self.t_amount[h] += delta
         top = self.t_alloc[h] < 0
         inner = ~top
@@ -435,7 +433,7 @@ class Cell:
         self.below[touched] += np.cumsum(level_delta, axis=1)
         self._maybe_bump(touched)
 
-    def _maybe_bump(self, machines: IntArray) -> None:
+    def _maybe_bump(self, machines: IntpArray) -> None:
         total = self.below[machines, NUM_LEVELS]
         cap = self.capacity[machines]
         scale = np.empty((machines.size, NUM_CHANNELS))
@@ -482,7 +480,7 @@ class Cell:
         """Top-level tasks and allocs on ``machine`` (tasks inside allocs are not listed)."""
         return sorted(self.machine_tasks[machine])
 
-    def running_tasks(self) -> IntArray:
+    def running_tasks(self) -> IntpArray:
         return np.flatnonzero(self.t_alive)
 
     def used(self, machine: int, basis: slice) -> FloatArray:

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cellpilot.array_types import FloatArray, IntpArray
 from cellpilot.schedule.cell import Cell
-from cellpilot.schedule.plugins import MAX_SCORE, FloatArray, IntArray, Request, Scorer
+from cellpilot.schedule.plugins import MAX_SCORE, Request, Scorer
 
 _TIE = 1e-9
 _LEXSORT_ROWS = 128  # below this, one lexsort beats filtering level by level
@@ -38,7 +39,7 @@ class Weighted:
     def job_dependent(self) -> bool:
         return any(s.job_dependent for s, _ in self.parts)
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         total = sum(w for _, w in self.parts)
         parts = iter(self.parts)
         scorer, weight = next(parts)
@@ -76,7 +77,7 @@ class Lexicographic:
     def names(self) -> tuple[str, ...]:
         return tuple(level.scorer.name for level in self.levels)
 
-    def machine_levels(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def machine_levels(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         """The cacheable part: every level that does not depend on the job (others NaN)."""
         out = np.full((machines.shape[0], len(self.levels)), np.nan)
         for i, level in enumerate(self.levels):
@@ -84,11 +85,11 @@ class Lexicographic:
                 out[:, i] = level.scorer.score(cell, req, machines)
         return out
 
-    def fill_job_levels(self, cell: Cell, req: Request, machines: IntArray, matrix: FloatArray) -> None:
+    def fill_job_levels(self, cell: Cell, req: Request, machines: IntpArray, matrix: FloatArray) -> None:
         for i in self.job_columns:
             matrix[:, i] = self.levels[i].scorer.score(cell, req, machines)
 
-    def all_levels(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def all_levels(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         matrix = self.machine_levels(cell, req, machines)
         self.fill_job_levels(cell, req, machines, matrix)
         return matrix
@@ -109,7 +110,7 @@ class Lexicographic:
         if matrix.shape[0] <= _LEXSORT_ROWS:
             # One stable sort: the first row among the best keeps ties in row order.
             return int(np.lexsort([-k for k in reversed(keys)])[0])
-        candidates: IntArray | None = None
+        candidates: IntpArray | None = None
         for key in keys:
             column = key if candidates is None else key[candidates]
             keep = (column == column.max()).nonzero()[0]

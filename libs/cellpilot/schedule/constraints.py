@@ -13,10 +13,8 @@ import math
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import BoolArray, IntpArray
 from cellpilot.schedule.model import Constraint
-
-IntArray = npt.NDArray[np.intp]
-BoolArray = npt.NDArray[np.bool_]
 
 MISSING_CODE = -1
 
@@ -84,7 +82,7 @@ class AttributeTable:
             return None
         return next(k for k, v in column.codes.items() if v == code)
 
-    def satisfies(self, constraint: Constraint, machines: IntArray) -> BoolArray:
+    def satisfies(self, constraint: Constraint, machines: IntpArray) -> BoolArray:
         """Which of ``machines`` satisfy ``constraint`` (hard or soft alike)."""
         column = self.columns.get(constraint.attribute)
         negative = constraint.op in ("!=", "not-in")

@@ -33,8 +33,8 @@ from typing import Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
+from cellpilot.array_types import BoolArray, FloatArray
+
 K = TypeVar("K", bound=Hashable)
 
 

@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cellpilot.array_types import BoolArray, FloatArray, IntpArray
 from cellpilot.schedule.cell import CPU_MEAN, CPU_VAR, NUM_LEVELS, Cell
 from cellpilot.schedule.gpa import gaussian_z
-from cellpilot.schedule.plugins import BoolArray, FloatArray, IntArray, Plugin, Request, register
+from cellpilot.schedule.plugins import Plugin, Request, register
 from cellpilot.schedule.resources import CPU, EPSILON, RESOURCE_NAMES
 
 
-def non_preemptible_use(cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+def non_preemptible_use(cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
     """Channels held on ``machines`` by tasks ``req`` may not preempt: shape (n, K)."""
     return cell.below[machines, NUM_LEVELS] - cell.below[machines, req.threshold]
 
@@ -57,11 +58,11 @@ class ResourceFit(Plugin):
         var = used[:, CPU_VAR] + req.amount[CPU_VAR]
         return ok & (mean + self._z * np.sqrt(var) <= capacity[:, CPU] + EPSILON)
 
-    def feasible(self, cell: Cell, req: Request, machines: IntArray) -> BoolArray:
+    def feasible(self, cell: Cell, req: Request, machines: IntpArray) -> BoolArray:
         used = non_preemptible_use(cell, req, machines)
         return cell.alive[machines] & self.fits(cell.capacity[machines], used, req)
 
-    def shortfall(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def shortfall(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         """Per machine and resource, how much the request exceeds what is available (n, R)."""
         used = non_preemptible_use(cell, req, machines)
         capacity = cell.capacity[machines]
@@ -73,7 +74,7 @@ class ResourceFit(Plugin):
             short[:, CPU] = mean + self._z * np.sqrt(var) - capacity[:, CPU]
         return short
 
-    def exclusions(self, cell: Cell, req: Request, machines: IntArray) -> dict[str, BoolArray]:
+    def exclusions(self, cell: Cell, req: Request, machines: IntpArray) -> dict[str, BoolArray]:
         short = self.shortfall(cell, req, machines)
         out: dict[str, BoolArray] = {}
         for r, resource in enumerate(RESOURCE_NAMES):
@@ -90,11 +91,11 @@ class HardConstraints(Plugin):
     kind = "filter"
     name = "hard-constraints"
 
-    def feasible(self, cell: Cell, req: Request, machines: IntArray) -> BoolArray:
+    def feasible(self, cell: Cell, req: Request, machines: IntpArray) -> BoolArray:
         ok = np.ones(machines.shape[0], dtype=bool)
         for constraint in req.hard:
             ok &= cell.attributes.satisfies(constraint, machines)
         return ok
 
-    def exclusions(self, cell: Cell, req: Request, machines: IntArray) -> dict[str, BoolArray]:
+    def exclusions(self, cell: Cell, req: Request, machines: IntpArray) -> dict[str, BoolArray]:
         return {f"constraint {c.describe()}": ~cell.attributes.satisfies(c, machines) for c in req.hard}

@@ -30,8 +30,7 @@ from statistics import NormalDist
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.intp]
+from cellpilot.array_types import FloatArray, IntpArray
 
 ALGORITHMS = ("first-fit", "best-fit")
 
@@ -75,10 +74,10 @@ def overflow_probability(mean: npt.ArrayLike, var: npt.ArrayLike, capacity: npt.
 
 @dataclass(frozen=True)
 class Packing:
-    assignment: IntArray  # bin of each item, 0..bins-1
+    assignment: IntpArray  # bin of each item, 0..bins-1
     bins: int  # bins (machines) holding at least one item
 
-    def members(self) -> list[IntArray]:
+    def members(self) -> list[IntpArray]:
         order = np.argsort(self.assignment, kind="stable")
         cuts = np.searchsorted(self.assignment[order], np.arange(1, self.bins))
         return list(np.split(order, cuts))
@@ -165,7 +164,9 @@ def pack(
     return Packing(relabel[assignment], int(used.size))
 
 
-def _rebalance(assignment: IntArray, bins: _Bins, mu: FloatArray, var: FloatArray, max_failures: int) -> None:
+def _rebalance(
+    assignment: IntpArray, bins: _Bins, mu: FloatArray, var: FloatArray, max_failures: int
+) -> None:
     """Round-robin over machines 1..m-1: move each one's first task to the last machine (§4)."""
     last = bins.open - 1
     queues: list[list[int]] = [[] for _ in range(bins.open)]

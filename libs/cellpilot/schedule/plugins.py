@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
-import numpy.typing as npt
 
+from cellpilot.array_types import BoolArray, FloatArray, IntpArray
 from cellpilot.schedule.cell import (
     COUNT,
     CPU_MEAN,
@@ -35,10 +35,6 @@ from cellpilot.schedule.cell import (
 from cellpilot.schedule.model import Constraint, TaskShape
 from cellpilot.schedule.priority import preemption_threshold
 from cellpilot.schedule.resources import CPU
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.intp]
-BoolArray = npt.NDArray[np.bool_]
 
 MIN_SCORE, MAX_SCORE = 0.0, 100.0
 
@@ -86,11 +82,11 @@ class Filter(Protocol):
     @property
     def name(self) -> str: ...
 
-    def feasible(self, cell: Cell, req: Request, machines: IntArray) -> BoolArray:
+    def feasible(self, cell: Cell, req: Request, machines: IntpArray) -> BoolArray:
         """Mask over ``machines``: True where the task can run (possibly after preemption)."""
         ...
 
-    def exclusions(self, cell: Cell, req: Request, machines: IntArray) -> dict[str, BoolArray]:
+    def exclusions(self, cell: Cell, req: Request, machines: IntpArray) -> dict[str, BoolArray]:
         """Per reason, the mask of ``machines`` that this filter excludes for that reason."""
         ...
 
@@ -105,7 +101,7 @@ class Scorer(Protocol):
         and the task shape): such scores are recomputed for every task, never cached."""
         ...
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         """Scores in [0, 100] for ``machines`` (higher is better)."""
         ...
 
@@ -117,7 +113,7 @@ class Preemptor(Protocol):
     @property
     def name(self) -> str: ...
 
-    def victims(self, cell: Cell, req: Request, machine: int, fits: FitCheck) -> IntArray | None:
+    def victims(self, cell: Cell, req: Request, machine: int, fits: FitCheck) -> IntpArray | None:
         """Task handles to evict so the task fits on ``machine`` (empty: it fits already).
 
         ``fits(capacity, used, req)`` is the profile's fit test over rows of machines.

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cellpilot.array_types import IntpArray
 from cellpilot.schedule.cell import NUM_LEVELS, Cell
-from cellpilot.schedule.plugins import FitCheck, IntArray, Plugin, Request, register
+from cellpilot.schedule.plugins import FitCheck, Plugin, Request, register
 
 
 @register("preemptor", "lowest-priority-first")
@@ -24,7 +25,7 @@ class LowestPriorityFirst(Plugin):
     kind = "preemptor"
     name = "lowest-priority-first"
 
-    def victims(self, cell: Cell, req: Request, machine: int, fits: FitCheck) -> IntArray | None:
+    def victims(self, cell: Cell, req: Request, machine: int, fits: FitCheck) -> IntpArray | None:
         capacity = cell.capacity[machine][None, :]
         used = cell.below[machine, NUM_LEVELS][None, :]
         if fits(capacity, used, req)[0]:

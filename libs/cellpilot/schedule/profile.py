@@ -22,10 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cellpilot.array_types import BoolArray, FloatArray
 from cellpilot.schedule.composition import Level, Lexicographic, Weighted
 from cellpilot.schedule.filters import HardConstraints, ResourceFit
 from cellpilot.schedule.lifetime_aware.borg_scorers import LasScorer, LavaScorer, LifetimeSource
-from cellpilot.schedule.plugins import BoolArray, Filter, FloatArray, Preemptor, Request, Scorer, build_plugin
+from cellpilot.schedule.plugins import Filter, Preemptor, Request, Scorer, build_plugin
 from cellpilot.schedule.preemption import LowestPriorityFirst
 from cellpilot.schedule.scorers import (
     FailureDomainSpread,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
+from cellpilot.array_types import FloatArray
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
+from cellpilot.array_types import FloatArray
 
 RESOURCE_NAMES: tuple[str, ...] = ("cpu", "ram", "disk", "ports")
 NUM_RESOURCES = len(RESOURCE_NAMES)

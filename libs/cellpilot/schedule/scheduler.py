@@ -24,16 +24,34 @@ With all three off, every task evaluates every machine (the "naive" scheduler).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
+from cellpilot.array_types import BoolArray, FloatArray, IntpArray
 from cellpilot.schedule.cell import LIMIT, Cell
 from cellpilot.schedule.model import TaskShape, TaskSpec
-from cellpilot.schedule.plugins import BoolArray, FloatArray, IntArray, Request
+from cellpilot.schedule.plugins import Request
 from cellpilot.schedule.profile import Profile
 from cellpilot.schedule.resources import EPSILON, Resources
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+# A memo of compiled requests or channel vectors is emptied whole past this many entries.
+MEMO_LIMIT = 100_000
+
+
+def _memoised(memo: dict[K, V], key: K, compute: Callable[[], V]) -> V:
+    """``memo[key]``, computed on a miss; a memo that outgrew :data:`MEMO_LIMIT` starts over."""
+    value = memo.get(key)
+    if value is None:
+        if len(memo) > MEMO_LIMIT:
+            memo.clear()
+        value = memo[key] = compute()
+    return value
 
 
 @dataclass(frozen=True)
@@ -96,7 +114,7 @@ class _Pool:
 
     def __init__(self, req: Request, n_levels: int, start: int, machine_epoch: int, score_epoch: int) -> None:
         self.req = req
-        self.idx: IntArray = np.empty(0, dtype=np.intp)
+        self.idx: IntpArray = np.empty(0, dtype=np.intp)
         self.ver = np.empty(0, dtype=np.int64)
         self.feas: BoolArray = np.empty(0, dtype=bool)
         self.levels: FloatArray = np.empty((0, n_levels))
@@ -135,7 +153,7 @@ class Scheduler:
         self._requests: dict[TaskShape, Request] = {}
         self._amounts: dict[tuple[TaskShape, Resources], FloatArray] = {}
         self._cell_uid = -1
-        self._order: IntArray = np.empty(0, dtype=np.intp)
+        self._order: IntpArray = np.empty(0, dtype=np.intp)
         self._order_epoch = -1
 
     # ------------------------------------------------------------------ API
@@ -193,12 +211,7 @@ class Scheduler:
         cell.publish_anticipated_shape(total, sum(counts.values()))
 
     def _request(self, shape: TaskShape) -> Request:
-        req = self._requests.get(shape)
-        if req is None:
-            if len(self._requests) > 100_000:
-                self._requests.clear()
-            req = self._requests[shape] = Request.compile(shape)
-        return req
+        return _memoised(self._requests, shape, lambda: Request.compile(shape))
 
     def _place(self, cell: Cell, task: TaskSpec, now: float) -> Placement | Unschedulable:
         if task.task_id in cell.task_handle:
@@ -233,13 +246,7 @@ class Scheduler:
         """The task's channel vector; tasks of a job share it, so it is computed once."""
         if task.reservation is None:
             return req.amount
-        key = (task.shape, task.reservation)
-        amount = self._amounts.get(key)
-        if amount is None:
-            if len(self._amounts) > 100_000:
-                self._amounts.clear()
-            amount = self._amounts[key] = cell.task_amount(task)
-        return amount
+        return _memoised(self._amounts, (task.shape, task.reservation), lambda: cell.task_amount(task))
 
     def _pool_for(self, cell: Cell, task: TaskSpec) -> _Pool:
         key: Hashable = task.shape if self.config.equivalence_classes else task.task_id
@@ -295,7 +302,7 @@ class Scheduler:
         if stale.size:
             self._evaluate(cell, pool, req, stale)
 
-    def _evaluate(self, cell: Cell, pool: _Pool, req: Request, rows: IntArray) -> int:
+    def _evaluate(self, cell: Cell, pool: _Pool, req: Request, rows: IntpArray) -> int:
         machines = pool.idx[rows]
         ok = np.ones(rows.size, dtype=bool)
         for f in self.profile.filters:

@@ -23,20 +23,14 @@ from typing import ClassVar
 
 import numpy as np
 
+from cellpilot.array_types import FloatArray, IntpArray
 from cellpilot.schedule.cell import COUNT, NUM_LEVELS, Cell
-from cellpilot.schedule.plugins import MAX_SCORE, FloatArray, IntArray, Plugin, Request, register
+from cellpilot.schedule.plugins import MAX_SCORE, Plugin, Request, register
 from cellpilot.schedule.priority import prod_levels
 from cellpilot.schedule.resources import CPU, EPSILON
 
 
-def _weights(scorer: object, cpu: float, ram: float, disk: float, ports: float) -> None:
-    w = np.array([cpu, ram, disk, ports], dtype=np.float64)
-    if np.any(w < 0) or w.sum() <= 0:
-        raise ValueError("resource weights must be >= 0 and not all zero")
-    object.__setattr__(scorer, "_w", w / w.sum())
-
-
-def utilisation_after(cell: Cell, req: Request, machines: IntArray) -> tuple[FloatArray, FloatArray]:
+def utilisation_after(cell: Cell, req: Request, machines: IntpArray) -> tuple[FloatArray, FloatArray]:
     """Fractions of capacity in use before and after placing ``req`` (n, R), capped at 1."""
     inv = cell.inv_capacity[machines]
     before = cell.below[machines, NUM_LEVELS, req.basis] * inv
@@ -44,13 +38,12 @@ def utilisation_after(cell: Cell, req: Request, machines: IntArray) -> tuple[Flo
     return np.minimum(before, 1.0), after
 
 
-@register("scorer", "best-fit")
 @dataclass(frozen=True)
-class BestFit(Plugin):
-    """Mean weighted utilisation after placement: fullest machine first (§3.2)."""
+class _WeightedPacking(Plugin):
+    """A packing scorer's per-dimension weights, normalised to sum 1 in ``_w`` (CPU, RAM,
+    disk, ports order); subclasses check their own arguments before calling this
+    ``__post_init__``."""
 
-    kind = "scorer"
-    name = "best-fit"
     job_dependent: ClassVar[bool] = False
     cpu: float = 1.0
     ram: float = 1.0
@@ -59,9 +52,21 @@ class BestFit(Plugin):
     _w: FloatArray = field(init=False, repr=False, compare=False, default_factory=lambda: np.zeros(0))
 
     def __post_init__(self) -> None:
-        _weights(self, self.cpu, self.ram, self.disk, self.ports)
+        w = np.array([self.cpu, self.ram, self.disk, self.ports], dtype=np.float64)
+        if np.any(w < 0) or w.sum() <= 0:
+            raise ValueError("resource weights must be >= 0 and not all zero")
+        object.__setattr__(self, "_w", w / w.sum())
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+
+@register("scorer", "best-fit")
+@dataclass(frozen=True)
+class BestFit(_WeightedPacking):
+    """Mean weighted utilisation after placement: fullest machine first (§3.2)."""
+
+    kind = "scorer"
+    name = "best-fit"
+
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         inv = cell.inv_capacity[machines]
         after = np.minimum((cell.below[machines, NUM_LEVELS, req.basis] + req.limits) * inv, 1.0)
         return (MAX_SCORE * after) @ self._w
@@ -69,7 +74,7 @@ class BestFit(Plugin):
 
 @register("scorer", "worst-fit")
 @dataclass(frozen=True)
-class WorstFit(Plugin):
+class WorstFit(_WeightedPacking):
     """E-PVM-like (Amir et al., cited in Borg §3.2): minimise the increase of sum_r base^u_r.
 
     The increase is normalised by its largest possible value, sum_r w_r (base - 1),
@@ -78,20 +83,14 @@ class WorstFit(Plugin):
 
     kind = "scorer"
     name = "worst-fit"
-    job_dependent: ClassVar[bool] = False
     base: float = 16.0
-    cpu: float = 1.0
-    ram: float = 1.0
-    disk: float = 1.0
-    ports: float = 0.0
-    _w: FloatArray = field(init=False, repr=False, compare=False, default_factory=lambda: np.zeros(0))
 
     def __post_init__(self) -> None:
         if self.base <= 1.0:
             raise ValueError("worst-fit base must be > 1")
-        _weights(self, self.cpu, self.ram, self.disk, self.ports)
+        super().__post_init__()
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         u0, u1 = utilisation_after(cell, req, machines)
         increase = (np.power(self.base, u1) - np.power(self.base, u0)) @ self._w
         return MAX_SCORE * (1.0 - increase / (self.base - 1.0))
@@ -99,7 +98,7 @@ class WorstFit(Plugin):
 
 @register("scorer", "hybrid")
 @dataclass(frozen=True)
-class HybridStranding(Plugin):
+class HybridStranding(_WeightedPacking):
     """Best fit that also minimises stranded resources (Borg §3.2 "hybrid").
 
     After placement, let f_r be the free fraction of dimension r and s_r the
@@ -111,20 +110,14 @@ class HybridStranding(Plugin):
 
     kind = "scorer"
     name = "hybrid"
-    job_dependent: ClassVar[bool] = False
     stranding_weight: float = 1.0
-    cpu: float = 1.0
-    ram: float = 1.0
-    disk: float = 1.0
-    ports: float = 0.0
-    _w: FloatArray = field(init=False, repr=False, compare=False, default_factory=lambda: np.zeros(0))
 
     def __post_init__(self) -> None:
         if self.stranding_weight < 0:
             raise ValueError("stranding_weight must be >= 0")
-        _weights(self, self.cpu, self.ram, self.disk, self.ports)
+        super().__post_init__()
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         w = self._w
         counted = w > 0
         inv = cell.inv_capacity[machines]
@@ -161,7 +154,7 @@ class FailureDomainSpread(Plugin):
         if min(self.machine, self.rack, self.power) < 0 or self.machine + self.rack + self.power <= 0:
             raise ValueError("spread weights must be >= 0 and not all zero")
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         total = self.machine + self.rack + self.power
         if req.job < 0 or req.job >= len(cell.job_machine_counts):
             return np.full(machines.shape[0], MAX_SCORE)
@@ -179,7 +172,7 @@ class PackageLocality(Plugin):
     name = "packages"
     job_dependent: ClassVar[bool] = False
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         packages = req.shape.packages
         if not packages:
             return np.full(machines.shape[0], MAX_SCORE)
@@ -206,7 +199,7 @@ class PriorityMixing(Plugin):
     name = "mix-priorities"
     job_dependent: ClassVar[bool] = False
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         cpu = cell.below[machines, :, CPU]  # (n, levels + 1)
         total = cpu[:, NUM_LEVELS] + req.limits[CPU]
         prod = cpu[:, NUM_LEVELS] - cpu[:, _FIRST_PROD] + (req.limits[CPU] if req.prod else 0.0)
@@ -223,7 +216,7 @@ class SoftConstraints(Plugin):
     name = "soft-constraints"
     job_dependent: ClassVar[bool] = False
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         if not req.soft:
             return np.full(machines.shape[0], MAX_SCORE)
         total = sum(c.weight for c in req.soft)
@@ -248,7 +241,7 @@ class PreemptionCost(Plugin):
     name = "preemption-cost"
     job_dependent: ClassVar[bool] = False
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         free = cell.capacity[machines] - cell.below[machines, NUM_LEVELS, req.basis]
         deficit = req.limits - free
         needs = (deficit > EPSILON).any(axis=1)

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cellpilot.array_types import BoolArray, IntpArray
 from cellpilot.schedule.cell import LIMIT, Cell
 from cellpilot.schedule.model import Constraint, TaskSpec
-from cellpilot.schedule.plugins import BoolArray, IntArray, Request
+from cellpilot.schedule.plugins import Request
 from cellpilot.schedule.profile import Profile
 from cellpilot.schedule.resources import EPSILON, RESOURCE_NAMES, format_amount
 
@@ -109,7 +110,7 @@ def explain_pending(cell: Cell, task: TaskSpec, profile: Profile) -> PendingExpl
         return _explain_in_alloc(cell, task)
     req = Request.compile(task.shape)
     req.job = cell.job_codes.get(task.job, -1)
-    machines: IntArray = cell.alive_machines()
+    machines: IntpArray = cell.alive_machines()
     feasible = np.ones(machines.size, dtype=bool)
     excluded: dict[str, BoolArray] = {}
     for f in profile.filters:

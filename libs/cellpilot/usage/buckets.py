@@ -23,10 +23,8 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, IntpArray
 from cellpilot.usage.units import MILLICORES_PER_CORE
-
-FloatArray = npt.NDArray[np.float64]
-IndexArray = npt.NDArray[np.intp]
 
 
 class Resource(StrEnum):
@@ -76,7 +74,7 @@ class BucketScheme:
     def highest(self) -> float:
         return float(self.boundaries[-1])
 
-    def index_of(self, values: npt.ArrayLike) -> IndexArray:
+    def index_of(self, values: npt.ArrayLike) -> IntpArray:
         """Bucket index of each value (vectorised): k such that b[k-1] <= v < b[k].
 
         Negative values land in bucket 0; values >= the last boundary in the last bucket.

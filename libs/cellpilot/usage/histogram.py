@@ -19,10 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, Int32Array
 from cellpilot.usage.buckets import BucketScheme, lookup_scheme
-
-FloatArray = npt.NDArray[np.float64]
-Int32Array = npt.NDArray[np.int32]
+from cellpilot.usage.tagged_bytes import read_tagged_length
 
 DEFAULT_WINDOW_MS = 5 * 60 * 1000  # §3.2.1: "aggregates values over, typically, 5 minute windows"
 
@@ -31,11 +30,14 @@ _HEADER = struct.Struct("<4sH")  # magic, scheme id length
 _BODY = struct.Struct("<IqqI")  # scheme version, start_ms, window_ms, non-zero buckets
 
 
-def _check_window(start_ms: int, window_ms: int) -> None:
-    if window_ms <= 0:
+def _set_window(histogram: Histogram | SparseHistogram) -> None:
+    """Check a histogram's window and keep its bounds as plain ints."""
+    if histogram.window_ms <= 0:
         raise ValueError("window_ms must be positive")
-    if not isinstance(start_ms, int | np.integer):
+    if not isinstance(histogram.start_ms, int | np.integer):
         raise TypeError("start_ms must be an integer (event time in ms)")
+    object.__setattr__(histogram, "start_ms", int(histogram.start_ms))
+    object.__setattr__(histogram, "window_ms", int(histogram.window_ms))
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,15 +50,13 @@ class Histogram:
     counts: FloatArray
 
     def __post_init__(self) -> None:
-        _check_window(self.start_ms, self.window_ms)
+        _set_window(self)
         counts = np.array(self.counts, dtype=np.float64, copy=True)
         if counts.shape != (self.scheme.size,):
             raise ValueError(f"counts must have shape ({self.scheme.size},), got {counts.shape}")
         if np.any(~np.isfinite(counts)) or np.any(counts < 0.0):
             raise ValueError("counts must be finite and non-negative")
         counts.setflags(write=False)
-        object.__setattr__(self, "start_ms", int(self.start_ms))
-        object.__setattr__(self, "window_ms", int(self.window_ms))
         object.__setattr__(self, "counts", counts)
 
     @classmethod
@@ -146,7 +146,7 @@ class SparseHistogram:
     counts: FloatArray
 
     def __post_init__(self) -> None:
-        _check_window(self.start_ms, self.window_ms)
+        _set_window(self)
         indices = np.array(self.indices, dtype=np.int32, copy=True)
         counts = np.array(self.counts, dtype=np.float64, copy=True)
         if indices.ndim != 1 or indices.shape != counts.shape:
@@ -159,8 +159,6 @@ class SparseHistogram:
             raise ValueError("sparse counts must be finite and positive")
         indices.setflags(write=False)
         counts.setflags(write=False)
-        object.__setattr__(self, "start_ms", int(self.start_ms))
-        object.__setattr__(self, "window_ms", int(self.window_ms))
         object.__setattr__(self, "indices", indices)
         object.__setattr__(self, "counts", counts)
 
@@ -186,11 +184,7 @@ class SparseHistogram:
     def from_bytes(cls, data: bytes, schemes: Iterable[BucketScheme] = ()) -> SparseHistogram:
         """Inverse of :meth:`to_bytes`; ``schemes`` adds schemes beyond the built-in ones."""
         view = memoryview(data)
-        if len(view) < _HEADER.size:
-            raise ValueError("truncated histogram")
-        magic, id_len = _HEADER.unpack_from(view, 0)
-        if magic != _MAGIC:
-            raise ValueError("not a serialised histogram (bad magic)")
+        id_len = read_tagged_length(view, _HEADER, _MAGIC, "histogram")
         offset = _HEADER.size
         scheme_id = bytes(view[offset : offset + id_len]).decode()
         offset += id_len

@@ -28,12 +28,9 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, Int32Array, Int64Array
 from cellpilot.usage.buckets import BucketScheme, Resource
 from cellpilot.usage.histogram import DEFAULT_WINDOW_MS, Histogram
-
-FloatArray = npt.NDArray[np.float64]
-Int64Array = npt.NDArray[np.int64]
-Int32Array = npt.NDArray[np.int32]
 
 
 class SignalKind(StrEnum):
@@ -117,7 +114,7 @@ class WindowBatch:
         return self.select(closed), self.select(~closed)
 
 
-def _runs(*columns: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+def group_runs(*columns: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
     """Sort order of the rows of ``columns`` (lexicographic, first column most significant)
     and the start positions (in sorted order) of each run of equal rows."""
     order = np.lexsort(columns[::-1])
@@ -126,9 +123,9 @@ def _runs(*columns: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.intp], npt.ND
         return order, np.zeros(0, dtype=np.intp)
     change = np.zeros(n, dtype=bool)
     change[0] = True
-    for col in columns:
-        sorted_col = col[order]
-        change[1:] |= sorted_col[1:] != sorted_col[:-1]
+    for column in columns:
+        ordered = column[order]
+        change[1:] |= ordered[1:] != ordered[:-1]
     return order, np.flatnonzero(change)
 
 
@@ -141,7 +138,7 @@ def _from_entries(
     counts: FloatArray,
 ) -> WindowBatch:
     """Canonical batch from unsorted (key, start, bucket, count) entries; duplicates add up."""
-    order, heads = _runs(keys, starts, buckets)
+    order, heads = group_runs(keys, starts, buckets)
     summed = np.add.reduceat(counts[order], heads) if heads.size else np.zeros(0)
     k, s, b = keys[order][heads], starts[order][heads], buckets[order][heads]
     keep = summed > 0.0
@@ -210,7 +207,7 @@ def build_task_windows(
         buckets = scheme.index_of(vals).astype(np.int64)
         return _from_entries(scheme, window_ms, tasks, starts, buckets, np.ones(tasks.size))
     # PEAK: reduce each (task, window) to its maximum value first, then one count there.
-    order, heads = _runs(tasks, starts)
+    order, heads = group_runs(tasks, starts)
     peaks = np.maximum.reduceat(vals[order], heads)
     buckets = scheme.index_of(peaks).astype(np.int64)
     return _from_entries(
@@ -259,7 +256,7 @@ def build_job_windows(
     )
     if tasks.size == 0:
         return task_batch, task_batch
-    order, heads = _runs(tasks, jobs)
+    order, heads = group_runs(tasks, jobs)
     unique_tasks = tasks[order][heads]
     if np.any(unique_tasks[1:] == unique_tasks[:-1]):
         raise ValueError("a task id appears under more than one job id")
@@ -302,7 +299,7 @@ def merge_partial_windows(batch: WindowBatch, kind: SignalKind | None = None) ->
         return _from_entries(batch.scheme, batch.window_ms, keys, starts, buckets, batch.counts)
     if buckets.size == 0:
         return _empty(batch.scheme, batch.window_ms)
-    order, heads = _runs(keys, starts)
+    order, heads = group_runs(keys, starts)
     top = np.maximum.reduceat(buckets[order], heads)
     return _from_entries(
         batch.scheme, batch.window_ms, keys[order][heads], starts[order][heads], top, np.ones(heads.size)

@@ -48,9 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
+from cellpilot.array_types import BoolArray, FloatArray, Int64Array
 
 
 class KillReason(enum.IntEnum):
@@ -65,7 +63,7 @@ class TaskUsage:
     """The tasks to judge, struct-of-arrays (one entry per task, all arrays the same length)."""
 
     machine: npt.NDArray[np.intp]  # index of the task's machine in MachineCapacity arrays
-    priority: IntArray
+    priority: Int64Array
     cpu_millicores: FloatArray  # CPU the task demands (rate)
     memory_bytes: FloatArray  # memory the task uses
     cpu_limit_millicores: FloatArray  # 0 = no limit

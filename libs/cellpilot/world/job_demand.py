@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray
 from cellpilot.world.usage_models import (
     evaluate_usage,
     lognormal_factor,
@@ -45,9 +46,6 @@ from cellpilot.world.usage_models import (
     model_parameters,
     resolve_params,
 )
-
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
 
 # The job's random key is its seed mixed with this constant, apart from its tasks' keys (seed + i).
 JOB_KEY_SALT = 0x4A4F4244454D4E44  # "JOBDEMND"

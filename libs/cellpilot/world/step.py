@@ -26,14 +26,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import BoolArray, FloatArray, Int64Array, IntpArray
 from cellpilot.world.enforcement import KillReason, MachineCapacity, TaskUsage, enforce_limits
 from cellpilot.world.job_demand import JobDemand, split_demand
 from cellpilot.world.usage_models import evaluate_usage
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
-IndexArray = npt.NDArray[np.intp]
 
 
 @dataclass(frozen=True)
@@ -42,8 +38,8 @@ class UsageGroup:
 
     model: str
     params: Mapping[str, float]
-    rows: IndexArray
-    keys: IntArray  # seed + task index per task (the model's random key), as int64 bits
+    rows: IntpArray
+    keys: Int64Array  # seed + task index per task (the model's random key), as int64 bits
 
 
 @dataclass(frozen=True)
@@ -59,8 +55,8 @@ class DemandGroup:
 
     demand: JobDemand
     origin_s: float  # the job's origin (submission), event seconds: age effects count from it
-    rows: IndexArray
-    task_index: IntArray
+    rows: IntpArray
+    task_index: Int64Array
     routed_from_s: FloatArray
     other_weight: float = 0.0
 
@@ -69,8 +65,8 @@ class DemandGroup:
 class WorldTasks:
     """The running tasks of all machines, struct-of-arrays, sorted by machine."""
 
-    machine: IndexArray
-    priority: IntArray
+    machine: IntpArray
+    priority: Int64Array
     latency_sensitive: BoolArray  # Borg §6.2 appclass: served first under CPU contention
     cpu_limit: FloatArray  # 0 = none
     memory_limit: FloatArray  # 0 = none
@@ -82,7 +78,7 @@ class WorldTasks:
     memory_capacity: FloatArray  # per machine, bytes
     pressure_fraction: float
     # Rows of machine i are machine_bounds[i] .. machine_bounds[i + 1] - 1.
-    machine_bounds: IndexArray
+    machine_bounds: IntpArray
     cpu_capacity: FloatArray | None = None  # per machine, millicores; None = CPU capped at limits
     demands: tuple[DemandGroup, ...] = ()
 
@@ -91,7 +87,7 @@ class WorldTasks:
         return int(self.machine.shape[0])
 
     @staticmethod
-    def bounds(machine: IndexArray, machines: int) -> IndexArray:
+    def bounds(machine: IntpArray, machines: int) -> IntpArray:
         return np.searchsorted(machine, np.arange(machines + 1), side="left").astype(np.intp)
 
     @classmethod
@@ -178,11 +174,11 @@ class WorldKill:
 
 @dataclass(frozen=True)
 class WorldStep:
-    seconds: IntArray  # (k,) event seconds processed
+    seconds: Int64Array  # (k,) event seconds processed
     cpu: FloatArray  # (k, n) CPU used: granted to a modelled task, measured for a process
     cpu_demand: FloatArray  # (k, n) CPU asked for (base plus demand share; measured for a process)
     cpu_unmet: FloatArray  # (k, n) demand not served, millicores
-    memory: IntArray  # (k, n)
+    memory: Int64Array  # (k, n)
     throttled: BoolArray  # (k, n) some demand went unserved
     sampled: BoolArray  # (k, n) the task ran at that second (a sample is due)
     finished: tuple[tuple[int, int], ...]  # (row, second) modelled tasks that ran their duration
@@ -200,7 +196,7 @@ def _check_finite(cpu: FloatArray, memory: FloatArray) -> None:
         raise ValueError("it gave CPU or memory that is not a finite, non-negative number")
 
 
-def demand_of(table: WorldTasks, seconds: IntArray, measured: MeasuredUsage) -> tuple[
+def demand_of(table: WorldTasks, seconds: Int64Array, measured: MeasuredUsage) -> tuple[
     FloatArray, FloatArray, FloatArray, list[tuple[int, str]]
 ]:  # fmt: skip
     """(CPU (k, n), memory (k, n), unrouted CPU (k, groups), failed rows): what every task asks for."""
@@ -241,7 +237,7 @@ def demand_of(table: WorldTasks, seconds: IntArray, measured: MeasuredUsage) -> 
     return cpu, memory, unrouted, failed
 
 
-def step_world(table: WorldTasks, seconds: IntArray, measured: MeasuredUsage | None = None) -> WorldStep:
+def step_world(table: WorldTasks, seconds: Int64Array, measured: MeasuredUsage | None = None) -> WorldStep:
     """Demand, CPU sharing and OOM enforcement for each event second in ``seconds`` (ascending)."""
     k, n = int(seconds.shape[0]), table.size
     measured = measured or MeasuredUsage.none(n)

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
+from cellpilot.array_types import FloatArray, Int64Array
+
 ArrayLike = npt.ArrayLike
 
 MIB = float(1 << 20)
@@ -93,10 +93,10 @@ class Inputs:
     key: npt.NDArray[np.uint64]  # seed + task index
     t: FloatArray  # event time, seconds
     age: FloatArray  # seconds since the task started (>= 0)
-    second: IntArray  # whole event-second, the step of the per-second noise
+    second: Int64Array  # whole event-second, the step of the per-second noise
 
     @property
-    def zeros(self) -> IntArray:
+    def zeros(self) -> Int64Array:
         return np.zeros(self.key.shape, dtype=np.int64)
 
 
@@ -403,7 +403,7 @@ def evaluate_usage(
     task_index: ArrayLike,
     t_seconds: ArrayLike,
     start_seconds: ArrayLike = 0.0,
-) -> tuple[FloatArray, IntArray]:
+) -> tuple[FloatArray, Int64Array]:
     """CPU (millicores, float) and memory (bytes, rounded) of tasks at event times.
 
     ``task_index``, ``t_seconds`` and ``start_seconds`` broadcast together; the outputs have

@@ -23,12 +23,13 @@ from typing import Protocol
 
 import numpy as np
 
+from cellpilot.array_types import FloatArray, IntpArray
 from cellpilot.lifetimes.lifetime_classes import lifetime_class as lifetime_class_of
 from cellpilot.schedule.cell import LIMIT, NUM_LEVELS, Cell
 from cellpilot.schedule.lifetime_aware.lava import RANK_EMPTY, LavaHosts
 from cellpilot.schedule.lifetime_aware.lifetime_scores import MAX_TEMPORAL_COST, temporal_cost
 from cellpilot.schedule.lifetime_aware.policies import VmRequest
-from cellpilot.schedule.plugins import MAX_SCORE, FloatArray, IntArray, Request
+from cellpilot.schedule.plugins import MAX_SCORE, Request
 
 
 class _CellPool:
@@ -50,7 +51,7 @@ class _CellPool:
         return self.cell.capacity[: self.n]
 
     @property
-    def vm_count(self) -> IntArray:
+    def vm_count(self) -> IntpArray:
         return np.fromiter((len(t) for t in self.cell.machine_tasks), dtype=np.intp, count=self.n)
 
     @property
@@ -72,9 +73,9 @@ class LifetimeSource(Protocol):
     @property
     def now(self) -> float: ...
 
-    def machine_exit(self, machines: IntArray) -> FloatArray: ...
+    def machine_exit(self, machines: IntpArray) -> FloatArray: ...
 
-    def ranks(self, vm_class: int, machines: IntArray) -> IntArray: ...
+    def ranks(self, vm_class: int, machines: IntpArray) -> IntpArray: ...
 
 
 class CellLifetimes:
@@ -129,7 +130,7 @@ class CellLifetimes:
         self._stale.add(machine)
         self.hosts.removed(machine, handle, now)
 
-    def ranks(self, vm_class: int, machines: IntArray) -> IntArray:
+    def ranks(self, vm_class: int, machines: IntpArray) -> IntpArray:
         """LAVA's preference (§4.3) for a task of ``vm_class``; machines added to the cell after
         this was built rank as empty hosts."""
         out = np.full(machines.shape[0], RANK_EMPTY, dtype=np.int64)
@@ -137,7 +138,7 @@ class CellLifetimes:
         out[known] = self.hosts.ranks(vm_class, machines[known].astype(np.int64))
         return out
 
-    def machine_exit(self, machines: IntArray) -> FloatArray:
+    def machine_exit(self, machines: IntpArray) -> FloatArray:
         """Latest predicted exit per machine; ``now`` for machines without tracked tasks."""
         if self._machine_exit.shape[0] < self.cell.n_machines:
             grown = np.full(self.cell.n_machines, -np.inf)
@@ -152,33 +153,49 @@ class CellLifetimes:
 
 
 @dataclass(frozen=True)
-class LasScorer:
-    """LAS's temporal cost (§4.2) as a Borg scorer."""
+class _LifetimeLevel:
+    """A lifetime-aware scorer: 100 (1 - cost) with a cost in [0, 1] from the job's prediction;
+    a job with no prediction scores 100 everywhere, so the level never decides for it."""
 
     lifetimes: LifetimeSource
-    name: str = "las"
+    name: str = ""
     job_dependent: bool = True
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
-        remaining = self.lifetimes.job_remaining.get(req.job)
-        if remaining is None:
+    def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
+        prediction = self.prediction(req.job)
+        if prediction is None:
             return np.full(machines.shape[0], MAX_SCORE)
-        lt = self.lifetimes
-        cost = temporal_cost(lt.now + remaining, lt.machine_exit(machines))
-        return MAX_SCORE * (1.0 - cost / MAX_TEMPORAL_COST)
+        return MAX_SCORE * (1.0 - self.cost(prediction, machines))
+
+    def prediction(self, job: int) -> float | None:
+        raise NotImplementedError
+
+    def cost(self, prediction: float, machines: IntpArray) -> FloatArray:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
-class LavaScorer:
-    """LAVA's host preference (§4.3) as a Borg scorer."""
+class LasScorer(_LifetimeLevel):
+    """LAS's temporal cost (§4.2) as a Borg scorer; the prediction is the job's remaining lifetime."""
 
-    lifetimes: LifetimeSource
+    name: str = "las"
+
+    def prediction(self, job: int) -> float | None:
+        return self.lifetimes.job_remaining.get(job)
+
+    def cost(self, prediction: float, machines: IntpArray) -> FloatArray:
+        lt = self.lifetimes
+        return temporal_cost(lt.now + prediction, lt.machine_exit(machines)) / MAX_TEMPORAL_COST
+
+
+@dataclass(frozen=True)
+class LavaScorer(_LifetimeLevel):
+    """LAVA's host preference (§4.3) as a Borg scorer; the prediction is the job's lifetime class."""
+
     name: str = "lava"
-    job_dependent: bool = True
 
-    def score(self, cell: Cell, req: Request, machines: IntArray) -> FloatArray:
-        vm_class = self.lifetimes.job_class.get(req.job)
-        if vm_class is None:
-            return np.full(machines.shape[0], MAX_SCORE)
-        ranks = self.lifetimes.ranks(vm_class, machines)
-        return MAX_SCORE * (1.0 - ranks / RANK_EMPTY)
+    def prediction(self, job: int) -> float | None:
+        return self.lifetimes.job_class.get(job)
+
+    def cost(self, prediction: float, machines: IntpArray) -> FloatArray:
+        return self.lifetimes.ranks(int(prediction), machines) / RANK_EMPTY

@@ -11,11 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
+from cellpilot.array_types import BoolArray, FloatArray, Int64Array
 
 RESOURCE_NAMES = ("cores", "memory_gib", "ssd_gib")
 CORES, MEMORY, SSD = range(3)
@@ -67,5 +64,5 @@ class HostPool:
         if self.vm_count[host] == 0:
             self.used[host] = 0.0  # no rounding residue on an empty host
 
-    def utilisation(self, hosts: IntArray | int | slice = slice(None)) -> FloatArray:
+    def utilisation(self, hosts: Int64Array | int | slice = slice(None)) -> FloatArray:
         return self.used[hosts] / self.capacity[hosts]

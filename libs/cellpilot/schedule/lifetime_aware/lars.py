@@ -20,10 +20,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import numpy as np
-import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
+from cellpilot.array_types import FloatArray, Int64Array
 
 MIGRATION_SLOTS = 3  # §5.1: live migrations in progress at a time
 MIGRATION_SECONDS = 20 * 60.0  # §4.4: both hosts busy for a conservative 20 minutes
@@ -48,7 +46,7 @@ class MigrationRequests:
     requested: FloatArray  # when the VM's host started draining (s)
     exit: FloatArray  # when the VM actually exits (s)
     predicted_exit: FloatArray  # its predicted exit time when requested (s), for LARS
-    trace_rank: IntArray  # position in the baseline order
+    trace_rank: Int64Array  # position in the baseline order
 
     def __post_init__(self) -> None:
         n = self.requested.shape[0]

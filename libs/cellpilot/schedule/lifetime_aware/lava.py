@@ -35,14 +35,12 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, Int64Array
 from cellpilot.lifetimes.lifetime_classes import NUM_LIFETIME_CLASSES, class_upper
 from cellpilot.schedule.lifetime_aware.host_pool import CORES, MEMORY, HostPool
 from cellpilot.schedule.lifetime_aware.lifetime_ledger import LifetimeLedger
 from cellpilot.schedule.lifetime_aware.lifetime_scores import best_fit_cost, lexicographic_min, temporal_cost
 from cellpilot.schedule.lifetime_aware.policies import VmRequest
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 EMPTY, OPEN, RECYCLING = 0, 1, 2
 STATE_NAMES = ("empty", "open", "recycling")
@@ -56,8 +54,8 @@ RANK_EMPTY = NUM_LIFETIME_CLASSES + 1
 
 
 def lava_ranks(
-    vm_class: int, state: IntArray, host_class: IntArray, non_empty: npt.NDArray[np.bool_]
-) -> IntArray:
+    vm_class: int, state: Int64Array, host_class: Int64Array, non_empty: npt.NDArray[np.bool_]
+) -> Int64Array:
     """§4.3's host preference for a VM of ``vm_class`` (lower is preferred)."""
     rank = np.where(non_empty, RANK_NON_EMPTY, RANK_EMPTY).astype(np.int64)
     rank = np.where((state == OPEN) & (host_class == vm_class), RANK_OPEN_SAME, rank)
@@ -78,7 +76,7 @@ class PoolView(Protocol):
     def capacity(self) -> FloatArray: ...
 
     @property
-    def vm_count(self) -> IntArray: ...
+    def vm_count(self) -> Int64Array: ...
 
     @property
     def vms(self) -> Sequence[set[int]]: ...
@@ -101,7 +99,7 @@ class LavaHosts:
         self.reclassified_up_open = 0  # of which the host was still open
         self.turned_recycling = 0
 
-    def ranks(self, vm_class: int, hosts: IntArray) -> IntArray:
+    def ranks(self, vm_class: int, hosts: Int64Array) -> Int64Array:
         """§4.3's preference for a VM of lifetime class ``vm_class`` (lower is preferred)."""
         return lava_ranks(vm_class, self.state[hosts], self.host_class[hosts], self.pool.vm_count[hosts] > 0)
 
@@ -177,7 +175,7 @@ class Lava(LavaHosts):
         self.hosts_pool = pool
         self.ledger = ledger
 
-    def choose(self, vm: VmRequest, candidates: IntArray, now: float) -> int:
+    def choose(self, vm: VmRequest, candidates: Int64Array, now: float) -> int:
         self.advance(now)
         self.ledger.refresh(now)
         pool = self.hosts_pool

@@ -20,12 +20,9 @@ from __future__ import annotations
 import heapq
 
 import numpy as np
-import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, Int64Array
 from cellpilot.lifetimes.predictors import LifetimePredictor
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 
 class LifetimeLedger:
@@ -81,7 +78,7 @@ class LifetimeLedger:
         uptime = max(now - self.created[row], 0.0)
         return int(classify(np.array([row], dtype=np.int64), np.array([uptime]))[0])
 
-    def _record(self, rows: IntArray, exits: FloatArray, uptimes: FloatArray, now: float) -> None:
+    def _record(self, rows: Int64Array, exits: FloatArray, uptimes: FloatArray, now: float) -> None:
         self.exit[rows] = exits
         for r in rows.tolist():
             host = int(self.host_of[r])

@@ -16,8 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
+from cellpilot.array_types import FloatArray, Int64Array
 
 MINUTE = 60.0
 HOUR = 3600.0
@@ -25,7 +24,7 @@ LAS_BUCKETS = np.array([0, 30, 60, 90, 120, 180, 240, 360, 720, 1440, 10080], dt
 MAX_TEMPORAL_COST = LAS_BUCKETS.size - 1
 
 
-def temporal_cost(vm_exit: float | FloatArray, host_exit: FloatArray) -> IntArray:
+def temporal_cost(vm_exit: float | FloatArray, host_exit: FloatArray) -> Int64Array:
     """LAS temporal cost (§4.2) of putting a VM exiting at ``vm_exit`` on hosts exiting at ``host_exit``."""
     delta = np.maximum(np.asarray(vm_exit, dtype=np.float64) - host_exit, 0.0)
     return (np.searchsorted(LAS_BUCKETS, delta, side="right") - 1).astype(np.int64)

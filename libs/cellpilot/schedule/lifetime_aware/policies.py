@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, Int64Array
 from cellpilot.lifetimes.lifetime_classes import lifetime_class
 from cellpilot.schedule.lifetime_aware.host_pool import HostPool
 from cellpilot.schedule.lifetime_aware.lifetime_ledger import LifetimeLedger
@@ -35,9 +35,6 @@ from cellpilot.schedule.lifetime_aware.lifetime_scores import (
     lexicographic_min,
     temporal_cost,
 )
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 LA_BINARY_CUTOFF = 2.0 * HOUR  # §5.3: the same two-hour cutoff as the LA paper
 
@@ -65,7 +62,7 @@ class VmRequest:
 class PlacementPolicy(Protocol):
     name: str
 
-    def choose(self, vm: VmRequest, candidates: IntArray, now: float) -> int:
+    def choose(self, vm: VmRequest, candidates: Int64Array, now: float) -> int:
         """One host of ``candidates`` (feasible hosts, non-empty array)."""
         ...
 
@@ -95,7 +92,7 @@ class BestFit(_Stateless):
     def __init__(self, pool: HostPool) -> None:
         self.pool = pool
 
-    def choose(self, vm: VmRequest, candidates: IntArray, now: float) -> int:
+    def choose(self, vm: VmRequest, candidates: Int64Array, now: float) -> int:
         pool = self.pool
         fit = best_fit_cost(pool.capacity[candidates], pool.used[candidates], vm.demand)
         return int(candidates[lexicographic_min([fit])])
@@ -111,7 +108,7 @@ class LaBinary(_Stateless):
         self.ledger = ledger
         self.cutoff = cutoff
 
-    def ranks(self, vm: VmRequest, candidates: IntArray, now: float) -> IntArray:
+    def ranks(self, vm: VmRequest, candidates: Int64Array, now: float) -> Int64Array:
         """0: non-empty host of the VM's class; 1: other non-empty host; 2: empty host."""
         ledger = self.ledger
         vm_long = ledger.first_exit[vm.row] - ledger.created[vm.row] >= self.cutoff
@@ -119,7 +116,7 @@ class LaBinary(_Stateless):
         nonempty = self.pool.vm_count[candidates] > 0
         return np.where(nonempty, np.where(host_long == vm_long, 0, 1), 2).astype(np.int64)
 
-    def choose(self, vm: VmRequest, candidates: IntArray, now: float) -> int:
+    def choose(self, vm: VmRequest, candidates: Int64Array, now: float) -> int:
         pool = self.pool
         fit = best_fit_cost(pool.capacity[candidates], pool.used[candidates], vm.demand)
         return int(candidates[lexicographic_min([self.ranks(vm, candidates, now), fit])])
@@ -134,13 +131,13 @@ class Las(_Stateless):
         self.pool = pool
         self.ledger = ledger
 
-    def temporal_costs(self, vm: VmRequest, candidates: IntArray, now: float) -> IntArray:
+    def temporal_costs(self, vm: VmRequest, candidates: Int64Array, now: float) -> Int64Array:
         self.ledger.refresh(now)
         # An empty host "exits" now: the VM alone sets its exit time.
         host_exit = np.maximum(self.ledger.host_exit()[candidates], now)
         return temporal_cost(now + vm.remaining, host_exit)
 
-    def choose(self, vm: VmRequest, candidates: IntArray, now: float) -> int:
+    def choose(self, vm: VmRequest, candidates: Int64Array, now: float) -> int:
         pool = self.pool
         fit = best_fit_cost(pool.capacity[candidates], pool.used[candidates], vm.demand)
         return int(candidates[lexicographic_min([self.temporal_costs(vm, candidates, now), fit])])

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, Int64Array
 from cellpilot.evaluate.lava_diagnostics import ANY, ReplayDiagnostics, per_host_day, placement_reason
 from cellpilot.evaluate.lava_inflation import ShapeMix, shape_mix, stranding_pct
 from cellpilot.lifetimes.predictors import LifetimePredictor
@@ -41,9 +41,6 @@ from cellpilot.schedule.lifetime_aware.lars import (
 from cellpilot.schedule.lifetime_aware.lava import RANK_OPEN_SAME, Lava
 from cellpilot.schedule.lifetime_aware.lifetime_ledger import LifetimeLedger
 from cellpilot.schedule.lifetime_aware.policies import BestFit, LaBinary, Las, PlacementPolicy, VmRequest
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 POLICIES = ("best-fit", "la-binary", "las", "lava")
 LIFETIME_POLICIES = ("la-binary", "las", "lava")
@@ -109,9 +106,9 @@ class SimulationResult:
     stuck_migrations: int  # VMs that found no target host
     drain_rounds: int
     predictions: int
-    request_rows: IntArray  # the VM of each migration request ...
+    request_rows: Int64Array  # the VM of each migration request ...
     request_times: FloatArray  # ... when it was requested ...
-    request_ranks: IntArray  # ... and its rank in trace order
+    request_ranks: Int64Array  # ... and its rank in trace order
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

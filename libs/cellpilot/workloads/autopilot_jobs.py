@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.array_types import Float32Array, FloatArray
 from cellpilot.job_vocabulary import AppClass, LatencySensitivity, OomTolerance
 from cellpilot.recommend.policy import default_oom_tolerance
 from cellpilot.workloads.task_signals import (
@@ -57,10 +58,6 @@ from cellpilot.workloads.task_signals import (
     JobTraits,
     TaskSignal,
 )
-
-FloatArray = npt.NDArray[np.float64]
-F32 = npt.NDArray[np.float32]
-
 
 # The tolerances an override draws from, in the order the generator has always drawn them.
 OOM_TOLERANCES = (OomTolerance.MINIMAL, OomTolerance.LOW, OomTolerance.INTERMEDIATE)
@@ -186,7 +183,9 @@ def _rollouts(
 
 
 # (memory mean, memory peak, cpu mean, cpu peak, restarts, memory leak per window, job kind)
-_JobUsage = tuple[F32, F32, F32, F32, npt.NDArray[np.bool_], F32, str]
+_JobUsage = tuple[
+    Float32Array, Float32Array, Float32Array, Float32Array, npt.NDArray[np.bool_], Float32Array, str
+]
 
 
 def _job_usage(
@@ -307,7 +306,7 @@ def _batch_usage(
     return _job_usage(memory_mean, memory_peak, cpu_mean, cpu_peak, restart, np.zeros(slots), "batch")
 
 
-def _nominal_leak(restart: npt.NDArray[np.bool_], leak: F32) -> FloatArray:
+def _nominal_leak(restart: npt.NDArray[np.bool_], leak: Float32Array) -> FloatArray:
     """Leak growth per task-window if no OOM ever restarts a task: leak x windows since a restart."""
     t = restart.shape[0]
     index = np.where(restart, np.arange(t)[:, None], 0)
@@ -318,9 +317,9 @@ def _nominal_leak(restart: npt.NDArray[np.bool_], leak: F32) -> FloatArray:
 def _manual_limits(
     rng: np.random.Generator,
     model: ManualLimitModel,
-    memory_mean: F32,
+    memory_mean: Float32Array,
     memory_peak: FloatArray,
-    cpu_mean: F32,
+    cpu_mean: Float32Array,
 ) -> tuple[float, float, float]:
     """(hard-owner, soft-owner) memory limits and the CPU limit, set from the reference days."""
     reference = slice(0, model.reference_days * WINDOWS_PER_DAY)
@@ -375,7 +374,7 @@ def generate_job(config: AutopilotWorkloadConfig, job: int) -> JobSignals:
     )
     shape = mm.shape
 
-    def constant(value: float) -> F32:
+    def constant(value: float) -> Float32Array:
         return np.where(running, np.float32(value), np.float32(np.nan)).astype(np.float32)
 
     return JobSignals(

@@ -40,8 +40,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
+from cellpilot.array_types import FloatArray, Int64Array
 from cellpilot.job_vocabulary import AppClass, LatencySensitivity
 from cellpilot.recommend.policy import default_oom_tolerance
 from cellpilot.workloads.task_signals import (
@@ -53,9 +53,6 @@ from cellpilot.workloads.task_signals import (
     TaskSignal,
     group_tasks,
 )
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 
 TASK_USAGE_COLUMNS: tuple[str, ...] = (
     "start_time",
@@ -113,10 +110,10 @@ class MachineScale:
 class UsageRows:
     """Usage rows as columns (normalised units, times in µs), as the trace files hold them."""
 
-    start_us: IntArray
-    end_us: IntArray
-    job_id: IntArray
-    task_index: IntArray
+    start_us: Int64Array
+    end_us: Int64Array
+    job_id: Int64Array
+    task_index: Int64Array
     memory_mean: FloatArray
     memory_peak: FloatArray
     cpu_mean: FloatArray
@@ -133,11 +130,11 @@ class UsageRows:
 class EventRows:
     """Task events carrying requests (and the job's priority and scheduling class)."""
 
-    time_us: IntArray
-    job_id: IntArray
-    task_index: IntArray
-    priority: IntArray
-    scheduling_class: IntArray
+    time_us: Int64Array
+    job_id: Int64Array
+    task_index: Int64Array
+    priority: Int64Array
+    scheduling_class: Int64Array
     cpu_request: FloatArray  # NaN where the event carries none
     memory_request: FloatArray
 
@@ -158,9 +155,9 @@ class TaskWindows:
     task has a memory sample. NaN where none of the window's rows carried the value.
     """
 
-    job_id: IntArray
-    task_index: IntArray
-    window: IntArray
+    job_id: Int64Array
+    task_index: Int64Array
+    window: Int64Array
     memory_mean: FloatArray
     memory_peak: FloatArray
     cpu_mean: FloatArray
@@ -179,9 +176,9 @@ class TaskRequests:
     ``window`` is the grid window the event falls in (0 for events before the grid).
     """
 
-    job_id: IntArray
-    task_index: IntArray
-    window: IntArray
+    job_id: Int64Array
+    task_index: Int64Array
+    window: Int64Array
     cpu: FloatArray  # NaN where the event carries no CPU request
     memory: FloatArray
 
@@ -212,14 +209,14 @@ class TraceTasks:
         return kept
 
 
-def task_keys(job: IntArray, task: IntArray) -> IntArray:
+def task_keys(job: Int64Array, task: Int64Array) -> Int64Array:
     """One int64 per (job, task), ordered as (job, task) are."""
     if np.any((task < 0) | (task >= 1 << TASK_BITS)):
         raise ValueError("task index out of range")
     return np.asarray(job * (1 << TASK_BITS) + task, dtype=np.int64)
 
 
-def _forward_fill(values: FloatArray, segment_start: IntArray) -> FloatArray:
+def _forward_fill(values: FloatArray, segment_start: Int64Array) -> FloatArray:
     """Carries each non-NaN value forward, within its segment only (``segment_start`` per element)."""
     index = np.where(np.isnan(values), -1, np.arange(values.size))
     np.maximum.accumulate(index, out=index)
@@ -310,10 +307,10 @@ def assemble_tasks(windows: TaskWindows, requests: TaskRequests, scale: MachineS
 
 def job_traits(
     trace: str,
-    job_id: IntArray,
-    priority: IntArray,
-    scheduling_class: IntArray,
-    requested_tasks: IntArray,
+    job_id: Int64Array,
+    priority: Int64Array,
+    scheduling_class: Int64Array,
+    requested_tasks: Int64Array,
     task_memory_request: FloatArray,
 ) -> dict[int, JobTraits]:
     """Traits per job from its events: the highest priority and scheduling class any event

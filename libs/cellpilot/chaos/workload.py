@@ -20,9 +20,9 @@ from pathlib import Path
 
 from cellpilot.api.v1 import job_pb2, machine_pb2, state_pb2
 from cellpilot.chaos.chaos_run import ServicePorts
-from cellpilot.cli.job_spec_file import parse_job_spec
 from cellpilot.client import CellpilotClient, CellpilotError, RetryPolicy, SyncCellpilotClient
 from cellpilot.client.errors import InvalidArgumentError, NotFoundError
+from cellpilot.client.job_spec_file import parse_job_spec
 from cellpilot.demo import DEMO_USER, submit_demo_workload
 from cellpilot.security.identity import ADMIN
 from cellpilot.security.tls import SecuritySettings

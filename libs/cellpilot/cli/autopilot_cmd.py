@@ -19,7 +19,6 @@ from rich.table import Table
 
 from cellpilot.api.v1 import autopilot_pb2, job_pb2, recommendation_pb2, resources_pb2
 from cellpilot.cli.job import job_id, quantity
-from cellpilot.cli.job_spec_file import RECOMMENDERS
 from cellpilot.cli.output import (
     DEFAULT_AUTOPILOT,
     DEFAULT_BORGMASTER,
@@ -34,6 +33,7 @@ from cellpilot.cli.output import (
     print_json,
 )
 from cellpilot.client import SyncCellpilotClient, UnavailableError
+from cellpilot.client.job_spec_file import RECOMMENDERS
 from cellpilot.client.wording import amount, cores, enum_label, gib, recommender_name, why
 
 app = typer.Typer(

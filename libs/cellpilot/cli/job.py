@@ -1,6 +1,6 @@
 """``cellpilot job submit|list|show|kill|update|why-pending``: jobs at the live Borgmaster.
 
-cellpilot job submit web.yaml            # a YAML spec (cellpilot.cli.job_spec_file)
+cellpilot job submit web.yaml            # a YAML spec (cellpilot.client.job_spec_file)
 cellpilot job list [--user alice] [--state running] [--json]
 cellpilot job show alice/web [--json]
 cellpilot job update alice/web --tasks 5 --cpu 750m --memory 2Gi
@@ -20,7 +20,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from cellpilot.api.v1 import borgmaster_pb2, job_pb2, resources_pb2, state_pb2
-from cellpilot.cli import job_spec_file
 from cellpilot.cli.output import (
     DEFAULT_BORGMASTER,
     BorgmasterOption,
@@ -34,6 +33,7 @@ from cellpilot.cli.output import (
     state_filter,
 )
 from cellpilot.cli.text_file import TextFileError, read_text_file
+from cellpilot.client import job_spec_file
 from cellpilot.client.wording import autopilot_modes, cores, enum_label, gib
 
 app = typer.Typer(help="Submit, inspect, change and kill jobs (Borg §2).", no_args_is_help=True)

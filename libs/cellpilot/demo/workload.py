@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cellpilot.api.v1 import borgmaster_pb2, job_pb2, resources_pb2, state_pb2
-from cellpilot.cli.job_spec_file import parse_job_spec
 from cellpilot.client import SyncCellpilotClient
+from cellpilot.client.job_spec_file import parse_job_spec
 
 DEMO_USER = "demo"
 

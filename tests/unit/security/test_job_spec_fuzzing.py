@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cellpilot.api.v1 import job_pb2
-from cellpilot.cli.job_spec_file import JobSpecError, parse_job_spec
+from cellpilot.client.job_spec_file import JobSpecError, parse_job_spec
 
 VALID = """\
 name: web

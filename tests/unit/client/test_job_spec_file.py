@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cellpilot.api.v1 import job_pb2
-from cellpilot.cli.job_spec_file import JobSpecError, parse_job_spec
+from cellpilot.client.job_spec_file import JobSpecError, parse_job_spec
 
 VALID = """\
 name: web

@@ -1,10 +1,10 @@
-"""Job spec files with a shared demand and a health check (cellpilot.cli.job_spec_file)."""
+"""Job spec files with a shared demand and a health check (cellpilot.client.job_spec_file)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cellpilot.cli.job_spec_file import JobSpecError, parse_job_spec
+from cellpilot.client.job_spec_file import JobSpecError, parse_job_spec
 
 HEAD = """
 name: web

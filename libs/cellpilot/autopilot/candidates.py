@@ -85,7 +85,10 @@ _ML = BUILTIN_RECOMMENDERS.index(RecommenderKind.ML)
 NO_TIME = -1
 # The unit of the ML ensemble's additive margins (eq. 7), in the histograms' unit per resource:
 # one core (in millicores) and one GiB (in bytes).
-ML_MARGIN_UNITS: dict[Resource, float] = {Resource.CPU: float(MILLICORES_PER_CORE), Resource.MEMORY: float(GIB)}
+ML_MARGIN_UNITS: dict[Resource, float] = {
+    Resource.CPU: float(MILLICORES_PER_CORE),
+    Resource.MEMORY: float(GIB),
+}
 
 
 @dataclass(frozen=True)

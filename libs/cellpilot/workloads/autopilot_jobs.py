@@ -219,7 +219,10 @@ def _serving_usage(
         np.clip(config.memory_median_bytes * np.exp(rng.normal(0.0, config.memory_sigma)), 64 * MIB, 48 * GIB)
         * size
     )
-    cpu_base = np.clip(config.cpu_median_millicores * np.exp(rng.normal(0.0, config.cpu_sigma)), 10.0, 32_000.0) * size
+    cpu_base = (
+        np.clip(config.cpu_median_millicores * np.exp(rng.normal(0.0, config.cpu_sigma)), 10.0, 32_000.0)
+        * size
+    )
     peak_hour = rng.uniform(0.0, 1.0)
     wave = np.cos(2.0 * np.pi * (grid.day % 1.0 - peak_hour))
     growth = np.exp(rng.normal(0.003, 0.01) * (grid.day - grid.day[0]))
@@ -271,7 +274,9 @@ def _batch_usage(
     memory_base = np.clip(
         config.memory_median_bytes * np.exp(rng.normal(0.0, config.memory_sigma)), 64 * MIB, 48 * GIB
     )
-    cpu_base = np.clip(config.cpu_median_millicores * np.exp(rng.normal(0.0, config.cpu_sigma)), 10.0, 32_000.0)
+    cpu_base = np.clip(
+        config.cpu_median_millicores * np.exp(rng.normal(0.0, config.cpu_sigma)), 10.0, 32_000.0
+    )
     mean_life = rng.uniform(24.0, 144.0)  # 2-12 hours, in windows
     instances = int(t / 6) + 2
     life = np.maximum(6, rng.exponential(mean_life, size=(slots, instances)).astype(np.int64))

@@ -269,4 +269,6 @@ def test_a_checkpoint_under_the_legacy_cores_scheme_reads_in_millicores() -> Non
     np.testing.assert_array_equal(restored.open.cpu.counts, state.open.cpu.counts)
     np.testing.assert_array_equal(restored.open.cpu.buckets, state.open.cpu.buckets)
     for name in ("cpu_sum", "cpu_max", "cpu_unmet_sum"):
-        np.testing.assert_allclose(getattr(restored.open.stats, name), getattr(state.open.stats, name), rtol=1e-12)
+        np.testing.assert_allclose(
+            getattr(restored.open.stats, name), getattr(state.open.stats, name), rtol=1e-12
+        )

@@ -47,5 +47,7 @@ def test_a_histogram_under_the_legacy_cores_scheme_is_read_in_the_millicore_sche
     )
     record = Record("usage.histograms", 0, 0, "alice/web", message.SerializeToString(), (), 0)
     got = histogram_in(record, RecommenderConfig())
-    assert got.counts[120] == 3.0 and got.counts[130] == 1.0 and got.counts.sum() == 4.0
+    assert got.counts[120] == 3.0
+    assert got.counts[130] == 1.0
+    assert got.counts.sum() == 4.0
     assert got.mean_total_usage == 1500.0

@@ -37,7 +37,7 @@ from cellpilot.usage.buckets import (
 from cellpilot.usage.histogram import SparseHistogram
 from cellpilot.usage.windows import WindowBatch
 
-# The wire's CPU unit (millicores) per the scheme's (cores): cellpilot.usage.units.
+# The wire's CPU unit (millicores) per the scheme's (cores): cellpilot.units.
 CPU_WIRE_PER_SCHEME = wire_per_scheme_unit(Resource.CPU)
 
 RESOURCE_CODES: dict[Resource, int] = {

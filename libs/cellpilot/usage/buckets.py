@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cellpilot.array_types import FloatArray, IntpArray
-from cellpilot.usage.units import MILLICORES_PER_CORE
+from cellpilot.units import MILLICORES_PER_CORE, TIB
 
 
 class Resource(StrEnum):
@@ -144,8 +144,6 @@ def geometric_scheme(
     return BucketScheme(scheme_id, version, resource, unit, bounds)
 
 
-TIB = 2**40
-
 # CPU in cores: 1 milli-core .. 512 cores in 400 buckets, a constant relative width of
 # 512000 ** (1/399) - 1 = 3.35 % (the issue asks for <= 5 % and >= 256 cores; §2.3 notes
 # Borg expresses CPU in milli-cores, so 1 milli-core is the finest meaningful unit).
@@ -184,5 +182,5 @@ def lookup_scheme(scheme_id: str, version: int, extra: Iterable[BucketScheme] = 
 
 def wire_per_scheme_unit(resource: Resource) -> float:
     """From the scheme's unit (CPU in cores, memory in bytes) to the wire's (millicores, bytes):
-    :mod:`cellpilot.usage.units`."""
+    :mod:`cellpilot.units`."""
     return float(MILLICORES_PER_CORE) if resource is Resource.CPU else 1.0

@@ -32,7 +32,8 @@ from cellpilot.borg.poll_diff import MachineReport, ReportedEvent, ReportedTask,
 from cellpilot.borg.restart_backoff import RestartPolicy
 from cellpilot.borg.scheduling_view import SchedulingView
 from cellpilot.job_vocabulary import AppClass, MemoryLimitKind, PriorityBand
-from cellpilot.schedule import GIB, Resources
+from cellpilot.schedule import Resources
+from cellpilot.units import GIB
 
 FIGURES = [
     "borgmaster.crashloop.log_records_per_s",

@@ -25,7 +25,8 @@ from cellpilot.borg.mutations import LifetimeModelTrained, LogRecord, Mutation, 
 from cellpilot.borg.scheduling_view import SchedulingView
 from cellpilot.borg.task_lifetimes import LifetimeHistory, TrainedModel, train_lifetime_model
 from cellpilot.job_vocabulary import AppClass, PriorityBand
-from cellpilot.schedule import GIB, Resources, SchedulerConfig, default_profile
+from cellpilot.schedule import Resources, SchedulerConfig, default_profile
+from cellpilot.units import GIB
 
 FIGURES = ["lava.live.best_fit_pass_s", "lava.live.lava_pass_s", "lava.live.pass_vs_best_fit"]
 MACHINES, RUNNING_JOBS, PENDING_JOBS, TASKS_PER_JOB = 500, 200, 200, 10

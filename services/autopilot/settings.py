@@ -12,8 +12,7 @@ from pydantic_settings import SettingsConfigDict
 
 from cellpilot.autopilot.selection import AutoMl
 from cellpilot.platform.settings import BORGMASTER_ADDRESSES, AddressList, MeteredReplicaSettings
-
-GIB = 1 << 30
+from cellpilot.units import GIB
 
 
 class AutopilotSettings(MeteredReplicaSettings):

@@ -29,6 +29,13 @@ from cellpilot.borg.lifecycle import TaskEvent
 from cellpilot.borglet.desired_set import diff_desired
 from cellpilot.borglet.fleet_ticks import JobRouting, MachineShape, build_table, run_ticks
 from cellpilot.borglet.machine_agent import MachineAgent
+from cellpilot.borglet.step_outcomes import (
+    KILL_EXIT_CODE,
+    KILL_REASON_TEXT,
+    TaskEnding,
+    latest_usage,
+    task_endings,
+)
 from cellpilot.borglet.task_record import (
     Limits,
     Phase,
@@ -47,8 +54,6 @@ from cellpilot_services.borglet.sample_publisher import SamplePublisher
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
-
-KILL_EXIT_CODE = -int(signal.SIGKILL)
 
 
 class StaleIncarnationError(Exception):
@@ -281,12 +286,11 @@ class Fleet:
         counted = f"cgroup memory.events oom_kill {handle.oom_kills}"
         if record.plan.hard_memory_limit and limit > 0:
             return (
-                f"{_REASON_TEXT[KillReason.HARD_LIMIT]}: killed by the kernel at memory.max {limit} B "
+                f"{KILL_REASON_TEXT[KillReason.HARD_LIMIT]}: killed by the kernel at memory.max {limit} B "
                 f"(peak {handle.memory_peak} B; {counted})"
             )
-        return (
-            f"{_REASON_TEXT[KillReason.MACHINE_OUT_OF_MEMORY]}: killed by the kernel's OOM killer ({counted})"
-        )
+        reason = KILL_REASON_TEXT[KillReason.MACHINE_OUT_OF_MEMORY]
+        return f"{reason}: killed by the kernel's OOM killer ({counted})"
 
     async def stop_task(
         self,
@@ -455,67 +459,51 @@ class Fleet:
         return count
 
     def _apply(self, snapshot: _Snapshot, result: WorldStep) -> None:
-        sampled = result.sampled
-        if sampled.shape[0]:
-            any_sampled = np.asarray(sampled.any(axis=0)).tolist()
-            last = sampled.shape[0] - 1 - np.argmax(sampled[::-1], axis=0)
-            cols = np.arange(sampled.shape[1])
-            cpu = result.cpu[last, cols].tolist()
-            memory = result.memory[last, cols].tolist()
-            throttled = result.throttled[last, cols].tolist()
-            unmet = result.cpu_unmet[last, cols].tolist()
-            for row, record in enumerate(snapshot.rows):
-                if any_sampled[row]:
-                    record.cpu_millicores = cpu[row]
-                    record.memory_bytes = memory[row]
-                    record.cpu_throttled = throttled[row]
-                    record.cpu_unmet_millicores = unmet[row]
-        for row, second in result.finished:
-            record = snapshot.rows[row]
+        for usage in latest_usage(result):
+            record = snapshot.rows[usage.row]
+            record.cpu_millicores = usage.cpu_millicores
+            record.memory_bytes = usage.memory_bytes
+            record.cpu_throttled = usage.cpu_throttled
+            record.cpu_unmet_millicores = usage.cpu_unmet_millicores
+        for ending in task_endings(snapshot.rows, result, self.last_second):
+            record = snapshot.rows[ending.row]
+            if record.phase is not Phase.RUNNING:  # already ended earlier in this step
+                continue
             machine = self.machines[record.machine_id]
-            if record.phase is Phase.RUNNING:
-                runtime = record.plan.runtime
-                assert isinstance(runtime, SimulatedPlan)
-                detail = f"ran its {runtime.duration_seconds} s"
+            if ending.event is TaskEvent.FAILED:
+                self._fail(machine, record, ending.detail, ending.cause_id, ending.at_ms)
+            elif ending.event is TaskEvent.OOM:
+                assert ending.memory_bytes is not None
+                record.memory_bytes = ending.memory_bytes
+                attributes = {
+                    "cellpilot.cause_id": ending.cause_id,
+                    "cellpilot.machine_id": record.machine_id,
+                }
+                with tracer.start_as_current_span("borglet oom kill", attributes=attributes):
+                    self._oom_kill(machine, record, ending)
+            else:
                 self._exited(
                     machine,
                     record,
-                    TaskEvent.FINISHED,
-                    0,
-                    detail,
-                    f"finish:{record.plan.name}",
-                    second * 1000,
+                    ending.event,
+                    ending.exit_code,
+                    ending.detail,
+                    ending.cause_id,
+                    ending.at_ms,
                 )
-        for row, reason in result.failed:
-            record = snapshot.rows[row]
-            if record.phase is Phase.RUNNING:
-                second = int(result.seconds[0]) if result.seconds.size else self.last_second
-                machine = self.machines[record.machine_id]
-                self._fail(machine, record, reason, f"usage:{record.plan.name}:{second}", second * 1000)
-        for kill in result.kills:
-            record = snapshot.rows[kill.row]
-            machine = self.machines[record.machine_id]
-            if record.phase is not Phase.RUNNING:
-                continue
-            record.memory_bytes = int(kill.memory_bytes)
-            cause = f"oom:{record.machine_id}:{record.plan.name}:{kill.second}"
-            detail = f"{_REASON_TEXT[kill.reason]}: {kill.detail}"
-            attributes = {"cellpilot.cause_id": cause, "cellpilot.machine_id": record.machine_id}
-            with tracer.start_as_current_span("borglet oom kill", attributes=attributes):
-                self._oom_kill(machine, record, cause, detail, kill.second)
         for machine in self.machine_list:
             machine.memory_pressure = bool(result.memory_pressure[machine.index])
         if self.publisher is not None:
             self.publisher.add(SampleChunk(snapshot.table, snapshot.identities, result))
 
-    def _oom_kill(
-        self, machine: MachineAgent, record: TaskRecord, cause: str, detail: str, second: int
-    ) -> None:
+    def _oom_kill(self, machine: MachineAgent, record: TaskRecord, kill: TaskEnding) -> None:
         """Kill a task for memory (Autopilot §2.3): at once if simulated; SIGKILL to a process."""
         if record.simulated:
-            self._exited(machine, record, TaskEvent.OOM, KILL_EXIT_CODE, detail, cause, second * 1000)
+            self._exited(
+                machine, record, TaskEvent.OOM, kill.exit_code, kill.detail, kill.cause_id, kill.at_ms
+            )
         elif isinstance(record.process, ProcessHandle):
-            self._kill_now(record, TaskEvent.OOM, detail, cause, second * 1000)
+            self._kill_now(record, TaskEvent.OOM, kill.detail, kill.cause_id, kill.at_ms)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Step through event time until ``stop``: meter processes, sample, enforce, publish."""
@@ -554,10 +542,3 @@ class Fleet:
 
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-
-
-_REASON_TEXT = {
-    KillReason.HARD_LIMIT: "OOM: hard memory limit exceeded",
-    KillReason.SOFT_LIMIT_PRESSURE: "OOM: over soft memory limit under machine memory pressure",
-    KillReason.MACHINE_OUT_OF_MEMORY: "OOM: machine out of memory",
-}

@@ -12,9 +12,8 @@ from pydantic import Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from cellpilot.platform.settings import AddressList, ServiceSettings
+from cellpilot.units import GIB
 from cellpilot_services.borglet.task_sandbox import MINIMAL_PATH
-
-GIB = 1 << 30
 
 
 class BorgletSettings(ServiceSettings):

@@ -27,13 +27,13 @@ from matplotlib import dates as mdates  # the Figure API below needs no pyplot a
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from cellpilot.units import GIB, MILLICORES_PER_CORE
 from cellpilot_services.dashboard import models
 
 # Ids of clip paths are hashes salted with this (a random salt by default), so that the same
 # data draws the same SVG and a refreshing page swaps only the charts that changed.
 matplotlib.rcParams["svg.hashsalt"] = "cellpilot-dashboard"
 
-GIB = float(1 << 30)
 ROWS = 240  # vertical resolution of the heatmap raster
 RECOMMENDER_COLOURS = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff7f0e")
 
@@ -44,7 +44,7 @@ def time_number(ms: int) -> float:
 
 
 def scale_of(resource: str) -> tuple[float, str]:
-    return (1000.0, "CPU (cores)") if resource == "cpu" else (GIB, "memory (GiB)")
+    return (float(MILLICORES_PER_CORE), "CPU (cores)") if resource == "cpu" else (float(GIB), "memory (GiB)")
 
 
 def _highest_used(grid: models.Heatmap) -> float:

@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from html import escape
 
+from cellpilot.units import GIB
 from cellpilot_services.dashboard import models
-
-GIB = float(1 << 30)
 
 
 @dataclass(frozen=True)

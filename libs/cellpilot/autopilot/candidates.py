@@ -61,8 +61,8 @@ from cellpilot.recommend.post_processing import (
     initial_window_max,
     update_window_max,
 )
+from cellpilot.units import GIB, MILLICORES_PER_CORE
 from cellpilot.usage.buckets import BucketScheme, Resource, default_scheme
-from cellpilot.usage.units import GIB, MILLICORES_PER_CORE
 
 WINDOW_STATISTICS: dict[RecommenderKind, Statistic] = {
     RecommenderKind.MOVING_WINDOW_MAX: Statistic.MAX,

@@ -42,8 +42,8 @@ from cellpilot.autopilot.candidates import (
 from cellpilot.job_vocabulary import HorizontalStatistic
 from cellpilot.recommend.horizontal import CpuSourceState
 from cellpilot.recommend.unmet_demand import RaiseForUnmetDemand
+from cellpilot.units import MILLICORES_PER_CORE
 from cellpilot.usage.buckets import Resource
-from cellpilot.usage.units import MILLICORES_PER_CORE
 
 NO_TIME = -1
 RESOURCES = (Resource.CPU, Resource.MEMORY)

@@ -38,8 +38,8 @@ from cellpilot.lifetimes.features import NUM_FEATURES
 from cellpilot.lifetimes.lifetime_classes import LIFETIME_CLASS_UPPER, NUM_LIFETIME_CLASSES, lifetime_class
 from cellpilot.lifetimes.predictors import DEFAULT_CLASS_RISK, estimate_lifetimes
 from cellpilot.schedule.lifetime_aware.lars import MigrationOrder, migration_key
+from cellpilot.units import GIB
 
-GIB = float(1 << 30)
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 OWNER_CODES = 4096  # users hashed into this many categories (stable across replicas and restarts)

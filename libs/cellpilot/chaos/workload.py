@@ -27,8 +27,8 @@ from cellpilot.demo import DEMO_USER, submit_demo_workload
 from cellpilot.security.identity import ADMIN
 from cellpilot.security.tls import SecuritySettings
 from cellpilot.security.tokens import load_signer
+from cellpilot.units import GIB
 
-GIB = 1 << 30
 PROBE_JOB = f"{DEMO_USER}/web-fat"
 PROBE_LIMITS = (4000, 4 * GIB)  # what web-fat asks for; Autopilot takes it to ~0.5 core / ~370 MiB
 TOKEN_TTL_S = 24 * 3600

@@ -35,8 +35,9 @@ from cellpilot.borg.scheduling_view import SchedulingView
 from cellpilot.cli.text_file import TextFileError, read_text_file
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.platform.store_outage import POSTGRES, describe, store_of
-from cellpilot.schedule import GIB, default_profile
+from cellpilot.schedule import default_profile
 from cellpilot.security.store_secrets import FAUXMASTER_ACCOUNT, StoreSecretError
+from cellpilot.units import GIB
 
 app = typer.Typer(
     help="The Borgmaster's checkpoint: replay it, query it, schedule offline.", no_args_is_help=True

@@ -13,7 +13,8 @@ import codecs
 import stat
 from pathlib import Path
 
-MIB = 1 << 20
+from cellpilot.units import MIB
+
 SNIFF_BYTES = 64 * 1024  # how much of a large file is checked before another reader streams it
 
 _KINDS = (

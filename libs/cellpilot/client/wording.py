@@ -10,9 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from cellpilot.api.v1 import job_pb2, recommendation_pb2, resources_pb2
-
-GIB = 1 << 30
-MIB = 1 << 20
+from cellpilot.units import GIB, MIB
 
 
 def enum_label(enum: Any, value: int, prefix: str) -> str:

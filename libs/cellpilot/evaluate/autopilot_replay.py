@@ -64,8 +64,8 @@ from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner
 from cellpilot.evaluate.vpa import VpaConfig
 from cellpilot.job_vocabulary import AppClass
 from cellpilot.recommend.ml_ensemble import EnsembleConfig
+from cellpilot.units import GIB
 from cellpilot.usage.buckets import Resource
-from cellpilot.usage.units import GIB
 from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig, generate_job, task_counts
 from cellpilot.workloads.task_signals import WINDOW_MS, WINDOWS_PER_DAY, JobSignals
 

@@ -13,11 +13,11 @@ import numpy as np
 import numpy.typing as npt
 
 from cellpilot.recommend.horizontal import raw_task_count
+from cellpilot.units import MIB
 from cellpilot.world.job_demand import DemandSeries, JobDemand
 
 FloatArray = npt.NDArray[np.float64]
 DAY_S = 86_400
-MIB = float(1 << 20)
 DECIDERS = ("autopilot-cpu", "autopilot-target-size", "hpa", "bound", "fixed-peak", "fixed-mean")
 AUTOPILOT = ("autopilot-cpu", "autopilot-target-size")
 BOUND_FACTOR_GOAL = 1.3

@@ -48,6 +48,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.units import MIB
+
 FloatArray = npt.NDArray[np.float64]
 Int64Array = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -55,7 +57,6 @@ IntpArray = npt.NDArray[np.intp]
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
-MIB = float(1 << 20)
 _MAX_EXPONENT = 50.0  # re-base the decay reference before weights grow past 2**50
 
 
@@ -96,7 +97,7 @@ class VpaHistogramOptions:
 
 
 MEMORY_HISTOGRAM = VpaHistogramOptions(first_bucket=1e7, max_value=1e12)
-# CPU in millicores (cellpilot.usage.units): 0.01 cores .. 1000 cores.
+# CPU in millicores (cellpilot.units): 0.01 cores .. 1000 cores.
 CPU_HISTOGRAM = VpaHistogramOptions(first_bucket=10.0, max_value=1_000_000.0)
 
 

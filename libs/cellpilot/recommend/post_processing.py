@@ -19,8 +19,8 @@ import numpy.typing as npt
 
 from cellpilot.array_types import FloatArray, Int64Array
 from cellpilot.recommend.job_arrays import JobArrays
+from cellpilot.units import GIB, MILLICORES_PER_CORE
 from cellpilot.usage.buckets import Resource
-from cellpilot.usage.units import GIB, MILLICORES_PER_CORE
 
 MINUTE_MS = 60 * 1000
 HOUR_MS = 60 * MINUTE_MS

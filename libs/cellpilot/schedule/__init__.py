@@ -27,7 +27,7 @@ from cellpilot.schedule.priority import NUM_PRIORITIES, band_of, is_prod, may_pr
 from cellpilot.schedule.profile import Profile, build_profile, default_profile, packing_profile
 from cellpilot.schedule.quota import Admitted, QuotaBook, Rejected
 from cellpilot.schedule.reservation import ReclamationParams, initial_reservation, next_reservation
-from cellpilot.schedule.resources import GIB, RESOURCE_NAMES, Resources
+from cellpilot.schedule.resources import RESOURCE_NAMES, Resources
 from cellpilot.schedule.scheduler import (
     PassResult,
     Placement,
@@ -49,7 +49,6 @@ from cellpilot.schedule.scorers import (
 from cellpilot.schedule.why_pending import PendingExplanation, RequestChange, explain_pending
 
 __all__ = [
-    "GIB",
     "NUM_PRIORITIES",
     "RESOURCE_NAMES",
     "Admitted",

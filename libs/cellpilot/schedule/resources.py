@@ -15,14 +15,12 @@ import numpy as np
 import numpy.typing as npt
 
 from cellpilot.array_types import FloatArray
+from cellpilot.units import GIB
 
 RESOURCE_NAMES: tuple[str, ...] = ("cpu", "ram", "disk", "ports")
 NUM_RESOURCES = len(RESOURCE_NAMES)
 CPU, RAM, DISK, PORTS = range(NUM_RESOURCES)
 UNITS: tuple[str, ...] = ("milli-cores", "bytes", "bytes", "ports")
-
-GIB = float(2**30)
-MIB = float(2**20)
 
 # Comparisons of resource sums tolerate this much rounding (in each dimension's unit).
 EPSILON = 1e-6

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cellpilot.array_types import FloatArray, IntpArray
-from cellpilot.usage.units import MILLICORES_PER_CORE
+from cellpilot.units import MILLICORES_PER_CORE, TIB
 
 
 class Resource(StrEnum):
@@ -144,9 +144,7 @@ def geometric_scheme(
     return BucketScheme(scheme_id, version, resource, unit, bounds)
 
 
-TIB = 2**40
-
-# CPU in millicores (the unit of the wire and of every core module, cellpilot.usage.units):
+# CPU in millicores (the unit of the wire and of every core module, cellpilot.units):
 # 1 millicore .. 512 cores in 400 buckets, a constant relative width of
 # 512000 ** (1/399) - 1 = 3.35 % (the issue asks for <= 5 % and >= 256 cores; §2.3 notes
 # Borg expresses CPU in milli-cores, so 1 milli-core is the finest meaningful unit).

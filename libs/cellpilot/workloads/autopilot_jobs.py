@@ -48,10 +48,9 @@ import numpy.typing as npt
 from cellpilot.array_types import Float32Array, FloatArray
 from cellpilot.job_vocabulary import AppClass, LatencySensitivity, OomTolerance
 from cellpilot.recommend.policy import default_oom_tolerance
+from cellpilot.units import GIB, MIB
 from cellpilot.workloads.task_signals import (
     DAY_MS,
-    GIB,
-    MIB,
     WINDOW_MS,
     WINDOWS_PER_DAY,
     JobSignals,

@@ -44,10 +44,9 @@ import numpy as np
 from cellpilot.array_types import FloatArray, Int64Array
 from cellpilot.job_vocabulary import AppClass, LatencySensitivity
 from cellpilot.recommend.policy import default_oom_tolerance
-from cellpilot.usage.units import MILLICORES_PER_CORE
+from cellpilot.units import GIB, MILLICORES_PER_CORE
 from cellpilot.workloads.task_signals import (
     CPU_DECILES,
-    GIB,
     WINDOW_MS,
     JobSignals,
     JobTraits,

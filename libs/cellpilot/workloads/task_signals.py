@@ -43,8 +43,6 @@ BoolArray = npt.NDArray[np.bool_]
 WINDOW_MS = 300_000  # §3.2.1 / §4.1.1: 5-minute aggregation windows
 WINDOWS_PER_DAY = 288  # §4.1.1: metrics per calendar day
 DAY_MS = WINDOW_MS * WINDOWS_PER_DAY
-GIB = float(1 << 30)
-MIB = float(1 << 20)
 CPU_DECILES = 11  # 2019 traces: CPU usage at percentiles 0, 10, ..., 100 of each window
 
 

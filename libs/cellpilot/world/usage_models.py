@@ -45,11 +45,10 @@ import numpy as np
 import numpy.typing as npt
 
 from cellpilot.array_types import FloatArray, Int64Array
+from cellpilot.units import GIB, MIB
 
 ArrayLike = npt.ArrayLike
 
-MIB = float(1 << 20)
-GIB = float(1 << 30)
 DAY_SECONDS = 86_400.0
 
 # Stream ids: independent random sequences for each purpose, so adding one never shifts another.

@@ -30,8 +30,8 @@ from cellpilot.platform.kafka import MessageProducer
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.platform.topics import Topic
 from cellpilot.stack import StackEndpoints
+from cellpilot.units import GIB
 from cellpilot.usage.buckets import Resource
-from cellpilot.usage.units import GIB
 from cellpilot_services.aggregator.aggregator_service import Aggregator
 from cellpilot_services.aggregator.settings import AggregatorSettings
 from cellpilot_services.recommender.settings import RecommenderSettings

@@ -29,8 +29,8 @@ from cellpilot.platform.kafka import DEADLETTER_TOPIC, MessageProducer
 from cellpilot.platform.redis_client import reply_bytes, reply_text
 from cellpilot.stack import StackEndpoints
 from cellpilot.stack.config import free_port
+from cellpilot.units import GIB
 from cellpilot.usage.buckets import Resource
-from cellpilot.usage.units import GIB
 
 W = 300_000
 T0 = 5_666_666 * W

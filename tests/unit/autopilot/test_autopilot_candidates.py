@@ -24,8 +24,8 @@ from cellpilot.recommend.ml_ensemble import EnsembleConfig, ModelGrid, initial_e
 from cellpilot.recommend.moving_window import initial_window_state, update_window
 from cellpilot.recommend.policy import evaluate_statistics
 from cellpilot.recommend.post_processing import initial_window_max, update_window_max
+from cellpilot.units import GIB
 from cellpilot.usage.buckets import Resource
-from cellpilot.usage.units import GIB
 
 FIVE_MIN = 300_000
 SMALL_GRID = EnsembleConfig(grid=ModelGrid.product((0.5, 0.05), (0.0, 0.1)))

@@ -36,8 +36,8 @@ from cellpilot.job_vocabulary import (
     RecommenderKind,
     ScalingMode,
 )
+from cellpilot.units import GIB
 from cellpilot.usage.buckets import Resource
-from cellpilot.usage.units import GIB
 
 MIN = 60_000
 ON = VerticalConfig(ScalingMode.ON)

@@ -14,8 +14,8 @@ from cellpilot.autopilot.job_recommendations import (
     apply_horizontal_settings,
 )
 from cellpilot.job_vocabulary import HorizontalStatistic
+from cellpilot.units import GIB
 from cellpilot.usage.buckets import Resource
-from cellpilot.usage.units import GIB
 
 W = 300_000
 CONFIG = RecommenderConfig()

@@ -12,8 +12,8 @@ from cellpilot.autopilot.job_recommendations import (
     apply_histograms,
     apply_ooms,
 )
+from cellpilot.units import GIB
 from cellpilot.usage.buckets import Resource
-from cellpilot.usage.units import GIB
 
 W = 300_000
 CONFIG = RecommenderConfig()

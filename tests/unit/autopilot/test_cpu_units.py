@@ -1,4 +1,4 @@
-"""CPU in millicores gives the recommendations CPU in cores gave, times 1000 (cellpilot.usage.units).
+"""CPU in millicores gives the recommendations CPU in cores gave, times 1000 (cellpilot.units).
 
 The cores set-up is what the recommenders ran before the change: the legacy cores scheme, the
 margin curve's breakpoints at 1 and 64 cores, the ML ensemble's additive margins in units of

@@ -40,8 +40,8 @@ from cellpilot.autopilot.job_recommendations import (
     apply_horizontal_settings,
 )
 from cellpilot.job_vocabulary import HorizontalStatistic
+from cellpilot.units import GIB
 from cellpilot.usage.buckets import MEMORY_SCHEME, Resource, default_scheme
-from cellpilot.usage.units import GIB
 from cellpilot.world.job_demand import JobDemand
 from cellpilot.world.step import WorldTasks, step_world
 from cellpilot.world.usage_models import resolve_params

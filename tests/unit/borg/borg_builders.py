@@ -11,7 +11,8 @@ from cellpilot.borg.model import AutopilotConfig, Constraint, JobSpec, MachineSp
 from cellpilot.borg.mutations import LogRecord, Mutation, to_records
 from cellpilot.borg.scheduling_view import Plan, SchedulingView
 from cellpilot.job_vocabulary import AppClass, PriorityBand
-from cellpilot.schedule import GIB, Resources
+from cellpilot.schedule import Resources
+from cellpilot.units import GIB
 
 
 def job_spec(

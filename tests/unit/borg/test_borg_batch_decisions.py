@@ -11,7 +11,8 @@ from cellpilot.borg.batch_decisions import BatchDecider, footprint
 from cellpilot.borg.decisions import Accepted, Command, KillJob, Result, SetQuota, SubmitJob, UpdateJob
 from cellpilot.borg.rejection import Code, Rejection
 from cellpilot.job_vocabulary import PriorityBand
-from cellpilot.schedule import GIB, Resources
+from cellpilot.schedule import Resources
+from cellpilot.units import GIB
 
 
 def _master(quota_cores: float = 10) -> Master:

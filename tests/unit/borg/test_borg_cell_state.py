@@ -21,7 +21,8 @@ from cellpilot.borg.mutations import (
 from cellpilot.borg.poll_diff import machines_down
 from cellpilot.borg.scheduling_view import SchedulingView
 from cellpilot.job_vocabulary import PriorityBand
-from cellpilot.schedule import GIB, Resources
+from cellpilot.schedule import Resources
+from cellpilot.units import GIB
 
 
 def _busy_master() -> Master:

@@ -22,7 +22,8 @@ from cellpilot.job_vocabulary import (
     RecommenderKind,
     ScalingMode,
 )
-from cellpilot.schedule import GIB, Resources
+from cellpilot.schedule import Resources
+from cellpilot.units import GIB
 from cellpilot_services.borgmaster import checkpoint_codec, convert
 
 

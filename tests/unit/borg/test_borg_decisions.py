@@ -31,7 +31,8 @@ from cellpilot.borg.model import (
 from cellpilot.borg.mutations import JobSubmitted, TaskStateChanged
 from cellpilot.borg.rejection import Code, Rejection
 from cellpilot.job_vocabulary import AppClass, ConstraintKind, ConstraintOperator, PriorityBand, ScalingMode
-from cellpilot.schedule import GIB, Resources
+from cellpilot.schedule import Resources
+from cellpilot.units import GIB
 
 
 def _master(machines: int = 2, quota_cores: float = 100) -> Master:

@@ -20,7 +20,8 @@ from cellpilot.borg.poll_diff import (
     machines_down,
 )
 from cellpilot.job_vocabulary import PriorityBand
-from cellpilot.schedule import GIB, Resources
+from cellpilot.schedule import Resources
+from cellpilot.units import GIB
 
 
 def _one_running_task() -> tuple[Master, str, int]:

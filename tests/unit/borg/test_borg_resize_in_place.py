@@ -14,7 +14,7 @@ from cellpilot.borg.lifecycle import TaskEvent, TaskState
 from cellpilot.borg.model import MachineAvailability
 from cellpilot.borg.mutations import TaskStateChanged
 from cellpilot.job_vocabulary import PriorityBand
-from cellpilot.schedule import GIB
+from cellpilot.units import GIB
 
 PROD, BATCH = 9, 2
 

@@ -21,7 +21,8 @@ from cellpilot.borg.poll_diff import MachineReport, ReportedEvent, ReportedTask,
 from cellpilot.borg.records import TaskRecord
 from cellpilot.borg.restart_backoff import RestartPolicy, avoided_machines, restart_backoff
 from cellpilot.job_vocabulary import PriorityBand
-from cellpilot.schedule import GIB, Resources
+from cellpilot.schedule import Resources
+from cellpilot.units import GIB
 from cellpilot_services.borgmaster import checkpoint_codec
 
 POLICY = RestartPolicy()

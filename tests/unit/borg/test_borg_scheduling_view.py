@@ -12,7 +12,7 @@ from cellpilot.borg.mutations import TaskScheduled, TaskStateChanged
 from cellpilot.borg.pending_reasons import explain
 from cellpilot.borg.scheduling_view import allocate_ports
 from cellpilot.job_vocabulary import ConstraintKind, ConstraintOperator, PriorityBand
-from cellpilot.schedule import GIB
+from cellpilot.units import GIB
 
 ATTRS = {
     "a": (("arch", "x86_64"), ("ssd", "true"), ("gen", "3")),

@@ -11,7 +11,8 @@ from cellpilot.borg.lifecycle import JobState
 from cellpilot.borg.model import AutopilotConfig, JobSpec, TaskSpec, VerticalScaling
 from cellpilot.borg.records import JobRecord, TaskRecord
 from cellpilot.job_vocabulary import MemoryLimitKind, ScalingMode
-from cellpilot.schedule import GIB, Resources
+from cellpilot.schedule import Resources
+from cellpilot.units import GIB
 from cellpilot_services.borgmaster.convert import desired_out, job_spec_out
 
 

@@ -20,8 +20,9 @@ from cellpilot.evaluate.autopilot_replay import (
     run_study,
 )
 from cellpilot.evaluate.replay_machines import CellModel
+from cellpilot.units import GIB
 from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig, generate_job, task_counts
-from cellpilot.workloads.task_signals import GIB, WINDOWS_PER_DAY, JobSignals, JobTraits
+from cellpilot.workloads.task_signals import WINDOWS_PER_DAY, JobSignals, JobTraits
 
 DAYS = 2
 T = DAYS * WINDOWS_PER_DAY

@@ -10,8 +10,8 @@ import pytest
 
 from cellpilot.autopilot.job_recommendations import HistogramInput, RecommenderConfig, apply_histograms
 from cellpilot.recommend.unmet_demand import RaiseForUnmetDemand
+from cellpilot.units import GIB
 from cellpilot.usage.buckets import Resource
-from cellpilot.usage.units import GIB
 
 W = 300_000
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from cellpilot.job_vocabulary import AppClass
-from cellpilot.schedule import GIB, Cell, Constraint, MachineSpec, Resources, TaskShape, TaskSpec
+from cellpilot.schedule import Cell, Constraint, MachineSpec, Resources, TaskShape, TaskSpec
 from cellpilot.schedule.cell import LIMIT, NUM_LEVELS, RESERVATION
+from cellpilot.units import GIB
 
 
 def machine(

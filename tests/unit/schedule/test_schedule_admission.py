@@ -8,7 +8,7 @@ from schedule_builders import shape
 from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.schedule import Admitted, JobSpec, QuotaBook, Rejected, Resources, band_of, may_preempt
 from cellpilot.schedule.priority import is_prod
-from cellpilot.schedule.resources import GIB
+from cellpilot.units import GIB
 
 
 @pytest.mark.parametrize(

@@ -21,10 +21,11 @@ from cellpilot.traces.google import (
     read_google2011,
     read_google2019,
 )
+from cellpilot.units import GIB
 from cellpilot.workloads.autopilot_jobs import AutopilotWorkloadConfig, generate_jobs
 from cellpilot.workloads.google_trace_lines import google2011_lines, google2019_lines
 from cellpilot.workloads.google_traces import TRACE_START_US, EventRows, MachineScale
-from cellpilot.workloads.task_signals import GIB, WINDOWS_PER_DAY
+from cellpilot.workloads.task_signals import WINDOWS_PER_DAY
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "libs" / "cellpilot" / "workloads" / "data"

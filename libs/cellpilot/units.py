@@ -18,3 +18,4 @@ MILLICORES_PER_CORE = 1000
 KIB = 1 << 10
 MIB = 1 << 20
 GIB = 1 << 30
+TIB = 1 << 40

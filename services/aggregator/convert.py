@@ -221,41 +221,41 @@ def stored_task_windows(rows: Sequence[Any], window_ms: int) -> tuple[TaskWindow
 
 
 def job_histogram_rows(jobs: JobWindows, job_ids: Sequence[str]) -> list[tuple[Any, ...]]:
-    """Rows of ``usage_job_histograms`` (column order of :data:`JOB_HISTOGRAM_COLUMNS`)."""
+    """Rows of ``usage_job_histograms`` (column order of :data:`JOB_HISTOGRAM_COLUMNS`), one per
+    job window and resource; values in the resource's unit (millicores, bytes) as the windows hold them."""
     rows: list[tuple[Any, ...]] = []
     window_ms = jobs.cpu.window_ms
     for row in range(len(jobs)):
         job_id = job_ids[int(jobs.keys[row])]
         start = int(jobs.start_ms[row])
         common = (int(jobs.samples[row]), int(jobs.task_count[row]))
-        rows.append(
+        # (resource, histograms, peak, mean total, throttled samples, mean total unmet demand)
+        signals = (
             (
-                job_id,
-                RESOURCE_CODES[Resource.CPU],
-                start,
-                start + window_ms,
-                _sparse_bytes(jobs.cpu, row),
-                float(jobs.cpu_peak[row]),
-                float(jobs.cpu_mean_total[row]),
-                *common,
-                int(jobs.throttled[row]),
-                float(jobs.cpu_unmet_mean_total[row]),
-            )
+                Resource.CPU,
+                jobs.cpu,
+                jobs.cpu_peak,
+                jobs.cpu_mean_total,
+                jobs.throttled[row],
+                jobs.cpu_unmet_mean_total[row],
+            ),
+            (Resource.MEMORY, jobs.memory, jobs.memory_peak, jobs.memory_mean_total, 0, 0.0),
         )
-        rows.append(
-            (
-                job_id,
-                RESOURCE_CODES[Resource.MEMORY],
-                start,
-                start + window_ms,
-                _sparse_bytes(jobs.memory, row),
-                float(jobs.memory_peak[row]),
-                float(jobs.memory_mean_total[row]),
-                *common,
-                0,
-                0.0,
+        for resource, histograms, peak, mean_total, throttled, unmet in signals:
+            rows.append(
+                (
+                    job_id,
+                    RESOURCE_CODES[resource],
+                    start,
+                    start + window_ms,
+                    _sparse_bytes(histograms, row),
+                    float(peak[row]),
+                    float(mean_total[row]),
+                    *common,
+                    int(throttled),
+                    float(unmet),
+                )
             )
-        )
     return rows
 
 

@@ -116,8 +116,8 @@ def window_loop_update(
         raw = max(stats[Statistic.P60], 0.5 * stats[Statistic.MAX])
     else:
         raw = stats[Statistic(statistic)]
-    # Safety margin: 15 % up to 1 core, 10 % from 64 cores, log-linear between.
-    position = min(max(math.log(max(raw, 1.0)) / math.log(64.0), 0.0), 1.0)
+    # Safety margin: 15 % up to 1 core (1000 millicores), 10 % from 64 cores, log-linear between.
+    position = min(max(math.log(max(raw, 1000.0) / 1000.0) / math.log(64.0), 0.0), 1.0)
     value = raw * (1.0 + 0.15 - 0.05 * position)
     # Max over the last hour in 5-minute slots.
     current = t // slot_ms

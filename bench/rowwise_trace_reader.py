@@ -271,7 +271,7 @@ def build_tasks_rowwise(usage: UsageRows, events: EventRows, scale: MachineScale
         dec = None
         if deciles is not None:
             dec = np.full((span, CPU_DECILES), np.nan)
-            dec[idx] = deciles[lo:hi] * scale.cpu_cores
+            dec[idx] = deciles[lo:hi] * scale.cpu_millicores
         tasks.append(
             TaskSignal(
                 job_id=job,
@@ -279,10 +279,10 @@ def build_tasks_rowwise(usage: UsageRows, events: EventRows, scale: MachineScale
                 first_window=first,
                 memory_mean=series(mm, scale.memory_bytes),
                 memory_peak=series(mp, scale.memory_bytes),
-                cpu_mean=series(cm, scale.cpu_cores),
-                cpu_peak=series(cp, scale.cpu_cores),
+                cpu_mean=series(cm, scale.cpu_millicores),
+                cpu_peak=series(cp, scale.cpu_millicores),
                 memory_limit=memory_limit * scale.memory_bytes,
-                cpu_limit=cpu_limit * scale.cpu_cores,
+                cpu_limit=cpu_limit * scale.cpu_millicores,
                 cpu_deciles=dec,
             )
         )

@@ -1,13 +1,15 @@
 """The unit of every quantity, defined once.
 
-On the wire (every ``*.proto``), in the Borgmaster's core and in the Autopilot master: CPU in
-millicores (Borg §2.3: "CPU in milli-cores"), memory and disk in bytes, times in milliseconds.
-The usage histograms and the recommenders that read them (:mod:`cellpilot.usage.buckets`,
-:mod:`cellpilot.recommend`, :mod:`cellpilot.autopilot.candidates`) hold CPU in cores, the
-unit the bucket scheme's boundaries and the ML margins (Autopilot §3.2.3, eq. 7) are stated
-in; :func:`cellpilot.usage.buckets.wire_per_scheme_unit` is the one conversion between the
-two, used where samples enter the histograms and where recommendations leave them. Cores and
-GiB for people are a matter for the CLI and the dashboard.
+CPU is in millicores end to end (Borg §2.3: "CPU in milli-cores"): on the wire (every
+``*.proto``), in the Borgmaster's core, in the usage histograms (:data:`CPU_SCHEME
+<cellpilot.usage.buckets.CPU_SCHEME>` is a millicore scheme), in every recommender that reads
+them (:mod:`cellpilot.recommend`, :mod:`cellpilot.autopilot`), in the Autopilot master, the
+simulated world and the workload models. Memory and disk are in bytes, times in milliseconds.
+Parameters stated per core or per GiB (the ML ensemble's additive margins, Autopilot §3.2.3
+eq. 7; the margin curve's breakpoints) are converted once, where they are configured, with
+the constants below. Cores and GiB for people are a matter for the CLI, the dashboard and
+the study reports. Histograms stored under the old cores scheme are re-labelled on read
+(:data:`cellpilot.usage.buckets.LEGACY_SCHEMES`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The aggregator's one meeting place of wire types and core types.
 
 * Kafka ``usage.samples`` records (UsageSampleBatch, CPU and unmet CPU demand in millicores)
-  -> the core's :class:`~cellpilot.autopilot.event_windows.SampleChunk` (in the CPU scheme's
-  cores);
+  -> the core's :class:`~cellpilot.autopilot.event_windows.SampleChunk` (millicores too);
 * closed task windows and job sums -> rows of the history tables (millicores, bytes);
 * stored rows -> UsageHistogram / TaskUsageWindow messages of the Monitoring API and of
   Kafka ``usage.histograms``.
@@ -32,13 +31,9 @@ from cellpilot.usage.buckets import (
     BucketScheme,
     Resource,
     lookup_scheme,
-    wire_per_scheme_unit,
 )
 from cellpilot.usage.histogram import SparseHistogram
 from cellpilot.usage.windows import WindowBatch
-
-# The wire's CPU unit (millicores) per the scheme's (cores): cellpilot.units.
-CPU_WIRE_PER_SCHEME = wire_per_scheme_unit(Resource.CPU)
 
 RESOURCE_CODES: dict[Resource, int] = {
     Resource.CPU: resources_pb2.RESOURCE_CPU,
@@ -56,7 +51,7 @@ class DecodedBatch:
 
 
 def decode_samples(batch: usage_pb2.UsageSampleBatch, registry: TaskRegistry) -> DecodedBatch:
-    """One pass over the samples; CPU millicores -> cores; malformed samples are dropped."""
+    """One pass over the samples; malformed samples are dropped."""
     key = registry.key
     rows = [
         (
@@ -75,9 +70,9 @@ def decode_samples(batch: usage_pb2.UsageSampleBatch, registry: TaskRegistry) ->
         )
         return DecodedBatch(batch.machine_id, batch.batch_sequence, empty, 0)
     task, time_ms, cpu, memory, throttled, unmet = zip(*rows, strict=True)
-    cpu_arr = np.asarray(cpu, dtype=np.float64) / CPU_WIRE_PER_SCHEME
+    cpu_arr = np.asarray(cpu, dtype=np.float64)
     memory_arr = np.asarray(memory, dtype=np.float64)
-    unmet_arr = np.asarray(unmet, dtype=np.float64) / CPU_WIRE_PER_SCHEME
+    unmet_arr = np.asarray(unmet, dtype=np.float64)
     valid = (
         np.isfinite(cpu_arr) & (cpu_arr >= 0) & (memory_arr >= 0) & np.isfinite(unmet_arr) & (unmet_arr >= 0)
     )
@@ -120,11 +115,11 @@ def task_window_rows(closed: ClosedWindows, partition: int) -> list[tuple[Any, .
             memory_buckets[row],
             int(stats.samples[row]),
             int(stats.throttled[row]),
-            float(stats.cpu_sum[row]) * CPU_WIRE_PER_SCHEME,
-            float(stats.cpu_max[row]) * CPU_WIRE_PER_SCHEME,
+            float(stats.cpu_sum[row]),
+            float(stats.cpu_max[row]),
             float(stats.memory_sum[row]),
             float(stats.memory_max[row]),
-            float(stats.cpu_unmet_sum[row]) * CPU_WIRE_PER_SCHEME,
+            float(stats.cpu_unmet_sum[row]),
         )
         for row in range(len(windows))
     ]
@@ -195,9 +190,9 @@ def stored_task_windows(rows: Sequence[Any], window_ms: int) -> tuple[TaskWindow
         counts.append(sparse.counts)
         columns["samples"].append(int(row["sample_count"]))
         columns["throttled"].append(int(row["throttled_count"]))
-        columns["cpu_sum"].append(float(row["cpu_sum_millicores"]) / CPU_WIRE_PER_SCHEME)
-        columns["cpu_max"].append(float(row["cpu_max_millicores"]) / CPU_WIRE_PER_SCHEME)
-        columns["cpu_unmet_sum"].append(float(row["cpu_unmet_sum_millicores"]) / CPU_WIRE_PER_SCHEME)
+        columns["cpu_sum"].append(float(row["cpu_sum_millicores"]))
+        columns["cpu_max"].append(float(row["cpu_max_millicores"]))
+        columns["cpu_unmet_sum"].append(float(row["cpu_unmet_sum_millicores"]))
         memory_sum.append(float(row["memory_sum_bytes"]))
         memory_max.append(float(row["memory_max_bytes"]))
     key_arr = np.asarray(keys, dtype=np.int64)
@@ -226,42 +221,41 @@ def stored_task_windows(rows: Sequence[Any], window_ms: int) -> tuple[TaskWindow
 
 
 def job_histogram_rows(jobs: JobWindows, job_ids: Sequence[str]) -> list[tuple[Any, ...]]:
-    """Rows of ``usage_job_histograms`` (column order of :data:`JOB_HISTOGRAM_COLUMNS`)."""
+    """Rows of ``usage_job_histograms`` (column order of :data:`JOB_HISTOGRAM_COLUMNS`), one per
+    job window and resource; values in the resource's unit (millicores, bytes) as the windows hold them."""
     rows: list[tuple[Any, ...]] = []
     window_ms = jobs.cpu.window_ms
     for row in range(len(jobs)):
         job_id = job_ids[int(jobs.keys[row])]
         start = int(jobs.start_ms[row])
         common = (int(jobs.samples[row]), int(jobs.task_count[row]))
-        rows.append(
+        # (resource, histograms, peak, mean total, throttled samples, mean total unmet demand)
+        signals = (
             (
-                job_id,
-                RESOURCE_CODES[Resource.CPU],
-                start,
-                start + window_ms,
-                _sparse_bytes(jobs.cpu, row),
-                # The windows are in cores (the CPU scheme's unit); the wire is in millicores.
-                float(jobs.cpu_peak[row]) * CPU_WIRE_PER_SCHEME,
-                float(jobs.cpu_mean_total[row]) * CPU_WIRE_PER_SCHEME,
-                *common,
-                int(jobs.throttled[row]),
-                float(jobs.cpu_unmet_mean_total[row]) * CPU_WIRE_PER_SCHEME,
-            )
+                Resource.CPU,
+                jobs.cpu,
+                jobs.cpu_peak,
+                jobs.cpu_mean_total,
+                jobs.throttled[row],
+                jobs.cpu_unmet_mean_total[row],
+            ),
+            (Resource.MEMORY, jobs.memory, jobs.memory_peak, jobs.memory_mean_total, 0, 0.0),
         )
-        rows.append(
-            (
-                job_id,
-                RESOURCE_CODES[Resource.MEMORY],
-                start,
-                start + window_ms,
-                _sparse_bytes(jobs.memory, row),
-                float(jobs.memory_peak[row]),
-                float(jobs.memory_mean_total[row]),
-                *common,
-                0,
-                0.0,
+        for resource, histograms, peak, mean_total, throttled, unmet in signals:
+            rows.append(
+                (
+                    job_id,
+                    RESOURCE_CODES[resource],
+                    start,
+                    start + window_ms,
+                    _sparse_bytes(histograms, row),
+                    float(peak[row]),
+                    float(mean_total[row]),
+                    *common,
+                    int(throttled),
+                    float(unmet),
+                )
             )
-        )
     return rows
 
 
@@ -395,17 +389,17 @@ def task_usage_window(rows: Sequence[Any]) -> monitoring_pb2.TaskUsageWindow:
 
 
 def bucket_scheme_message(scheme_id: str, version: int) -> usage_pb2.BucketScheme:
-    """The boundaries in the wire's units (CPU: millicores; memory: bytes)."""
+    """The boundaries (CPU: millicores; memory: bytes); a legacy id answers with the scheme its
+    histograms are read as."""
     try:
         scheme = lookup_scheme(scheme_id, version)
     except KeyError as error:
         raise InvalidField("scheme_id", f"unknown bucket scheme {scheme_id!r} version {version}") from error
-    factor = wire_per_scheme_unit(scheme.resource)
     return usage_pb2.BucketScheme(
         scheme_id=scheme.scheme_id,
         version=scheme.version,
         resource=RESOURCE_CODES[scheme.resource],  # type: ignore[arg-type]
-        upper_bounds=(scheme.boundaries * factor).tolist(),
+        upper_bounds=scheme.boundaries.tolist(),
     )
 
 

@@ -1,7 +1,8 @@
 """The recommender worker's one meeting place of wire types and core types.
 
-* ``usage.histograms`` UsageHistogram (CPU in millicores) -> :class:`HistogramInput`
-  (dense counts in the scheme, usage in the scheme's unit: cores or bytes);
+* ``usage.histograms`` UsageHistogram -> :class:`HistogramInput` (dense counts in the scheme,
+  usage in millicores or bytes, as on the wire; a histogram under a legacy scheme id is read as
+  the scheme it is re-labelled to, :data:`cellpilot.usage.buckets.LEGACY_SCHEMES`);
 * ``borg.events`` BorgEvent with an OOM TaskEvent -> :class:`OomInput`; with a job's spec (a
   SUBMITTED or UPDATED JobEvent) -> its :class:`HorizontalSettings` (§3.3 horizon, statistic);
 * a job's newest :class:`CandidateRow` per resource -> one RecommendationSet for
@@ -26,7 +27,7 @@ from cellpilot.autopilot.job_recommendations import (
 )
 from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS, HorizontalStatistic, RecommenderKind
 from cellpilot.platform.kafka import PoisonRecordError, Record
-from cellpilot.usage.buckets import Resource, wire_per_scheme_unit
+from cellpilot.usage.buckets import Resource, lookup_scheme
 from cellpilot_services.wire_enums import WireEnum
 
 RESOURCES_BY_CODE = {resources_pb2.RESOURCE_CPU: Resource.CPU, resources_pb2.RESOURCE_MEMORY: Resource.MEMORY}
@@ -53,7 +54,11 @@ def histogram_in(record: Record, config: RecommenderConfig) -> HistogramInput:
         raise bad("task_index", "recommenders take job histograms (no task_index)")
     scheme = config.for_resource(resource).scheme
     expected_id, expected_version = scheme.key()
-    if (message.bucket_scheme_id, message.bucket_scheme_version) != (expected_id, expected_version):
+    try:
+        known = lookup_scheme(message.bucket_scheme_id, message.bucket_scheme_version)
+    except KeyError:
+        known = None
+    if known is not scheme:
         raise bad(
             "bucket_scheme_id",
             f"{message.bucket_scheme_id!r} v{message.bucket_scheme_version}, "
@@ -80,8 +85,8 @@ def histogram_in(record: Record, config: RecommenderConfig) -> HistogramInput:
         resource,
         int(message.window_end_ms),
         dense,
-        float(message.mean_total_usage) / wire_per_scheme_unit(resource),
-        float(message.mean_total_unmet) / wire_per_scheme_unit(resource),
+        float(message.mean_total_usage),
+        float(message.mean_total_unmet),
     )
 
 
@@ -127,7 +132,6 @@ def _recommendation(
     value = float(row.value[column])
     if math.isnan(value):
         return None
-    factor = wire_per_scheme_unit(resource)
     raw = float(row.raw_value[column])
     relative = float(row.margin[column])
     unclamped = raw * (1.0 + relative) if not math.isnan(relative) else value
@@ -137,7 +141,7 @@ def _recommendation(
             if row.raised_by_window_max[column]
             else recommendation_pb2.CLAMP_REASON_NONE
         ),
-        unclamped_value=round(unclamped * factor),
+        unclamped_value=round(unclamped),
         note="bumped after OOM" if row.oom_bumped else "",
     )
     if kind is RecommenderKind.ML:
@@ -147,21 +151,21 @@ def _recommendation(
                 recommendation_pb2.MlModelChoice(
                     model_index=row.ml_model,
                     decay_rate=grid.decay_rates[row.ml_model],
-                    safety_margin=raw * relative * factor,
+                    safety_margin=raw * relative,
                     cost=0.0 if math.isnan(row.ml_cost) else row.ml_cost,
                 )
             )
     else:
         explanation.statistic = STATISTIC_NAMES[kind]
-    raw_wire = round(raw * factor) if not math.isnan(raw) else 0
+    raw_wire = round(raw) if not math.isnan(raw) else 0
     return recommendation_pb2.Recommendation(
         recommendation_id=f"{job_id}/{resource.value}/{kind.value}/{row.time_ms}",
         job_id=job_id,
         resource=RESOURCE_CODES[resource],  # type: ignore[arg-type]
         recommender=job_pb2.RecommenderRef(kind=RECOMMENDER_KINDS.to_wire(kind)),
-        value=round(value * factor),
+        value=round(value),
         raw_value=raw_wire,
-        margin=max(round(unclamped * factor) - raw_wire, 0),
+        margin=max(round(unclamped) - raw_wire, 0),
         explanation=explanation,
         window_end_ms=row.time_ms,
     )
@@ -184,7 +188,7 @@ def recommendation_set(
                 recommendation_id=f"{job_id}/tasks/builtin/{cpu_row.time_ms}",
                 job_id=job_id,
                 recommender=job_pb2.RecommenderRef(kind=job_pb2.RECOMMENDER_KIND_AUTO),
-                usage_statistic=state.usage_statistic * wire_per_scheme_unit(Resource.CPU),
+                usage_statistic=state.usage_statistic,
                 window_end_ms=cpu_row.time_ms,
             )
         )

@@ -61,6 +61,7 @@ from cellpilot.recommend.post_processing import (
     initial_window_max,
     update_window_max,
 )
+from cellpilot.units import GIB, MILLICORES_PER_CORE
 from cellpilot.usage.buckets import BucketScheme, Resource, default_scheme
 
 WINDOW_STATISTICS: dict[RecommenderKind, Statistic] = {
@@ -82,8 +83,12 @@ STATISTIC_NAMES: dict[RecommenderKind, str] = {
 }
 _ML = BUILTIN_RECOMMENDERS.index(RecommenderKind.ML)
 NO_TIME = -1
-# The unit of the ML ensemble's additive margins (eq. 7), in the histograms' unit per resource.
-ML_MARGIN_UNITS: dict[Resource, float] = {Resource.CPU: 1.0, Resource.MEMORY: float(1 << 30)}
+# The unit of the ML ensemble's additive margins (eq. 7), in the histograms' unit per resource:
+# one core (in millicores) and one GiB (in bytes).
+ML_MARGIN_UNITS: dict[Resource, float] = {
+    Resource.CPU: float(MILLICORES_PER_CORE),
+    Resource.MEMORY: float(GIB),
+}
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,13 @@ peak) and the per-window summaries follow. Samples are buffered and folded in ch
 the whole state serialises (:meth:`PartitionWindows.to_bytes`) so that a crashed
 aggregator's successor resumes exactly where the checkpoint left off.
 
-CPU values are in the CPU scheme's unit (cores), memory in bytes. Pure numpy, no I/O.
+CPU values are in millicores (the CPU scheme's unit), memory in bytes. Pure numpy, no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from cellpilot.array_types import BoolArray, FloatArray, Int64Array
 from cellpilot.autopilot import array_bundle
-from cellpilot.usage.buckets import CPU_SCHEME, BucketScheme
+from cellpilot.usage.buckets import CPU_SCHEME, BucketScheme, legacy_value_scale, lookup_scheme
 from cellpilot.usage.histogram import DEFAULT_WINDOW_MS
 from cellpilot.usage.row_arrays import RowArrays
 from cellpilot.usage.windows import (
@@ -74,10 +74,10 @@ class SampleChunk(RowArrays):
 
     task: Int64Array
     time_ms: Int64Array
-    cpu: FloatArray  # CPU scheme unit (cores)
+    cpu: FloatArray  # millicores
     memory: FloatArray  # bytes
     throttled: BoolArray
-    unmet: FloatArray = None  # type: ignore[assignment]  # unmet CPU demand (cores); None = zeros
+    unmet: FloatArray = None  # type: ignore[assignment]  # unmet CPU demand (millicores); None = zeros
 
     def __post_init__(self) -> None:
         n = self.task.shape
@@ -116,7 +116,7 @@ class WindowStats(RowArrays):
     memory_sum: FloatArray
     memory_max: FloatArray
     throttled: Int64Array
-    # Sum of the samples' unmet CPU demand (cores); a 1-second sample's value is also its
+    # Sum of the samples' unmet CPU demand (millicores); a 1-second sample's value is also its
     # throttled CPU-seconds. None = zeros (windows from before it was measured).
     cpu_unmet_sum: FloatArray = None  # type: ignore[assignment]
 
@@ -524,8 +524,11 @@ class PartitionWindows:
             raise ValueError(f"unsupported partition checkpoint format {meta.get('format')}")
         if int(meta["window_ms"]) != config.window_ms:
             raise ValueError("the checkpoint was taken with a different window length")
-        if list(meta["scheme"]) != [CPU_SCHEME.scheme_id, CPU_SCHEME.version]:
+        scheme_id, version = meta["scheme"]
+        if lookup_scheme(scheme_id, int(version)) is not CPU_SCHEME:
             raise ValueError("the checkpoint uses a different CPU bucket scheme")
+        # A checkpoint under the legacy cores scheme: the same buckets, CPU sums in cores.
+        cpu_scale = legacy_value_scale(scheme_id, int(version))
         state = cls(config, fold_every_samples)
         cpu = WindowBatch(
             CPU_SCHEME,
@@ -536,7 +539,15 @@ class PartitionWindows:
             arrays["cpu_buckets"],
             arrays["cpu_counts"],
         )
-        state.open = TaskWindows(cpu, WindowStats.from_arrays(arrays, "stats_"))
+        stats = WindowStats.from_arrays(arrays, "stats_")
+        if cpu_scale != 1.0:
+            stats = replace(
+                stats,
+                cpu_sum=stats.cpu_sum * cpu_scale,
+                cpu_max=stats.cpu_max * cpu_scale,
+                cpu_unmet_sum=stats.cpu_unmet_sum * cpu_scale,
+            )
+        state.open = TaskWindows(cpu, stats)
         state.max_event_ms = None if meta["max_event_ms"] is None else int(meta["max_event_ms"])
         closed = meta["closed_through_ms"]
         state.closed_through_ms = None if closed is None else int(closed)

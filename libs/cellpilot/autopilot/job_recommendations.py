@@ -11,7 +11,8 @@ on the stacked job arrays (:mod:`cellpilot.recommend.job_arrays`). A window whos
 not after the job's last applied window end is skipped (the aggregator's outbox may
 re-send one), so nothing is applied twice.
 
-Values are in the bucket schemes' units: CPU in cores, memory in bytes.
+Values are in the bucket schemes' units: CPU in millicores, memory in bytes. A state saved
+in format 1 held CPU in cores; it is scaled to millicores when read (:func:`_cpu_scaled`).
 """
 
 from __future__ import annotations
@@ -41,11 +42,13 @@ from cellpilot.autopilot.candidates import (
 from cellpilot.job_vocabulary import HorizontalStatistic
 from cellpilot.recommend.horizontal import CpuSourceState
 from cellpilot.recommend.unmet_demand import RaiseForUnmetDemand
+from cellpilot.units import MILLICORES_PER_CORE
 from cellpilot.usage.buckets import Resource
 
 NO_TIME = -1
 RESOURCES = (Resource.CPU, Resource.MEMORY)
-_FORMAT = 1
+_FORMAT = 2  # CPU in millicores
+_FORMAT_CPU_IN_CORES = 1
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,7 @@ class JobState:
     cpu: CandidateState
     memory: CandidateState
     signal: CpuSourceState
-    usage_statistic: float  # r_S (cores) after the newest CPU window; NaN = none yet
+    usage_statistic: float  # r_S (millicores) after the newest CPU window; NaN = none yet
     rows: Mapping[Resource, CandidateRow]  # newest output per resource
     published_end_ms: int = NO_TIME  # window end of the newest set published
     # The job's own §3.3 horizon T and statistic S (from its spec); None = the config's defaults.
@@ -181,7 +184,7 @@ class JobState:
     @classmethod
     def from_bytes(cls, data: bytes) -> JobState:
         arrays, meta = array_bundle.unpack(data)
-        if meta.get("format") != _FORMAT:
+        if meta.get("format") not in (_FORMAT, _FORMAT_CPU_IN_CORES):
             raise ValueError(f"unsupported job state format {meta.get('format')}")
         rows = {
             Resource(name): CandidateRow.restore(arrays, f"{name}_", row_meta)
@@ -189,7 +192,7 @@ class JobState:
         }
         statistic = meta["usage_statistic"]
         horizon = meta.get("horizon")
-        return cls(
+        state = cls(
             cpu=CandidateState.from_bytes(arrays["cpu"].tobytes()),
             memory=CandidateState.from_bytes(arrays["memory"].tobytes()),
             signal=CpuSourceState.from_bytes(arrays["signal"].tobytes()),
@@ -200,6 +203,33 @@ class JobState:
             if horizon is None
             else HorizontalSettings(int(horizon[0]), HorizontalStatistic(horizon[1])),
         )
+        if meta["format"] == _FORMAT_CPU_IN_CORES:
+            return _cpu_scaled(state, float(MILLICORES_PER_CORE))
+        return state
+
+
+def _cpu_scaled(state: JobState, factor: float) -> JobState:
+    """The state with every CPU value (not the counts, indices and costs, which carry no unit)
+    multiplied by ``factor``: the migration of a format-1 state, which held CPU in cores."""
+    cpu = state.cpu
+    scaled_cpu = replace(
+        cpu,
+        window=replace(cpu.window, avg_weighted_sum=cpu.window.avg_weighted_sum * factor),
+        hour_max=tuple(replace(ring, values=ring.values * factor) for ring in cpu.hour_max),
+        pending_oom_value=cpu.pending_oom_value * factor,
+        values=cpu.values * factor,
+    )
+    rows = dict(state.rows)
+    row = rows.get(Resource.CPU)
+    if row is not None:
+        rows[Resource.CPU] = replace(row, value=row.value * factor, raw_value=row.raw_value * factor)
+    return replace(
+        state,
+        cpu=scaled_cpu,
+        signal=replace(state.signal, sums=state.signal.sums * factor),
+        usage_statistic=state.usage_statistic * factor,
+        rows=rows,
+    )
 
 
 def initial_job_state(config: RecommenderConfig) -> JobState:
@@ -220,8 +250,8 @@ class HistogramInput:
     resource: Resource
     end_ms: int
     counts: FloatArray  # (K,) dense counts in the resource's scheme
-    mean_total_usage: float  # sum over tasks of their mean usage (cores or bytes)
-    mean_total_unmet: float = 0.0  # CPU: likewise of their unmet demand (cores)
+    mean_total_usage: float  # sum over tasks of their mean usage (millicores or bytes)
+    mean_total_unmet: float = 0.0  # CPU: likewise of their unmet demand (millicores)
 
 
 @dataclass(frozen=True)

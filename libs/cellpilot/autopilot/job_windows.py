@@ -41,7 +41,7 @@ class JobWindows:
     cpu_mean_total: FloatArray
     memory_peak: FloatArray
     memory_mean_total: FloatArray
-    cpu_unmet_mean_total: FloatArray  # like cpu_mean_total, of the unmet CPU demand (cores)
+    cpu_unmet_mean_total: FloatArray  # like cpu_mean_total, of the unmet CPU demand (millicores)
 
     def __len__(self) -> int:
         return int(self.keys.shape[0])

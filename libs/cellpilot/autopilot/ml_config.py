@@ -15,6 +15,13 @@ It may also name the model grid (``"grid": {"decay_half_lives_windows": [...], "
 written (``"options": {"margin_mode": "additive" | "relative", "cost_at_previous_limit":
 bool, "normalise_histograms": bool}``, see :mod:`cellpilot.recommend.ml_ensemble`); what a
 file leaves out is the library default, eqs. 4-9 as written.
+
+Units: a file's additive margins are per unit of the resource as people state it, one core of
+CPU and one GiB of memory; :meth:`CandidateConfig.for_resource
+<cellpilot.autopilot.candidates.CandidateConfig.for_resource>` scales them once into the
+histograms' units (millicores, bytes). The weights carry no unit: eqs. 4-5 count samples
+above and below a limit, and eq. 6's change penalty counts changes, so the same file gives
+the same decisions whatever unit the histograms are in.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ from cellpilot.autopilot.vertical_targets import chosen_values, vertical_targets
 from cellpilot.evaluate.vpa import VpaConfig, VpaRecommender, updater_decision
 from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS, RecommenderKind, ScalingMode
 from cellpilot.recommend.ml_ensemble import EnsembleConfig
-from cellpilot.usage.buckets import Resource, wire_per_scheme_unit
+from cellpilot.usage.buckets import Resource
 from cellpilot.workloads.task_signals import WINDOW_MS, WINDOWS_PER_DAY, JobTraits
 
 
@@ -261,7 +261,6 @@ class AutopilotDecider:
             with_ml=bool(np.any(self.columns == ml)),
         )
         self.state = initial_candidate_state(self.config, layout.jobs)
-        self.factor = wire_per_scheme_unit(resource)
         # Per job, the limit the master wants after the latest window (bounded, whole units of
         # the master, NaN before the first recommendation), actuated or not (the dead band).
         self.wanted = np.full(layout.jobs, np.nan)
@@ -290,18 +289,17 @@ class AutopilotDecider:
         self.state, batch = update_candidates(self.config, self.state, counts, times)
         chosen, raised = chosen_values(batch.value, batch.raised_by_window_max, self.columns)
         current = np.where(np.isnan(obs.job_limit), self.layout.per_job_max(obs.task_limit), obs.job_limit)
-        f = self.factor
         targets = vertical_targets(
-            chosen * f,
+            chosen,
             raised,
-            current * f,
+            current,
             on=True,
             machine_capacity=self.policy.machine(self.resource),
             min_increase=self.policy.min_increase_fraction,
             min_decrease=self.policy.min_decrease_fraction,
         )
         self.wanted = targets.value
-        return np.where(targets.actuate, targets.value / f, np.nan)
+        return np.where(targets.actuate, targets.value, np.nan)
 
 
 class VpaDecider:

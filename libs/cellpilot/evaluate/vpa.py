@@ -97,7 +97,8 @@ class VpaHistogramOptions:
 
 
 MEMORY_HISTOGRAM = VpaHistogramOptions(first_bucket=1e7, max_value=1e12)
-CPU_HISTOGRAM = VpaHistogramOptions(first_bucket=0.01, max_value=1000.0)
+# CPU in millicores (cellpilot.units): 0.01 cores .. 1000 cores.
+CPU_HISTOGRAM = VpaHistogramOptions(first_bucket=10.0, max_value=1_000_000.0)
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ class VpaConfig:
     oom_bump_ratio: float = 1.2
     oom_min_bump_bytes: float = 100 * MIB
     min_memory_bytes: float = 250 * MIB
-    min_cpu_cores: float = 0.025
+    min_cpu_millicores: float = 25.0
     cpu_sample_weight: float = 0.1  # constant since VPA 1.4 (no longer the CPU request)
     samples_per_window: float = 5.0  # one metrics-server sample per minute
     update_threshold: float = 0.1
@@ -167,7 +168,7 @@ class VpaRecommender:
 
     @property
     def minimum(self) -> float:
-        return self.config.min_memory_bytes if self.resource == "memory" else self.config.min_cpu_cores
+        return self.config.min_memory_bytes if self.resource == "memory" else self.config.min_cpu_millicores
 
     def initial_state(self, jobs: int, tasks: int) -> VpaState:
         return VpaState(

@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from cellpilot.array_types import FloatArray, Int64Array
 from cellpilot.recommend.job_arrays import JobArrays
-from cellpilot.units import GIB
+from cellpilot.units import GIB, MILLICORES_PER_CORE
 from cellpilot.usage.buckets import Resource
 
 MINUTE_MS = 60 * 1000
@@ -50,7 +50,7 @@ class MarginCurve:
     def for_resource(cls, resource: Resource) -> MarginCurve:
         # 15 % up to 1 core / 1 GiB, 10 % from 64 cores / 64 GiB: our choice of "large".
         if resource is Resource.CPU:
-            return cls(small_limit=1.0, large_limit=64.0)
+            return cls(small_limit=float(MILLICORES_PER_CORE), large_limit=float(64 * MILLICORES_PER_CORE))
         return cls(small_limit=float(GIB), large_limit=float(64 * GIB))
 
     def margin_for(self, values: npt.ArrayLike) -> FloatArray:

@@ -144,11 +144,18 @@ def geometric_scheme(
     return BucketScheme(scheme_id, version, resource, unit, bounds)
 
 
-# CPU in cores: 1 milli-core .. 512 cores in 400 buckets, a constant relative width of
+# CPU in millicores (the unit of the wire and of every core module, cellpilot.units):
+# 1 millicore .. 512 cores in 400 buckets, a constant relative width of
 # 512000 ** (1/399) - 1 = 3.35 % (the issue asks for <= 5 % and >= 256 cores; §2.3 notes
 # Borg expresses CPU in milli-cores, so 1 milli-core is the finest meaningful unit).
 CPU_SCHEME = geometric_scheme(
-    "cpu-cores-geometric", 1, Resource.CPU, "cores", lowest=1e-3, highest=512.0, buckets=400
+    "cpu-millicores-geometric",
+    1,
+    Resource.CPU,
+    "millicores",
+    lowest=1.0,
+    highest=512.0 * MILLICORES_PER_CORE,
+    buckets=400,
 )
 
 # Memory in bytes: 1 MiB .. 2 TiB in 400 whole-byte buckets, relative width
@@ -172,15 +179,37 @@ def default_scheme(resource: Resource) -> BucketScheme:
     return CPU_SCHEME if resource is Resource.CPU else MEMORY_SCHEME
 
 
+@dataclass(frozen=True)
+class LegacyScheme:
+    """A scheme no longer written whose histograms are still read: bucket k of it is bucket k
+    of ``current``, and a value stated in its unit is ``value_scale`` of the current unit."""
+
+    current: BucketScheme
+    value_scale: float
+
+
+# "cpu-cores-geometric" v1 held CPU in cores (1e-3 .. 512 cores, 400 geometric buckets): the
+# millicore scheme divided by 1000, bucket for bucket. A histogram stored under it (the
+# aggregator's history, Kafka, checkpoints) keeps its counts and is re-labelled on read.
+LEGACY_SCHEMES: dict[tuple[str, int], LegacyScheme] = {
+    ("cpu-cores-geometric", 1): LegacyScheme(CPU_SCHEME, float(MILLICORES_PER_CORE)),
+}
+
+
+def legacy_value_scale(scheme_id: str, version: int) -> float:
+    """What a value stored alongside a histogram of this scheme is multiplied by to be in the
+    current scheme's unit (1 for a current scheme)."""
+    legacy = LEGACY_SCHEMES.get((scheme_id, version))
+    return 1.0 if legacy is None else legacy.value_scale
+
+
 def lookup_scheme(scheme_id: str, version: int, extra: Iterable[BucketScheme] = ()) -> BucketScheme:
-    """Find a scheme by id and version among the built-in ones and ``extra``."""
+    """Find a scheme by id and version among the built-in ones and ``extra``; a legacy id
+    (:data:`LEGACY_SCHEMES`) gives the current scheme its histograms are re-labelled to."""
     for scheme in (*KNOWN_SCHEMES, *extra):
         if scheme.key() == (scheme_id, version):
             return scheme
+    legacy = LEGACY_SCHEMES.get((scheme_id, version))
+    if legacy is not None:
+        return legacy.current
     raise KeyError(f"unknown bucket scheme {scheme_id!r} version {version}")
-
-
-def wire_per_scheme_unit(resource: Resource) -> float:
-    """From the scheme's unit (CPU in cores, memory in bytes) to the wire's (millicores, bytes):
-    :mod:`cellpilot.units`."""
-    return float(MILLICORES_PER_CORE) if resource is Resource.CPU else 1.0

@@ -33,7 +33,7 @@ results):
   there (and cause the manual baseline's OOMs). Limits are rounded up to "round" values
   (eight steps per power of two), as people do.
 
-Units: memory in bytes, CPU in cores. Time origin 0 is the Unix epoch (a Thursday, 00:00 UTC).
+Units: memory in bytes, CPU in millicores. Time origin 0 is the Unix epoch (a Thursday, 00:00 UTC).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class AutopilotWorkloadConfig:
     task_mixture: tuple[tuple[float, int, int], ...] = ((0.60, 1, 10), (0.32, 10, 100), (0.07, 100, 1000))
     memory_median_bytes: float = 1.5 * GIB  # per task, log-normal across jobs
     memory_sigma: float = 1.0
-    cpu_median_cores: float = 0.5
+    cpu_median_millicores: float = 500.0
     cpu_sigma: float = 1.0
     tolerance_override_fraction: float = 0.2
     machine_memory_bytes: float = 256 * GIB  # §4.1.1's "(largish) machine", used for job size
@@ -218,7 +218,10 @@ def _serving_usage(
         np.clip(config.memory_median_bytes * np.exp(rng.normal(0.0, config.memory_sigma)), 64 * MIB, 48 * GIB)
         * size
     )
-    cpu_base = np.clip(config.cpu_median_cores * np.exp(rng.normal(0.0, config.cpu_sigma)), 0.01, 32.0) * size
+    cpu_base = (
+        np.clip(config.cpu_median_millicores * np.exp(rng.normal(0.0, config.cpu_sigma)), 10.0, 32_000.0)
+        * size
+    )
     peak_hour = rng.uniform(0.0, 1.0)
     wave = np.cos(2.0 * np.pi * (grid.day % 1.0 - peak_hour))
     growth = np.exp(rng.normal(0.003, 0.01) * (grid.day - grid.day[0]))
@@ -270,7 +273,9 @@ def _batch_usage(
     memory_base = np.clip(
         config.memory_median_bytes * np.exp(rng.normal(0.0, config.memory_sigma)), 64 * MIB, 48 * GIB
     )
-    cpu_base = np.clip(config.cpu_median_cores * np.exp(rng.normal(0.0, config.cpu_sigma)), 0.01, 32.0)
+    cpu_base = np.clip(
+        config.cpu_median_millicores * np.exp(rng.normal(0.0, config.cpu_sigma)), 10.0, 32_000.0
+    )
     mean_life = rng.uniform(24.0, 144.0)  # 2-12 hours, in windows
     instances = int(t / 6) + 2
     life = np.maximum(6, rng.exponential(mean_life, size=(slots, instances)).astype(np.int64))
@@ -338,7 +343,7 @@ def _manual_limits(
     cpu_usage = float(np.percentile(cpu_values, 95)) if cpu_values.size else 0.0
     cpu = cpu_usage / (1.0 - rng.beta(*model.cpu_slack_beta))
     hard_r, soft_r = _round_up(np.array([hard, soft]))
-    cpu_r = float(np.ceil(max(cpu, 1e-3) * 1000.0) / 1000.0)  # whole milli-cores (Borg §2.3)
+    cpu_r = float(np.ceil(max(cpu, 1.0)))  # whole milli-cores (Borg §2.3)
     return float(hard_r), float(soft_r), cpu_r
 
 

@@ -80,14 +80,14 @@ def google2011_lines(jobs: Iterable[JobSignals], scale: MachineScale) -> tuple[l
                 kind = _SUBMIT if n == 0 else _UPDATE_2011
                 events.append(
                     f"{time_us},,{job.job_id},{task},,{kind},user,{klass},{priority},"
-                    f"{_g(cpu / scale.cpu_cores)},{_g(memory / scale.memory_bytes)},,0"
+                    f"{_g(cpu / scale.cpu_millicores)},{_g(memory / scale.memory_bytes)},,0"
                 )
             for w in np.flatnonzero(job.running[:, task]).tolist():
                 start = TRACE_START_US + w * WINDOW_US
                 mm = job.memory_mean[w, task] / scale.memory_bytes
                 mp = job.memory_peak[w, task] / scale.memory_bytes
-                cm = job.cpu_mean[w, task] / scale.cpu_cores
-                cp = job.cpu_peak[w, task] / scale.cpu_cores
+                cm = job.cpu_mean[w, task] / scale.cpu_millicores
+                cp = job.cpu_peak[w, task] / scale.cpu_millicores
                 assigned = job.memory_limit_hard[w, task] / scale.memory_bytes
                 usage.append(
                     f"{start},{start + WINDOW_US},{job.job_id},{task},1,{_g(cm)},{_g(mm)},{_g(assigned)},"
@@ -116,15 +116,15 @@ def google2019_lines(jobs: Iterable[JobSignals], scale: MachineScale) -> tuple[l
                     "priority": priority,
                     "scheduling_class": klass,
                     "resource_request": {
-                        "cpus": float(_g(cpu / scale.cpu_cores) or 0),
+                        "cpus": float(_g(cpu / scale.cpu_millicores) or 0),
                         "memory": float(_g(memory / scale.memory_bytes) or 0),
                     },
                 }
                 events.append((time_us, json.dumps(record, separators=(",", ":"))))
             for w in np.flatnonzero(job.running[:, task]).tolist():
                 start = TRACE_START_US + w * WINDOW_US
-                cm = float(job.cpu_mean[w, task] / scale.cpu_cores)
-                cp = float(job.cpu_peak[w, task] / scale.cpu_cores)
+                cm = float(job.cpu_mean[w, task] / scale.cpu_millicores)
+                cp = float(job.cpu_peak[w, task] / scale.cpu_millicores)
                 record = {
                     "start_time": str(start),
                     "end_time": str(start + WINDOW_US),

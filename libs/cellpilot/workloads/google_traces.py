@@ -23,7 +23,7 @@ the 0th, 10th, ..., 100th percentile of the window; kept as the window's CPU dec
 ``resource_request {cpus, memory}``; without events, ``assigned_memory`` is the memory limit.
 
 Both traces normalise CPU and memory to the largest machine; :class:`MachineScale` turns
-them into cores and bytes (a nominal machine: footprint in machines is then the trace's
+them into millicores and bytes (a nominal machine: footprint in machines is then the trace's
 own unit). Both start at trace time 600 s; usage rows cover 5-minute periods, sometimes
 shorter (a task starting or stopping): rows of one task falling in one window are merged
 (time-weighted means, maxima of peaks).
@@ -44,7 +44,7 @@ import numpy as np
 from cellpilot.array_types import FloatArray, Int64Array
 from cellpilot.job_vocabulary import AppClass, LatencySensitivity
 from cellpilot.recommend.policy import default_oom_tolerance
-from cellpilot.units import GIB
+from cellpilot.units import GIB, MILLICORES_PER_CORE
 from cellpilot.workloads.task_signals import (
     CPU_DECILES,
     WINDOW_MS,
@@ -103,7 +103,7 @@ class MachineScale:
     """The nominal machine the traces' normalised units stand for."""
 
     memory_bytes: float = 256 * GIB
-    cpu_cores: float = 64.0
+    cpu_millicores: float = 64.0 * MILLICORES_PER_CORE
 
 
 @dataclass(frozen=True, eq=False)
@@ -274,14 +274,14 @@ def assemble_tasks(windows: TaskWindows, requests: TaskRequests, scale: MachineS
     f32 = np.float32
     mm = laid_out(windows.memory_mean, scale.memory_bytes).astype(f32)
     mp = laid_out(windows.memory_peak, scale.memory_bytes).astype(f32)
-    cm = laid_out(windows.cpu_mean, scale.cpu_cores).astype(f32)
-    cp = laid_out(windows.cpu_peak, scale.cpu_cores).astype(f32)
+    cm = laid_out(windows.cpu_mean, scale.cpu_millicores).astype(f32)
+    cp = laid_out(windows.cpu_peak, scale.cpu_millicores).astype(f32)
     ml = (memory_limit * scale.memory_bytes).astype(f32)
-    cl = (cpu_request * scale.cpu_cores).astype(f32)
+    cl = (cpu_request * scale.cpu_millicores).astype(f32)
     deciles = None
     if windows.cpu_deciles is not None:
         deciles = np.full((total, CPU_DECILES), np.nan)
-        deciles[position] = windows.cpu_deciles * scale.cpu_cores
+        deciles[position] = windows.cpu_deciles * scale.cpu_millicores
         deciles = deciles.astype(f32)
     tasks: list[TaskSignal] = []
     jobs = (task_key >> TASK_BITS).tolist()

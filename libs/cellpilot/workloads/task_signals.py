@@ -11,7 +11,7 @@ Conventions:
 
 * window ``w`` of a study covers ``[origin_ms + w * WINDOW_MS, origin_ms + (w + 1) * WINDOW_MS)``;
   day ``d`` is windows ``[d * WINDOWS_PER_DAY, (d + 1) * WINDOWS_PER_DAY)``;
-* memory in bytes, CPU in cores; a task that is not running in a window has NaN usage;
+* memory in bytes, CPU in millicores; a task that is not running in a window has NaN usage;
 * ``restart`` marks windows at whose start the task was (re)started by its owner (a
   roll-out of a new binary, a new batch task instance): state that grows with the task's
   age (a memory leak) starts again there;
@@ -70,10 +70,10 @@ class TaskSignal:
     first_window: int
     memory_mean: Floats  # bytes, NaN = not running
     memory_peak: Floats  # bytes
-    cpu_mean: Floats  # cores
-    cpu_peak: Floats  # cores
+    cpu_mean: Floats  # millicores
+    cpu_peak: Floats  # millicores
     memory_limit: Floats  # bytes, the manual limit (hard-limit owner / the trace's request)
-    cpu_limit: Floats  # cores, the manual CPU limit
+    cpu_limit: Floats  # millicores, the manual CPU limit
     memory_limit_soft: Floats | None = None  # bytes, what a soft-limit owner set; None = memory_limit
     restart: BoolArray | None = None  # planned (re)start at the window's start
     memory_leak_per_window: float = 0.0

@@ -79,7 +79,7 @@ def expected_windows() -> dict[tuple[str, int, int], dict[str, Any]]:
                 continue
             start = T0 + (second * 1000 // W) * W
             cpu, memory = usage(job, task, second)
-            cpu_counts[(job, start)][CPU_SCHEME.index_of(cpu / 1000.0)] += 1
+            cpu_counts[(job, start)][CPU_SCHEME.index_of(cpu)] += 1
             peaks[(job, task, start)] = max(peaks[(job, task, start)], memory)
             samples[(job, start)] += 1
     out: dict[tuple[str, int, int], dict[str, Any]] = {}
@@ -258,7 +258,7 @@ async def test_windows_equal_the_samples_sent_through_late_data_duplicates_and_a
                     scheme_id=CPU_SCHEME.scheme_id, version=CPU_SCHEME.version
                 )
             )
-            np.testing.assert_allclose(scheme.scheme.upper_bounds, CPU_SCHEME.boundaries * 1000)
+            np.testing.assert_allclose(scheme.scheme.upper_bounds, CPU_SCHEME.boundaries)
             with pytest.raises(grpc.aio.AioRpcError) as invalid:
                 await stub.GetHistogramHistory(monitoring_pb2.GetHistogramHistoryRequest(job_id="t/a"))
             assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -152,11 +152,10 @@ async def test_the_aggregator_applies_a_lost_log_again_and_notices_one_without_t
 def histogram(job: str, resource: Resource, k: int) -> usage_pb2.UsageHistogram:
     """Window ``k`` of a job's usage, as the aggregator publishes it."""
     scheme = CONFIG.for_resource(resource).scheme
-    values = np.full(30, 0.5 * (GIB if resource is Resource.MEMORY else 1.0)) * (1 + 0.01 * np.arange(30))
+    values = np.full(30, 0.5 * (GIB if resource is Resource.MEMORY else 1000.0)) * (1 + 0.01 * np.arange(30))
     counts = np.zeros(scheme.size)
     np.add.at(counts, scheme.index_of(values), 1.0)
     nonzero = np.flatnonzero(counts)
-    factor = 1000.0 if resource is Resource.CPU else 1.0
     end = T0 + (k + 1) * W * 5
     return usage_pb2.UsageHistogram(
         job_id=job,
@@ -167,8 +166,8 @@ def histogram(job: str, resource: Resource, k: int) -> usage_pb2.UsageHistogram:
         bucket_scheme_version=scheme.version,
         bucket_indices=nonzero.tolist(),
         counts=[int(c) for c in counts[nonzero]],
-        peak=float(values.max()) * factor,
-        mean_total_usage=float(values.mean()) * factor,
+        peak=float(values.max()),
+        mean_total_usage=float(values.mean()),
         sample_count=30,
         task_count=1,
     )

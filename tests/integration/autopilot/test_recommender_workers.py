@@ -45,12 +45,12 @@ def histogram(job: str, resource: Resource, k: int) -> tuple[usage_pb2.UsageHist
     """Window k of a job (a step up halfway), as the aggregator publishes it and as the core sees it."""
     scheme = CONFIG.for_resource(resource).scheme
     rng = np.random.default_rng(abs(hash((job, resource.value, k))) % 2**32)
-    level = JOBS[job] * (1.6 if k >= WINDOWS // 2 else 1.0) * (GIB if resource is Resource.MEMORY else 1.0)
+    unit = GIB if resource is Resource.MEMORY else 1000.0  # JOBS in cores / GiB; CPU in millicores
+    level = JOBS[job] * (1.6 if k >= WINDOWS // 2 else 1.0) * unit
     values = level * rng.lognormal(0.0, 0.15, 60)
     counts = np.zeros(scheme.size)
     np.add.at(counts, scheme.index_of(values), 1.0)
     nonzero = np.flatnonzero(counts)
-    factor = 1000.0 if resource is Resource.CPU else 1.0
     end = T0 + (k + 1) * W
     message = usage_pb2.UsageHistogram(
         job_id=job,
@@ -61,8 +61,8 @@ def histogram(job: str, resource: Resource, k: int) -> tuple[usage_pb2.UsageHist
         bucket_scheme_version=scheme.version,
         bucket_indices=nonzero.tolist(),
         counts=[int(c) for c in counts[nonzero]],
-        peak=float(values.max()) * factor,
-        mean_total_usage=float(values.mean()) * factor,
+        peak=float(values.max()),
+        mean_total_usage=float(values.mean()),
         sample_count=60,
         task_count=1,
     )
@@ -141,7 +141,6 @@ async def test_workers_resume_after_a_kill_without_gap_or_double_apply_and_react
             saved = states[job]
             assert saved.cpu.equals(state.cpu), job
             assert saved.memory.equals(state.memory), job
-            # r_S travels in millicores: equal up to the float rounding of the unit change
             np.testing.assert_array_equal(saved.signal.samples, state.signal.samples)
             np.testing.assert_allclose(saved.signal.sums, state.signal.sums, rtol=1e-12)
             assert int(saved.memory.ml.updates[0]) == WINDOWS, "each window applied exactly once"
@@ -188,7 +187,7 @@ async def test_workers_resume_after_a_kill_without_gap_or_double_apply_and_react
             for v in rs.vertical:
                 resource = Resource.CPU if v.resource == resources_pb2.RESOURCE_CPU else Resource.MEMORY
                 column = v.recommender.kind - 2  # RecommenderKind MOVING_WINDOW_MAX = 2 .. ML = 8
-                expected = want.rows[resource].value[column] * (1000.0 if resource is Resource.CPU else 1.0)
+                expected = want.rows[resource].value[column]
                 assert v.value == round(expected), (key, v.recommendation_id)
                 assert v.window_end_ms == key[1]
             assert len(rs.horizontal) == 1

@@ -128,7 +128,7 @@ class Workload:
                     peak = 0
                     for second in range(0, W // 1000, SAMPLE_EVERY_S):
                         cpu, memory = self.usage(job, task, k, second)
-                        cpu_counts[CPU_SCHEME.index_of(cpu / 1000.0)] += 1
+                        cpu_counts[CPU_SCHEME.index_of(cpu)] += 1
                         peak = max(peak, memory)
                         samples += 1
                     memory_counts[MEMORY_SCHEME.index_of(peak)] += 1

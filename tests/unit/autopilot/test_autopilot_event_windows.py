@@ -23,7 +23,7 @@ W = 60_000  # a one-minute window keeps the tables small
 
 
 def chunk(rows: list[tuple[int, int, float, float]], state: PartitionWindows | None = None) -> SampleChunk:
-    """(task, time_ms, cpu cores, memory bytes) rows; samples at a time divisible by 3 ms are throttled,
+    """(task, time_ms, cpu millicores, memory bytes) rows; samples at a time divisible by 3 ms are throttled,
     with a quarter of their CPU more left unmet.
 
     With ``state``, task i is interned as ("job-<i % 2>", i) in its registry.
@@ -253,3 +253,22 @@ def test_a_checkpoint_from_before_unmet_demand_was_kept_reads_it_as_zero() -> No
     restored = PartitionWindows.from_bytes(array_bundle.pack(arrays, meta), config)
     assert restored.open.stats.cpu_unmet_sum.tolist() == [0.0, 0.0]
     assert restored.open.stats.samples.tolist() == [1, 1]
+
+
+def test_a_checkpoint_under_the_legacy_cores_scheme_reads_in_millicores() -> None:
+    config = WindowingConfig(W, out_of_orderness_ms=0, grace_ms=0)
+    state = PartitionWindows(config)
+    state.add(chunk([(0, 10, 1500.0, 1e6), (0, 30, 250.0, 1e6), (1, 12, 2000.0, 1e6)], state))
+    arrays, meta = array_bundle.unpack(state.to_bytes())
+    # What a release that kept CPU in cores wrote: the same buckets, sums and maxima in cores.
+    meta["scheme"] = ["cpu-cores-geometric", 1]
+    for name in ("stats_cpu_sum", "stats_cpu_max", "stats_cpu_unmet_sum"):
+        arrays[name] = arrays[name] / 1000.0
+    restored = PartitionWindows.from_bytes(array_bundle.pack(arrays, meta), config)
+    assert restored.open.cpu.scheme is CPU_SCHEME
+    np.testing.assert_array_equal(restored.open.cpu.counts, state.open.cpu.counts)
+    np.testing.assert_array_equal(restored.open.cpu.buckets, state.open.cpu.buckets)
+    for name in ("cpu_sum", "cpu_max", "cpu_unmet_sum"):
+        np.testing.assert_allclose(
+            getattr(restored.open.stats, name), getattr(state.open.stats, name), rtol=1e-12
+        )

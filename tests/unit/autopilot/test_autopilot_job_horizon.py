@@ -21,13 +21,13 @@ W = 300_000
 CONFIG = RecommenderConfig()
 
 
-def _window(job: str, k: int, total_cores: float) -> list[HistogramInput]:
+def _window(job: str, k: int, total_millicores: float) -> list[HistogramInput]:
     out = []
-    for resource, level in ((Resource.CPU, 1.0), (Resource.MEMORY, GIB)):
+    for resource, level in ((Resource.CPU, 1000.0), (Resource.MEMORY, GIB)):  # 1 core, 1 GiB
         scheme = CONFIG.for_resource(resource).scheme
         counts = np.zeros(scheme.size)
         counts[int(scheme.index_of(level))] = 300.0
-        usage = total_cores if resource is Resource.CPU else level
+        usage = total_millicores if resource is Resource.CPU else level
         out.append(HistogramInput(job, resource, (k + 1) * W, counts, usage))
     return out
 
@@ -40,14 +40,14 @@ def test_r_s_is_taken_over_each_jobs_own_horizon() -> None:
     assert changed == {"short"}
     # A peak of 6 cores, then 2 cores: the short horizon forgets the peak two windows later;
     # the default (72 h) keeps it.
-    levels = [6.0, 2.0, 2.0, 2.0]
+    levels = [6000.0, 2000.0, 2000.0, 2000.0]
     seen = {"short": [], "default": []}
     for k, level in enumerate(levels):
         apply_histograms(CONFIG, states, [*_window("short", k, level), *_window("default", k, level)])
         for job in seen:
             seen[job].append(states[job].usage_statistic)
-    assert seen["short"] == [6.0, 6.0, 2.0, 2.0]
-    assert seen["default"] == [6.0, 6.0, 6.0, 6.0]
+    assert seen["short"] == [6000.0, 6000.0, 2000.0, 2000.0]
+    assert seen["default"] == [6000.0, 6000.0, 6000.0, 6000.0]
 
 
 def test_the_settings_survive_a_checkpoint_and_setting_them_again_changes_nothing() -> None:

@@ -30,7 +30,7 @@ def window(job: str, resource: Resource, k: int, level: float) -> HistogramInput
 
 def stream(jobs: dict[str, float], windows: int) -> list[HistogramInput]:
     return [
-        window(job, resource, k, level if resource is Resource.CPU else level * GIB)
+        window(job, resource, k, level * 1000.0 if resource is Resource.CPU else level * GIB)
         for k in range(windows)
         for job, level in jobs.items()
         for resource in (Resource.CPU, Resource.MEMORY)
@@ -66,7 +66,7 @@ def test_one_batch_equals_one_window_at_a_time_and_a_resent_window_is_not_applie
 
 def test_the_state_round_trips_through_bytes_and_publishes_once_both_resources_are_in() -> None:
     states: dict[str, JobState] = {}
-    first = apply_histograms(CONFIG, states, [window("j", Resource.CPU, 0, 1.0)])
+    first = apply_histograms(CONFIG, states, [window("j", Resource.CPU, 0, 1000.0)])
     assert first.ready == []  # the memory histogram of the window is not in yet
     second = apply_histograms(CONFIG, states, [window("j", Resource.MEMORY, 0, GIB)])
     state = states["j"]

@@ -113,13 +113,13 @@ def _run_week(reference_cpu_millicores: float | None, days: int = 7) -> Week:
             cpu_limit=view.cpu_limit, memory_limit=view.memory_limit, machine_cpu=16_000.0,
         )  # fmt: skip
         step = step_world(table, np.arange(start_s, end_s, MINUTE_S))
-        cores = step.cpu / 1000.0
+        cpu = step.cpu  # millicores, the histograms' unit
         end_ms = end_s * 1000
         inputs = [
             HistogramInput(
                 JOB, Resource.CPU, end_ms,
-                np.bincount(cpu_scheme.index_of(cores.ravel()), minlength=cpu_scheme.size).astype(float),
-                float(cores.mean(axis=0).sum()),
+                np.bincount(cpu_scheme.index_of(cpu.ravel()), minlength=cpu_scheme.size).astype(float),
+                float(cpu.mean(axis=0).sum()),
             ),
             HistogramInput(
                 JOB, Resource.MEMORY, end_ms,

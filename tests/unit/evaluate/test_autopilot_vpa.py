@@ -38,7 +38,7 @@ def bucket_end(value: float, first: float = 1e7, ratio: float = 1.05) -> float:
         (MEMORY_HISTOGRAM, 0.0, 0),
         (MEMORY_HISTOGRAM, 9.99e6, 0),
         (MEMORY_HISTOGRAM, 1e7, 1),
-        (CPU_HISTOGRAM, 0.0105, 1),
+        (CPU_HISTOGRAM, 10.5, 1),  # millicores
     ],
     ids=["zero", "inside-first", "second-start", "cpu"],
 )
@@ -89,14 +89,14 @@ def test_older_samples_weigh_half_per_half_life() -> None:
     vpa = VpaRecommender("cpu")
     state = vpa.initial_state(1, 1)
     jobs = np.array([0], dtype=np.intp)
-    vpa.add_cpu_samples(state, jobs, np.array([0.5]), np.array([1.0]), 0)
-    vpa.add_cpu_samples(state, jobs, np.array([2.0]), np.array([1.0]), DAY_MS)
-    low = state.weights[0, CPU_HISTOGRAM.bucket_of(np.array([0.5]))[0]]
-    high = state.weights[0, CPU_HISTOGRAM.bucket_of(np.array([2.0]))[0]]
+    vpa.add_cpu_samples(state, jobs, np.array([500.0]), np.array([1.0]), 0)
+    vpa.add_cpu_samples(state, jobs, np.array([2000.0]), np.array([1.0]), DAY_MS)
+    low = state.weights[0, CPU_HISTOGRAM.bucket_of(np.array([500.0]))[0]]
+    high = state.weights[0, CPU_HISTOGRAM.bucket_of(np.array([2000.0]))[0]]
     assert high / low == pytest.approx(2.0)
     # VPA 1.4+: every CPU sample weighs the constant 0.1, whatever the container's request.
     state2 = vpa.initial_state(1, 1)
-    vpa.add_cpu_samples(state2, jobs, np.array([0.5]), np.array([1.0]), 0)
+    vpa.add_cpu_samples(state2, jobs, np.array([500.0]), np.array([1.0]), 0)
     assert state2.weights.sum() == pytest.approx(0.1 * 5)
 
 

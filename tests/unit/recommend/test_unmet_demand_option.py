@@ -42,7 +42,7 @@ def test_apply_scales_every_recommender_column_of_a_raised_job_only() -> None:
 
 def _windows(job: str, k: int, unmet: float) -> list[HistogramInput]:
     out = []
-    for resource, level in ((Resource.CPU, 1.0), (Resource.MEMORY, GIB)):
+    for resource, level in ((Resource.CPU, 1000.0), (Resource.MEMORY, GIB)):  # 1 core, 1 GiB
         scheme = RecommenderConfig().for_resource(resource).scheme
         counts = np.zeros(scheme.size)
         counts[int(scheme.index_of(level))] = 300.0
@@ -53,7 +53,7 @@ def _windows(job: str, k: int, unmet: float) -> list[HistogramInput]:
 
 def test_a_throttled_job_gets_more_cpu_only_with_the_option_on() -> None:
     off, on = RecommenderConfig(), replace(RecommenderConfig(), unmet_demand=RaiseForUnmetDemand())
-    inputs = [w for k in range(4) for w in _windows("j", k, unmet=1.0 if k == 3 else 0.0)]
+    inputs = [w for k in range(4) for w in _windows("j", k, unmet=1000.0 if k == 3 else 0.0)]
     results = {}
     for name, config in (("off", off), ("on", on)):
         states: dict = {}

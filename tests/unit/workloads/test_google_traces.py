@@ -29,7 +29,7 @@ from cellpilot.workloads.task_signals import WINDOWS_PER_DAY
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "libs" / "cellpilot" / "workloads" / "data"
-SCALE = MachineScale(memory_bytes=100 * GIB, cpu_cores=10.0)
+SCALE = MachineScale(memory_bytes=100 * GIB, cpu_millicores=10_000.0)
 W = 300_000_000  # one window in µs
 T0 = TRACE_START_US
 
@@ -69,9 +69,9 @@ def test_2011_rows_of_one_window_merge_time_weighted_and_requests_become_limits(
     g = SCALE.memory_bytes
     np.testing.assert_allclose(task.memory_mean, np.array([0.02, 0.02, 0.02]) * g, rtol=1e-6)
     np.testing.assert_allclose(task.memory_peak, np.array([0.035, np.nan, 0.025]) * g, rtol=1e-6)
-    np.testing.assert_allclose(task.cpu_mean, np.array([0.03, 0.03, 0.03]) * SCALE.cpu_cores, rtol=1e-6)
+    np.testing.assert_allclose(task.cpu_mean, np.array([0.03, 0.03, 0.03]) * SCALE.cpu_millicores, rtol=1e-6)
     np.testing.assert_allclose(task.memory_limit, np.array([0.04, 0.04, 0.05]) * g, rtol=1e-6)
-    np.testing.assert_allclose(task.cpu_limit, np.full(3, 0.1 * SCALE.cpu_cores), rtol=1e-6)
+    np.testing.assert_allclose(task.cpu_limit, np.full(3, 0.1 * SCALE.cpu_millicores), rtol=1e-6)
     traits = trace.traits[job]
     assert traits.job_class is AppClass.LATENCY_SENSITIVE
     assert traits.latency is LatencySensitivity.HIGH
@@ -142,7 +142,7 @@ def test_2019_rows_parse_nested_and_flat_fields_and_skip_alloc_sets() -> None:
     # Without instance events, the assigned memory is the limit.
     np.testing.assert_allclose(task.memory_limit, np.full(3, 0.03 * SCALE.memory_bytes), rtol=1e-6)
     assert task.cpu_deciles is not None
-    np.testing.assert_allclose(task.cpu_deciles[0], np.arange(11) * 0.01 * SCALE.cpu_cores, rtol=1e-6)
+    np.testing.assert_allclose(task.cpu_deciles[0], np.arange(11) * 0.01 * SCALE.cpu_millicores, rtol=1e-6)
     assert np.isnan(task.cpu_deciles[2]).all()
 
 

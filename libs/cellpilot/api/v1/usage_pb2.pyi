@@ -105,7 +105,10 @@ Global___UsageSampleBatch: _TypeAlias = UsageSampleBatch  # noqa: Y015
 class BucketScheme(_message.Message):
     """The fixed bucket boundaries b[k] the monitoring system uses (Autopilot §3.2.1). Histograms
     refer to a scheme by (scheme_id, version) instead of repeating boundaries; a scheme never
-    changes once published, a new one gets a new version.
+    changes once published, a new one gets a new version. CPU is in millicores end to end, in
+    the histograms as on the rest of the wire: the CPU scheme is "cpu-millicores-geometric". A
+    histogram labelled with the retired "cpu-cores-geometric" v1 has the same buckets (its
+    boundaries were these divided by 1000) and is read as the millicore scheme.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -115,7 +118,7 @@ class BucketScheme(_message.Message):
     RESOURCE_FIELD_NUMBER: _builtins.int
     UPPER_BOUNDS_FIELD_NUMBER: _builtins.int
     scheme_id: _builtins.str
-    """e.g. "cpu", "memory" """
+    """e.g. "cpu-millicores-geometric", "memory-bytes-geometric" """
     version: _builtins.int
     resource: _resources_pb2.Resource.ValueType
     @_builtins.property

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from cellpilot.borglet.task_record import TaskKey, TaskPlan
+from cellpilot.borg.records import TaskKey
+from cellpilot.borglet.task_record import TaskPlan
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from cellpilot.api.v1 import borglet_pb2, job_pb2, machine_pb2, resources_pb2, s
 from cellpilot.borg.health_checks import resolve, validate_health_check
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
 from cellpilot.borg.model import HealthCheck, SharedDemand
-from cellpilot.borg.records import TaskKey
 from cellpilot.borg.validation import demand_in
 from cellpilot.borglet.machine_agent import MachineProfile
 from cellpilot.borglet.task_record import (
@@ -25,6 +24,7 @@ from cellpilot.borglet.task_record import (
     Phase,
     ProcessPlan,
     SimulatedPlan,
+    TaskKey,
     TaskPlan,
     TaskRecord,
     UnrunnablePlan,

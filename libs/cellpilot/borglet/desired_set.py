@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from cellpilot.borg.records import TaskKey
-from cellpilot.borglet.task_record import TaskPlan
+from cellpilot.borglet.task_record import TaskKey, TaskPlan
 
 
 @dataclass(frozen=True)

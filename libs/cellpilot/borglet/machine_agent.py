@@ -13,9 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cellpilot.borg.lifecycle import TaskEvent
-from cellpilot.borg.records import TaskKey
 from cellpilot.borglet.desired_set import KnownTask
-from cellpilot.borglet.task_record import BorgletEvent, Limits, TaskRecord, state_after
+from cellpilot.borglet.task_record import BorgletEvent, Limits, TaskKey, TaskRecord, state_after
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from typing import Any
 from cellpilot.borg.health_checks import HealthState, ResolvedCheck
 from cellpilot.borg.lifecycle import TASK_TRANSITIONS, TaskEvent, TaskState, transition
 from cellpilot.borg.records import TaskIncarnation
+from cellpilot.borg.records import TaskKey as TaskKey  # re-exported: the Borglet keys its tasks the same way
 from cellpilot.world.job_demand import JobDemand
 
 

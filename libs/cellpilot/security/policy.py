@@ -157,19 +157,23 @@ def _owned_object_rule(
     return rule
 
 
-def submit_job(principal: Principal, request: Message, lookups: Lookups) -> Decision:
-    assert isinstance(request, borgmaster_pb2.SubmitJobRequest)
+def _as_themself(principal: Principal, claimed_user: str, action: str, role: str) -> Decision:
+    """Admins may ``action`` for anyone; users only in their own name (as ``role``), others not."""
     if principal.is_admin:
         return ALLOW
     if not principal.user:
-        return deny(f"{principal.describe()} may not submit jobs; only users do")
-    if request.spec.user != principal.user:
-        return deny(f"user {principal.user!r} may submit jobs only as themself, not as {request.spec.user!r}")
-    if request.spec.alloc_set_job_id:
-        return _owner_or_admin(
-            principal, request.spec.alloc_set_job_id, lookups, "run tasks in the allocs of"
-        )
+        return deny(f"{principal.describe()} may not {action}; only users do")
+    if claimed_user != principal.user:
+        return deny(f"user {principal.user!r} may {action} only as {role}, not as {claimed_user!r}")
     return ALLOW
+
+
+def submit_job(principal: Principal, request: Message, lookups: Lookups) -> Decision:
+    assert isinstance(request, borgmaster_pb2.SubmitJobRequest)
+    decision = _as_themself(principal, request.spec.user, "submit jobs", "themself")
+    if not decision.allowed or principal.is_admin or not request.spec.alloc_set_job_id:
+        return decision
+    return _owner_or_admin(principal, request.spec.alloc_set_job_id, lookups, "run tasks in the allocs of")
 
 
 def _actuator_update(
@@ -223,13 +227,7 @@ def register_machine(principal: Principal, request: Message, lookups: Lookups) -
 
 def register_recommender(principal: Principal, request: Message, lookups: Lookups) -> Decision:
     assert isinstance(request, autopilot_pb2.RegisterRecommenderRequest)
-    if principal.is_admin:
-        return ALLOW
-    if not principal.user:
-        return deny(f"{principal.describe()} may not register recommenders; users do")
-    if request.owner != principal.user:
-        return deny(f"user {principal.user!r} may register recommenders only as owner, not {request.owner!r}")
-    return ALLOW
+    return _as_themself(principal, request.owner, "register recommenders", "owner")
 
 
 def _recommender_owner(principal: Principal, name: str, lookups: Lookups, action: str) -> Decision:

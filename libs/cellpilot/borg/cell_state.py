@@ -16,7 +16,8 @@ RUNNING (Figure 2).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from cellpilot.borg.changes import (
     Change,
@@ -154,39 +155,7 @@ class CellState:
             )
         m = record.mutation
         changes: list[Change] = []
-        if isinstance(m, JobSubmitted):
-            self._job_submitted(record, m, changes)
-        elif isinstance(m, JobUpdated):
-            self._job_updated(record, m, changes)
-        elif isinstance(m, JobKilled):
-            self._job_killed(record, m, changes)
-        elif isinstance(m, JobStateChanged):
-            job = self._live_job(m.job_id)
-            if not any(s is m.state for s in JOB_TRANSITIONS[job.state].values()):
-                raise InvariantError(f"job {m.job_id} cannot go from {job.state.value} to {m.state.value}")
-            self._set_job_state(record, job, m.state, JobEventKind.STATE_CHANGED, changes)
-        elif isinstance(m, TaskScheduled):
-            self._task_scheduled(record, m, changes)
-        elif isinstance(m, TaskStateChanged):
-            self._task_state_changed(record, m, changes)
-        elif isinstance(m, MachineRegistered):
-            self._machine_registered(record, m, changes)
-        elif isinstance(m, MachineStateChanged):
-            self._machine_state_changed(record, m, changes)
-        elif isinstance(m, QuotaSet):
-            self.quotas[(m.user, m.band)] = m.limit
-            self.quota_book.set_quota(m.user, m.band, m.limit)
-        elif isinstance(m, LeaderElected):
-            self.leader = Leader(m.replica_id, m.address, m.epoch)
-        elif isinstance(m, LavaHostsChanged):
-            for host in m.hosts:
-                self.lava_hosts.pop(host.machine_id, None)
-                if host.lifetime_class >= 0:
-                    self.lava_hosts[host.machine_id] = host
-        elif isinstance(m, LifetimeModelTrained):
-            self.lifetime_model = m
-        else:  # pragma: no cover - the Mutation union is closed
-            raise InvariantError(f"unknown mutation {m!r}")
+        _APPLY[type(m)](self, record, m, changes)
         if record.request_id and record.request_id not in self.applied_requests:
             self.applied_requests[record.request_id] = AppliedRequest(
                 record.request_id,
@@ -212,6 +181,12 @@ class CellState:
         if job is None or not job.live:
             raise InvariantError(f"no live job {job_id}")
         return job
+
+    def _job_state_changed(self, rec: LogRecord, m: JobStateChanged, changes: list[Change]) -> None:
+        job = self._live_job(m.job_id)
+        if not any(s is m.state for s in JOB_TRANSITIONS[job.state].values()):
+            raise InvariantError(f"job {m.job_id} cannot go from {job.state.value} to {m.state.value}")
+        self._set_job_state(rec, job, m.state, JobEventKind.STATE_CHANGED, changes)
 
     def _job_submitted(self, rec: LogRecord, m: JobSubmitted, changes: list[Change]) -> None:
         old = self.jobs.get(m.job_id)
@@ -520,6 +495,23 @@ class CellState:
         for job_id in sorted({c.job_id for c in lost}):
             self._derive_job_state(rec, self.jobs[job_id], changes)
 
+    # ------------------------------------------------------------------ cell-wide
+    def _quota_set(self, rec: LogRecord, m: QuotaSet, changes: list[Change]) -> None:
+        self.quotas[(m.user, m.band)] = m.limit
+        self.quota_book.set_quota(m.user, m.band, m.limit)
+
+    def _leader_elected(self, rec: LogRecord, m: LeaderElected, changes: list[Change]) -> None:
+        self.leader = Leader(m.replica_id, m.address, m.epoch)
+
+    def _lava_hosts_changed(self, rec: LogRecord, m: LavaHostsChanged, changes: list[Change]) -> None:
+        for host in m.hosts:
+            self.lava_hosts.pop(host.machine_id, None)
+            if host.lifetime_class >= 0:
+                self.lava_hosts[host.machine_id] = host
+
+    def _lifetime_model_trained(self, rec: LogRecord, m: LifetimeModelTrained, changes: list[Change]) -> None:
+        self.lifetime_model = m
+
     # ------------------------------------------------------------------ restore
     @classmethod
     def restore(
@@ -611,3 +603,20 @@ class CellState:
         for job in self.jobs.values():
             for task in job.tasks.values():
                 yield job, task
+
+
+# How CellState.apply applies each kind of mutation (mutations.KINDS lists the same kinds).
+_APPLY: dict[type, Callable[[CellState, LogRecord, Any, list[Change]], None]] = {
+    JobSubmitted: CellState._job_submitted,
+    JobUpdated: CellState._job_updated,
+    JobKilled: CellState._job_killed,
+    JobStateChanged: CellState._job_state_changed,
+    TaskScheduled: CellState._task_scheduled,
+    TaskStateChanged: CellState._task_state_changed,
+    MachineRegistered: CellState._machine_registered,
+    MachineStateChanged: CellState._machine_state_changed,
+    QuotaSet: CellState._quota_set,
+    LeaderElected: CellState._leader_elected,
+    LavaHostsChanged: CellState._lava_hosts_changed,
+    LifetimeModelTrained: CellState._lifetime_model_trained,
+}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from cellpilot.borg.lifecycle import JobState, TaskEvent, TaskState
 from cellpilot.borg.model import JobSpec, MachineAvailability
+from cellpilot.borg.records import TaskIncarnation
 from cellpilot.schedule import Resources
 
 
@@ -43,10 +44,7 @@ class JobChange:
 
 
 @dataclass(frozen=True)
-class TaskChange:
-    job_id: str
-    task_index: int
-    incarnation: int
+class TaskChange(TaskIncarnation):
     kind: TaskEvent
     state: TaskState  # after the event
     machine_id: str  # where it happened; empty for SUBMITTED

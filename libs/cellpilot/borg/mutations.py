@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from cellpilot.borg.lifecycle import JobState, TaskEvent, TaskState
 from cellpilot.borg.model import JobSpec, MachineAvailability, MachineSpec
+from cellpilot.borg.records import Leader, TaskIncarnation
 from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.schedule import Resources
 
@@ -46,10 +47,7 @@ class JobStateChanged:
 
 
 @dataclass(frozen=True)
-class TaskScheduled:
-    job_id: str
-    task_index: int
-    incarnation: int
+class TaskScheduled(TaskIncarnation):
     machine_id: str
     ports: tuple[int, ...]
     limits: Resources
@@ -68,12 +66,9 @@ class RestartBackoff:
 
 
 @dataclass(frozen=True)
-class TaskStateChanged:
+class TaskStateChanged(TaskIncarnation):
     """A task transition of Borg Figure 2. ``reason`` FAILED_FOR_GOOD is FAILED -> DEAD on the wire."""
 
-    job_id: str
-    task_index: int
-    incarnation: int
     state: TaskState
     reason: TaskEvent
     detail: str = ""
@@ -101,10 +96,8 @@ class QuotaSet:
 
 
 @dataclass(frozen=True)
-class LeaderElected:
-    replica_id: str
-    address: str
-    epoch: int
+class LeaderElected(Leader):
+    """A replica became the master: the log's writer from this record on."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from cellpilot.borg.cell_state import CellState, JobRecord, TaskRecord
 from cellpilot.borg.lifecycle import MachineState, TaskEvent, TaskState
 from cellpilot.borg.model import MachineAvailability
 from cellpilot.borg.mutations import MachineStateChanged, Mutation, TaskStateChanged
+from cellpilot.borg.records import TaskIncarnation
 from cellpilot.borg.restart_backoff import FAILURE_EVENTS, RestartPolicy, restart_backoff
 from cellpilot.schedule import Resources
 
@@ -47,10 +48,7 @@ EXIT_TRANSITIONS: dict[TaskEvent, tuple[TaskState, TaskEvent]] = {
 
 
 @dataclass(frozen=True)
-class ReportedTask:
-    job_id: str
-    task_index: int
-    incarnation: int
+class ReportedTask(TaskIncarnation):
     state: TaskState  # RUNNING, or DEAD once exited
     exit_reason: TaskEvent | None = None
     exit_code: int = 0
@@ -58,10 +56,6 @@ class ReportedTask:
     ready: bool = False
     started_ms: int = 0  # event time the incarnation started on the Borglet (0: unknown)
     cpu_unmet_millicores: float = 0.0  # demand not served at the latest sample (machine full)
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.job_id, self.task_index)
 
 
 @dataclass(frozen=True)
@@ -88,16 +82,9 @@ class MachineReport:
 
 
 @dataclass(frozen=True)
-class Duplicate:
-    job_id: str
-    task_index: int
-    incarnation: int
-
-
-@dataclass(frozen=True)
 class PollDiff:
     mutations: tuple[Mutation, ...]
-    duplicates: tuple[Duplicate, ...]
+    duplicates: tuple[TaskIncarnation, ...]  # running there, but not the master's current incarnation
     usage: Mapping[tuple[str, int], Resources]  # soft state: latest usage of its current tasks
     ready: Mapping[tuple[str, int], bool]
     # The latest CPU demand sample of its current tasks: usage served + unmet (GPA §4).
@@ -133,11 +120,7 @@ def diff_report(
     """The transitions a Borglet's full-state report implies, and the duplicates it runs."""
     machine = state.machines.get(report.machine_id)
     if machine is None:
-        dups = tuple(
-            Duplicate(r.job_id, r.task_index, r.incarnation)
-            for r in report.tasks
-            if r.state is TaskState.RUNNING
-        )
+        dups = tuple(r.identity for r in report.tasks if r.state is TaskState.RUNNING)
         return PollDiff((), dups, {}, {})
     mutations: list[Mutation] = []
     was_down = machine.state is MachineState.DOWN
@@ -148,7 +131,7 @@ def diff_report(
     events = {
         (e.job_id, e.task_index, e.incarnation): e for e in sorted(report.events, key=lambda e: e.sequence)
     }
-    duplicates: list[Duplicate] = []
+    duplicates: list[TaskIncarnation] = []
     usage: dict[tuple[str, int], Resources] = {}
     ready: dict[tuple[str, int], bool] = {}
     cpu_demand: dict[tuple[str, int], float] = {}
@@ -157,7 +140,7 @@ def diff_report(
         task = None if was_down else _is_current(state, report.machine_id, reported)
         if task is None:
             if reported.state is TaskState.RUNNING:
-                duplicates.append(Duplicate(reported.job_id, reported.task_index, reported.incarnation))
+                duplicates.append(reported.identity)
             continue
         seen.add(task.key)
         if reported.state is TaskState.RUNNING:

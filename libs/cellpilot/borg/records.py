@@ -12,12 +12,31 @@ from cellpilot.borg.lifecycle import JobState, MachineState, TaskEvent, TaskStat
 from cellpilot.borg.model import JobSpec, MachineAvailability, MachineSpec
 from cellpilot.schedule import Resources
 
-TaskKey = tuple[str, int]
+TaskKey = tuple[str, int]  # (job id, task index)
 UNLIMITED = Resources(1e18, 1e18, 1e18, 1e18)
 
 
 class InvariantError(Exception):
     """A record that cannot apply to this state: the log and the code disagree."""
+
+
+@dataclass(frozen=True)
+class TaskIncarnation:
+    """One incarnation of a task: the identity that every task mutation, task event and Borglet
+    report carries (an incarnation grows by one each time the task is scheduled, Borg §3.1)."""
+
+    job_id: str
+    task_index: int
+    incarnation: int
+
+    @property
+    def key(self) -> TaskKey:
+        return (self.job_id, self.task_index)
+
+    @property
+    def identity(self) -> TaskIncarnation:
+        """Just the incarnation, without the fields a subclass adds."""
+        return TaskIncarnation(self.job_id, self.task_index, self.incarnation)
 
 
 @dataclass
@@ -126,6 +145,8 @@ class AppliedRequest:
 
 @dataclass(frozen=True)
 class Leader:
+    """The elected master replica (Borg §3.1); its epoch fences the log's writers."""
+
     replica_id: str
     address: str
     epoch: int

@@ -57,14 +57,26 @@ class RestartPolicy:
 
     def delay_ms(self, failures: int) -> int:
         """The wait before restarting a task that has failed ``failures`` times in a row (>= 1)."""
-        if failures <= 0:
-            return 0
-        delay = float(self.initial_delay_ms)
-        for _ in range(failures - 1):
-            delay *= self.factor
-            if delay >= self.max_delay_ms:
-                return self.max_delay_ms
-        return int(min(delay, self.max_delay_ms))
+        return int(backoff_delay(failures, self.initial_delay_ms, self.factor, self.max_delay_ms))
+
+
+def backoff_delay(failures: int, initial: float, factor: float, cap: float) -> float:
+    """Exponential backoff: the wait after ``failures`` failures in a row (0 before the first).
+
+    ``initial`` after the first, growing by ``factor`` with each further one, never above
+    ``cap``. In whatever unit the caller's times are; the Borglet-task restarts above and the
+    local stack's service restarts (:mod:`cellpilot.stack.restart_policy`) both use it.
+    """
+    if failures <= 0:
+        return 0
+    delay = float(initial)
+    for _ in range(failures - 1):
+        if delay == 0.0:
+            break
+        delay *= factor
+        if delay >= cap:
+            return cap
+    return min(delay, cap)
 
 
 def restart_backoff(

@@ -13,9 +13,9 @@ from typing import Any
 
 from cellpilot.borg.health_checks import HealthState, ResolvedCheck
 from cellpilot.borg.lifecycle import TASK_TRANSITIONS, TaskEvent, TaskState, transition
+from cellpilot.borg.records import TaskIncarnation
+from cellpilot.borg.records import TaskKey as TaskKey  # re-exported: the Borglet keys its tasks the same way
 from cellpilot.world.job_demand import JobDemand
-
-TaskKey = tuple[str, int]  # (job id, task index)
 
 
 @dataclass(frozen=True)
@@ -58,12 +58,9 @@ class UnrunnablePlan:
 
 
 @dataclass(frozen=True)
-class TaskPlan:
+class TaskPlan(TaskIncarnation):
     """A task the master wants on a machine (``TaskAssignment``)."""
 
-    job_id: str
-    task_index: int
-    incarnation: int
     priority: int
     band: int  # PriorityBand wire value, echoed only
     limits: Limits
@@ -73,10 +70,6 @@ class TaskPlan:
     ports: tuple[int, ...] = ()
     spec_version: int = 0
     latency_sensitive: bool = True  # Borg §6.2 appclass: served first under CPU contention
-
-    @property
-    def key(self) -> TaskKey:
-        return (self.job_id, self.task_index)
 
     @property
     def name(self) -> str:

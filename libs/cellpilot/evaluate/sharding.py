@@ -8,14 +8,16 @@ another process or on another machine); its results come back as a list in shard
 so a study gives the same answer however and wherever its shards ran.
 
 :class:`InProcess` runs the shards one after the other in this process. A runner that
-spreads them over a cluster (``cellpilot.platform.dask_shards``) implements the same
-:class:`ShardRunner` protocol outside the core; studies only ever see the protocol.
+spreads them over a cluster (``cellpilot.platform.dask_shards``) is another
+:class:`ShardRunner`, outside the core; studies only ever see :class:`ShardRunner`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Generator, Sequence
+from contextlib import closing
+from typing import Any, TypeVar
 
 C = TypeVar("C")
 S = TypeVar("S")
@@ -37,13 +39,23 @@ def counting_shards(progress: Callable[[int], None] | None) -> ShardDone:
     return finished
 
 
-class ShardRunner(Protocol):
-    """Maps a pure per-shard function over shards; results in shard order."""
+class ShardRunner(ABC):
+    """Maps a pure per-shard function over shards; results in shard order.
+
+    :meth:`map` is the one place that puts results back in shard order and reports each
+    finished shard; a runner says only where shards run (:meth:`finished`) and how many at once.
+    """
 
     @property
+    @abstractmethod
     def workers(self) -> int:
         """How many shards run at once (a hint for how finely to split the work)."""
-        ...
+
+    @abstractmethod
+    def finished(
+        self, fn: Callable[[C, S], R], context: C, shards: Sequence[S], costs: Sequence[float] | None
+    ) -> Generator[tuple[int, R], None, None]:
+        """``(index, fn(context, shards[index]))`` for every shard, in the order they finish."""
 
     def map(
         self,
@@ -55,32 +67,30 @@ class ShardRunner(Protocol):
         on_done: ShardDone | None = None,
     ) -> list[R]:
         """``costs`` (optional, one per shard) lets a parallel runner start the biggest first."""
-        ...
+        if not shards:
+            return []
+        results: list[Any] = [None] * len(shards)
+        with closing(self.finished(fn, context, shards, costs)) as finished:
+            for index, result in finished:
+                results[index] = result
+                if on_done is not None:
+                    on_done(index)
+        return results
 
 
-class InProcess:
+class InProcess(ShardRunner):
     """Runs every shard here, in order."""
 
     @property
     def workers(self) -> int:
         return 1
 
-    def map(
-        self,
-        fn: Callable[[C, S], R],
-        context: C,
-        shards: Sequence[S],
-        *,
-        costs: Sequence[float] | None = None,
-        on_done: ShardDone | None = None,
-    ) -> list[R]:
+    def finished(
+        self, fn: Callable[[C, S], R], context: C, shards: Sequence[S], costs: Sequence[float] | None
+    ) -> Generator[tuple[int, R], None, None]:
         del costs  # one at a time: order does not matter
-        results: list[R] = []
         for index, shard in enumerate(shards):
-            results.append(fn(context, shard))
-            if on_done is not None:
-                on_done(index)
-        return results
+            yield index, fn(context, shard)
 
 
 IN_PROCESS = InProcess()

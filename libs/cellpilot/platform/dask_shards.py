@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from distributed import Client, LocalCluster, as_completed
 
-from cellpilot.evaluate.sharding import ShardDone
+from cellpilot.evaluate.sharding import ShardRunner
 
 C = TypeVar("C")
 S = TypeVar("S")
@@ -30,7 +30,7 @@ R = TypeVar("R")
 LOCAL = "local"
 
 
-class DaskShards:
+class DaskShards(ShardRunner):
     """A :class:`~cellpilot.evaluate.sharding.ShardRunner` over a ``distributed.Client``."""
 
     def __init__(self, client: Client) -> None:
@@ -40,17 +40,9 @@ class DaskShards:
     def workers(self) -> int:
         return max(1, sum(self.client.nthreads().values()))
 
-    def map(
-        self,
-        fn: Callable[[C, S], R],
-        context: C,
-        shards: Sequence[S],
-        *,
-        costs: Sequence[float] | None = None,
-        on_done: ShardDone | None = None,
-    ) -> list[R]:
-        if not shards:
-            return []
+    def finished(
+        self, fn: Callable[[C, S], R], context: C, shards: Sequence[S], costs: Sequence[float] | None
+    ) -> Generator[tuple[int, R], None, None]:
         # In a list: scattering a tuple or dict would scatter its items one by one.
         [shared] = self.client.scatter([context], broadcast=True, hash=False)
         order = range(len(shards)) if costs is None else sorted(range(len(shards)), key=lambda i: -costs[i])
@@ -62,19 +54,15 @@ class DaskShards:
             index[key] = i
             # Earlier-submitted (bigger) shards first; Dask runs higher priorities first.
             futures.append(self.client.submit(fn, shared, shards[i], key=key, priority=-rank, pure=False))
-        results: list[Any] = [None] * len(shards)
         try:
             for future in as_completed(futures):
-                i = index[future.key]
-                results[i] = future.result()
+                result = future.result()
                 future.release()
-                if on_done is not None:
-                    on_done(i)
+                yield index[future.key], result
         finally:
             for future in futures:
                 future.cancel()
             shared.release()
-        return results
 
 
 @contextmanager

@@ -10,7 +10,7 @@ caused and the Borgmaster update that applied it. ``GrpcServer`` installs the se
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -18,7 +18,7 @@ import grpc
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
-from cellpilot.platform.grpc_handlers import unary_calls_within
+from cellpilot.platform.grpc_handlers import HandlerWrappingInterceptor, Metadata, unary_calls_within
 
 tracer = trace.get_tracer(__name__)
 
@@ -33,20 +33,11 @@ def _attributes(method: str) -> dict[str, str]:
     return {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
 
 
-class TraceContextServerInterceptor(grpc.aio.ServerInterceptor):
+class TraceContextServerInterceptor(HandlerWrappingInterceptor):
     """Runs each call in a SERVER span continuing the trace named in its metadata."""
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        metadata = handler_call_details.invocation_metadata or ()  # type: ignore[attr-defined]
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str, metadata: Metadata) -> grpc.RpcMethodHandler:
         carrier = {key: value for key, value in metadata if isinstance(value, str)}
-        method: str = handler_call_details.method  # type: ignore[attr-defined]
         if "traceparent" not in carrier and method.startswith("/grpc."):
             return handler  # health checks and reflection without a caller's trace: no span
         parent = propagate.extract(carrier)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -28,8 +29,18 @@ log = logging.getLogger(__name__)
 class _CheckedConsumer:
     """What both consumers share: batches of records, and positions checked against the log."""
 
-    def __init__(self, consumer: AIOKafkaConsumer, bootstrap: str, client_id: str, interval_s: float) -> None:
-        self._consumer = consumer
+    def __init__(
+        self, bootstrap: str, client_id: str, interval_s: float, *topics: str, **settings: Any
+    ) -> None:
+        """Commits only when told and starts at the earliest offset; ``settings`` add to that."""
+        self._consumer = AIOKafkaConsumer(
+            *topics,
+            bootstrap_servers=bootstrap,
+            client_id=client_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            **settings,
+        )
         self.positions = LogPositions(bootstrap, client_id, interval_s)
 
     async def stop(self) -> None:
@@ -73,17 +84,15 @@ class MessageConsumer(_CheckedConsumer):
         client_id: str = "cellpilot",
         log_check_interval_s: float = DEFAULT_LOG_CHECK_INTERVAL_S,
     ) -> None:
-        consumer = AIOKafkaConsumer(
+        super().__init__(
+            bootstrap,
+            client_id,
+            log_check_interval_s,
             *topics,
-            bootstrap_servers=bootstrap,
             group_id=group_id,
-            client_id=client_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
             session_timeout_ms=10000,
             heartbeat_interval_ms=1000,
         )
-        super().__init__(consumer, bootstrap, client_id, log_check_interval_s)
 
     async def start(self) -> None:
         await self._consumer.start()
@@ -118,14 +127,7 @@ class AssignedConsumer(_CheckedConsumer):
         log_check_interval_s: float = DEFAULT_LOG_CHECK_INTERVAL_S,
     ) -> None:
         self.topics = topics
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
-            group_id=None,
-            client_id=client_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
-        super().__init__(consumer, bootstrap, client_id, log_check_interval_s)
+        super().__init__(bootstrap, client_id, log_check_interval_s, group_id=None)
 
     async def start(self, offsets: AppliedOffsets | None = None) -> None:
         """Assign all partitions; each starts at ``offsets``' next offset (else the earliest).

@@ -17,7 +17,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -28,7 +28,7 @@ import redis.exceptions
 import sqlalchemy.exc
 
 from cellpilot.platform.error_reasons import STORE_UNAVAILABLE, reason_metadata
-from cellpilot.platform.grpc_handlers import unary_unary_within
+from cellpilot.platform.grpc_handlers import HandlerWrappingInterceptor, Metadata, unary_unary_within
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def store_of(error: BaseException, default: str | None = None) -> str | None:
     return None
 
 
-class StoreOutageInterceptor(grpc.aio.ServerInterceptor):
+class StoreOutageInterceptor(HandlerWrappingInterceptor):
     """Answers UNAVAILABLE, naming the store, when a unary handler fails for a store outage.
 
     ``default_store`` is the store a bare network failure is blamed on (the one the service
@@ -109,15 +109,9 @@ class StoreOutageInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, default_store: str) -> None:
         self.default_store = default_store
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str, metadata: Metadata) -> grpc.RpcMethodHandler:
+        if handler.unary_unary is None:
             return handler
-        method: str = handler_call_details.method  # type: ignore[attr-defined]
         default_store = self.default_store
 
         @asynccontextmanager

@@ -114,6 +114,28 @@ class JobArrays:
         return type(self) is type(other) and _equal(self, other)
 
 
+def step_inputs(
+    counts: npt.ArrayLike,
+    time_ms: npt.ArrayLike,
+    buckets: int,
+    updates: npt.NDArray[Any],
+    last_ms: npt.NDArray[Any],
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    """A recommender step's input as arrays: one histogram per job (``counts`` (J, K)) at event
+    times ``time_ms`` (J,), checked against the state's ``updates`` and ``last_ms`` (J,): each
+    job's histograms come in event-time order."""
+    s = np.asarray(counts, dtype=np.float64)
+    t = np.asarray(time_ms, dtype=np.int64)
+    jobs = updates.shape[0]
+    if s.shape != (jobs, buckets) or t.shape != (jobs,):
+        raise ValueError(
+            f"expected counts ({jobs}, {buckets}) and time_ms ({jobs},), got {s.shape}, {t.shape}"
+        )
+    if np.any((updates > 0) & (t < last_ms)):
+        raise ValueError("histogram older than the job's latest one: feed each job in event-time order")
+    return s, t
+
+
 def _type_name(cls: type[JobArrays]) -> str:
     """The name a state type is registered and serialised under (module-qualified)."""
     return f"{cls.__module__}.{cls.__qualname__}"

@@ -61,7 +61,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cellpilot.array_types import FloatArray, Int32Array, Int64Array
-from cellpilot.recommend.job_arrays import JobArrays
+from cellpilot.recommend.job_arrays import JobArrays, step_inputs
 
 IntArray = npt.NDArray[np.integer]
 
@@ -233,20 +233,15 @@ def update_ensemble(
 ) -> tuple[EnsembleState, EnsembleDecision]:
     """One step of eqs. 4-9 for every job (``counts`` (J, K), ``time_ms`` (J,)); pure."""
     grid = config.grid
-    s_all = np.asarray(counts, dtype=np.float64)
-    t = np.asarray(time_ms, dtype=np.int64)
     jobs, decays, buckets = state.smoothed.shape
     models = grid.models
-    if s_all.shape != (jobs, buckets) or t.shape != (jobs,):
-        raise ValueError(f"expected counts ({jobs}, {buckets}) and time_ms ({jobs},)")
+    s_all, t = step_inputs(counts, time_ms, buckets, state.updates, state.last_ms)
     if (
         decays != len(grid.distinct_decays)
         or state.raw_limit.shape != (jobs, models)
         or buckets != boundaries.size
     ):
         raise ValueError("state was built for a different model grid or bucket scheme")
-    if np.any((state.updates > 0) & (t < state.last_ms)):
-        raise ValueError("histogram older than the job's latest one: feed each job in event-time order")
 
     d = np.asarray(grid.distinct_decays)[None, :, None]
     dm = grid.decay_index

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cellpilot.array_types import FloatArray, Int32Array, Int64Array
-from cellpilot.recommend.job_arrays import JobArrays
+from cellpilot.recommend.job_arrays import JobArrays, step_inputs
 from cellpilot.usage.buckets import Resource
 
 HOUR_MS = 3600 * 1000
@@ -175,16 +175,9 @@ def update_window(
 
     Returns the new state (the old one is not modified) and S_max / S_avg / S_pj.
     """
-    s = np.asarray(counts, dtype=np.float64)
-    t = np.asarray(time_ms, dtype=np.int64)
     jobs, buckets = state.decayed.shape
-    if s.shape != (jobs, buckets) or t.shape != (jobs,):
-        raise ValueError(
-            f"expected counts ({jobs}, {buckets}) and time_ms ({jobs},), got {s.shape}, {t.shape}"
-        )
+    s, t = step_inputs(counts, time_ms, buckets, state.updates, state.last_ms)
     seen = state.updates > 0
-    if np.any(seen & (t < state.last_ms)):
-        raise ValueError("histogram older than the job's latest one: feed each job in event-time order")
     # Eq. 1 applied incrementally: all older samples age by dt.
     factor = np.where(seen, decay_weight(t - state.last_ms, config.half_life_ms), 0.0)
 

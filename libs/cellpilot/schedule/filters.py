@@ -33,8 +33,6 @@ def non_preemptible_use(cell: Cell, req: Request, machines: IntpArray) -> FloatA
 class ResourceFit(Plugin):
     """Enough of every resource, counting preemptible tasks as free (§3.2, §5.5)."""
 
-    kind = "filter"
-    name = "resources"
     gpa_rho: float = 0.0  # > 0: GPA CPU fit test for non-prod tasks with this overflow probability
     _z: float = field(default=0.0, init=False, repr=False, compare=False)
 
@@ -87,9 +85,6 @@ class ResourceFit(Plugin):
 @dataclass(frozen=True)
 class HardConstraints(Plugin):
     """Hard constraints on machine attributes filter machines (§2.3)."""
-
-    kind = "filter"
-    name = "hard-constraints"
 
     def feasible(self, cell: Cell, req: Request, machines: IntpArray) -> BoolArray:
         ok = np.ones(machines.shape[0], dtype=bool)

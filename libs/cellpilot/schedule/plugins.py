@@ -123,21 +123,24 @@ class Preemptor(Protocol):
 
 
 # ---------------------------------------------------------------------- registry
-T = TypeVar("T")
 _REGISTRY: dict[str, dict[str, type]] = {"filter": {}, "scorer": {}, "preemptor": {}}
 
 
 class Plugin:
-    """Base for plugin dataclasses: ``kind`` and ``name`` register them."""
+    """Base for plugin dataclasses; :func:`register` sets the ``kind`` and ``name`` they are known by."""
 
     kind: ClassVar[str]
     name: ClassVar[str]
 
 
-def register(kind: str, name: str) -> Callable[[type[T]], type[T]]:
-    def decorate(cls: type[T]) -> type[T]:
+PluginT = TypeVar("PluginT", bound=Plugin)
+
+
+def register(kind: str, name: str) -> Callable[[type[PluginT]], type[PluginT]]:
+    def decorate(cls: type[PluginT]) -> type[PluginT]:
         if name in _REGISTRY[kind]:
             raise ValueError(f"{kind} {name!r} registered twice")
+        cls.kind, cls.name = kind, name
         _REGISTRY[kind][name] = cls
         return cls
 

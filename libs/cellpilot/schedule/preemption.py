@@ -22,9 +22,6 @@ from cellpilot.schedule.plugins import FitCheck, Plugin, Request, register
 class LowestPriorityFirst(Plugin):
     """Evict from the lowest priority up; within a priority, the larger tasks first."""
 
-    kind = "preemptor"
-    name = "lowest-priority-first"
-
     def victims(self, cell: Cell, req: Request, machine: int, fits: FitCheck) -> IntpArray | None:
         capacity = cell.capacity[machine][None, :]
         used = cell.below[machine, NUM_LEVELS][None, :]

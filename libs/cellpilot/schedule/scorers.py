@@ -63,9 +63,6 @@ class _WeightedPacking(Plugin):
 class BestFit(_WeightedPacking):
     """Mean weighted utilisation after placement: fullest machine first (§3.2)."""
 
-    kind = "scorer"
-    name = "best-fit"
-
     def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
         inv = cell.inv_capacity[machines]
         after = np.minimum((cell.below[machines, NUM_LEVELS, req.basis] + req.limits) * inv, 1.0)
@@ -81,8 +78,6 @@ class WorstFit(_WeightedPacking):
     so the score is on the fixed 0–100 scale; the emptiest machine scores highest.
     """
 
-    kind = "scorer"
-    name = "worst-fit"
     base: float = 16.0
 
     def __post_init__(self) -> None:
@@ -108,8 +103,6 @@ class HybridStranding(_WeightedPacking):
     / (1 + stranding_weight), with fill and stranded as weighted means over r.
     """
 
-    kind = "scorer"
-    name = "hybrid"
     stranding_weight: float = 1.0
 
     def __post_init__(self) -> None:
@@ -143,8 +136,6 @@ class FailureDomainSpread(Plugin):
     the candidate's machine, rack and power domain.
     """
 
-    kind = "scorer"
-    name = "spread"
     job_dependent: ClassVar[bool] = True
     machine: float = 0.6
     rack: float = 0.25
@@ -168,8 +159,6 @@ class FailureDomainSpread(Plugin):
 class PackageLocality(Plugin):
     """Prefer machines that already have the task's packages installed (Borg §3.2)."""
 
-    kind = "scorer"
-    name = "packages"
     job_dependent: ClassVar[bool] = False
 
     def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
@@ -195,8 +184,6 @@ class PriorityMixing(Plugin):
     score = 100 * 4 s (1 - s): highest for an even mix.
     """
 
-    kind = "scorer"
-    name = "mix-priorities"
     job_dependent: ClassVar[bool] = False
 
     def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
@@ -212,8 +199,6 @@ class PriorityMixing(Plugin):
 class SoftConstraints(Plugin):
     """Weighted share of the task's soft constraints the machine satisfies (§2.3)."""
 
-    kind = "scorer"
-    name = "soft-constraints"
     job_dependent: ClassVar[bool] = False
 
     def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
@@ -237,8 +222,6 @@ class PreemptionCost(Plugin):
     dominates, their number breaks ties.
     """
 
-    kind = "scorer"
-    name = "preemption-cost"
     job_dependent: ClassVar[bool] = False
 
     def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:

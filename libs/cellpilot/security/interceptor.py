@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import Message
 
-from cellpilot.platform.grpc_handlers import unary_calls_within
+from cellpilot.platform.grpc_handlers import HandlerWrappingInterceptor, Metadata, unary_calls_within
 from cellpilot.security.authentication import AuthenticationError, Authenticator
 from cellpilot.security.identity import Principal, current_principal
 from cellpilot.security.policy import JobOwnerLookup, RecommenderOwnerLookup, authorize
@@ -47,7 +47,7 @@ async def _refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, reas
     raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
 
 
-class SecurityInterceptor(grpc.aio.ServerInterceptor):
+class SecurityInterceptor(HandlerWrappingInterceptor):
     """Authenticates, validates and authorises every non-public call (see module doc).
 
     ``refusals`` counts refused calls by (method, status code name), for metrics and tests.
@@ -79,7 +79,7 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
     async def admit(
         self,
         method: str,
-        metadata: Sequence[tuple[str, str | bytes]] | None,
+        metadata: Metadata | None,
         request: Message,
         context: grpc.aio.ServicerContext,
     ) -> Principal:
@@ -97,16 +97,9 @@ class SecurityInterceptor(grpc.aio.ServerInterceptor):
             await self._refuse(context, method, decision.code, decision.reason)
         return principal
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method: str = handler_call_details.method  # type: ignore[attr-defined]
-        if handler is None or method.startswith(self.public_prefixes):
+    def wrap(self, handler: grpc.RpcMethodHandler, method: str, metadata: Metadata) -> grpc.RpcMethodHandler:
+        if method.startswith(self.public_prefixes):
             return handler
-        metadata = tuple(handler_call_details.invocation_metadata or ())  # type: ignore[attr-defined]
 
         @asynccontextmanager
         async def as_admitted_caller(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:

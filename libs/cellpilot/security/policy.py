@@ -142,19 +142,38 @@ def _owner_or_admin(principal: Principal, job_id: str, lookups: Lookups, action:
     return deny(f"user {principal.user!r} may not {action} job {job_id!r} owned by {owner or 'nobody'!r}")
 
 
-def submit_job(principal: Principal, request: Message, lookups: Lookups) -> Decision:
-    assert isinstance(request, borgmaster_pb2.SubmitJobRequest)
+def _owned_object_rule(
+    request_type: type[Message],
+    id_field: str,
+    action: str,
+    owner_check: Callable[[Principal, str, Lookups, str], Decision],
+) -> Rule:
+    """A rule whose verdict is ``owner_check`` on the object named by ``request.<id_field>``."""
+
+    def rule(principal: Principal, request: Message, lookups: Lookups) -> Decision:
+        assert isinstance(request, request_type)
+        return owner_check(principal, getattr(request, id_field), lookups, action)
+
+    return rule
+
+
+def _as_themself(principal: Principal, claimed_user: str, action: str, role: str) -> Decision:
+    """Admins may ``action`` for anyone; users only in their own name (as ``role``), others not."""
     if principal.is_admin:
         return ALLOW
     if not principal.user:
-        return deny(f"{principal.describe()} may not submit jobs; only users do")
-    if request.spec.user != principal.user:
-        return deny(f"user {principal.user!r} may submit jobs only as themself, not as {request.spec.user!r}")
-    if request.spec.alloc_set_job_id:
-        return _owner_or_admin(
-            principal, request.spec.alloc_set_job_id, lookups, "run tasks in the allocs of"
-        )
+        return deny(f"{principal.describe()} may not {action}; only users do")
+    if claimed_user != principal.user:
+        return deny(f"user {principal.user!r} may {action} only as {role}, not as {claimed_user!r}")
     return ALLOW
+
+
+def submit_job(principal: Principal, request: Message, lookups: Lookups) -> Decision:
+    assert isinstance(request, borgmaster_pb2.SubmitJobRequest)
+    decision = _as_themself(principal, request.spec.user, "submit jobs", "themself")
+    if not decision.allowed or principal.is_admin or not request.spec.alloc_set_job_id:
+        return decision
+    return _owner_or_admin(principal, request.spec.alloc_set_job_id, lookups, "run tasks in the allocs of")
 
 
 def _actuator_update(
@@ -194,11 +213,6 @@ def update_job(principal: Principal, request: Message, lookups: Lookups) -> Deci
     return ALLOW
 
 
-def kill_job(principal: Principal, request: Message, lookups: Lookups) -> Decision:
-    assert isinstance(request, borgmaster_pb2.KillJobRequest)
-    return _owner_or_admin(principal, request.job_id, lookups, "kill")
-
-
 def register_machine(principal: Principal, request: Message, lookups: Lookups) -> Decision:
     assert isinstance(request, borgmaster_pb2.RegisterMachineRequest)
     if principal.is_admin:
@@ -211,20 +225,9 @@ def register_machine(principal: Principal, request: Message, lookups: Lookups) -
     return deny(f"{principal.describe()} may not register machines; Borglets and admins do")
 
 
-def set_autopilot_config(principal: Principal, request: Message, lookups: Lookups) -> Decision:
-    assert isinstance(request, autopilot_pb2.SetAutopilotConfigRequest)
-    return _owner_or_admin(principal, request.job_id, lookups, "configure Autopilot for")
-
-
 def register_recommender(principal: Principal, request: Message, lookups: Lookups) -> Decision:
     assert isinstance(request, autopilot_pb2.RegisterRecommenderRequest)
-    if principal.is_admin:
-        return ALLOW
-    if not principal.user:
-        return deny(f"{principal.describe()} may not register recommenders; users do")
-    if request.owner != principal.user:
-        return deny(f"user {principal.user!r} may register recommenders only as owner, not {request.owner!r}")
-    return ALLOW
+    return _as_themself(principal, request.owner, "register recommenders", "owner")
 
 
 def _recommender_owner(principal: Principal, name: str, lookups: Lookups, action: str) -> Decision:
@@ -238,16 +241,6 @@ def _recommender_owner(principal: Principal, name: str, lookups: Lookups, action
     )
 
 
-def unregister_recommender(principal: Principal, request: Message, lookups: Lookups) -> Decision:
-    assert isinstance(request, autopilot_pb2.UnregisterRecommenderRequest)
-    return _recommender_owner(principal, request.name, lookups, "unregister")
-
-
-def publish_recommendations(principal: Principal, request: Message, lookups: Lookups) -> Decision:
-    assert isinstance(request, autopilot_pb2.PublishRecommendationsRequest)
-    return _recommender_owner(principal, request.recommender_name, lookups, "publish for")
-
-
 def borgmaster_only(principal: Principal, request: Message, lookups: Lookups) -> Decision:
     if principal.service_kind == "borgmaster" and not principal.user:
         return ALLOW
@@ -257,7 +250,9 @@ def borgmaster_only(principal: Principal, request: Message, lookups: Lookups) ->
 RULES: Mapping[str, Rule] = {
     BORGMASTER + "SubmitJob": submit_job,
     BORGMASTER + "UpdateJob": update_job,
-    BORGMASTER + "KillJob": kill_job,
+    BORGMASTER + "KillJob": _owned_object_rule(
+        borgmaster_pb2.KillJobRequest, "job_id", "kill", _owner_or_admin
+    ),
     BORGMASTER + "GetJob": authenticated,
     BORGMASTER + "ListJobs": authenticated,
     BORGMASTER + "GetTask": authenticated,
@@ -274,12 +269,18 @@ RULES: Mapping[str, Rule] = {
     BORGMASTER + "GetLifetimes": authenticated,
     AUTOPILOT + "GetRecommendation": authenticated,
     AUTOPILOT + "ListRecommendations": authenticated,
-    AUTOPILOT + "SetAutopilotConfig": set_autopilot_config,
+    AUTOPILOT + "SetAutopilotConfig": _owned_object_rule(
+        autopilot_pb2.SetAutopilotConfigRequest, "job_id", "configure Autopilot for", _owner_or_admin
+    ),
     AUTOPILOT + "GetAutopilotConfig": authenticated,
     AUTOPILOT + "RegisterRecommender": register_recommender,
-    AUTOPILOT + "UnregisterRecommender": unregister_recommender,
+    AUTOPILOT + "UnregisterRecommender": _owned_object_rule(
+        autopilot_pb2.UnregisterRecommenderRequest, "name", "unregister", _recommender_owner
+    ),
     AUTOPILOT + "ListRecommenders": authenticated,
-    AUTOPILOT + "PublishRecommendations": publish_recommendations,
+    AUTOPILOT + "PublishRecommendations": _owned_object_rule(
+        autopilot_pb2.PublishRecommendationsRequest, "recommender_name", "publish for", _recommender_owner
+    ),
     BORGLET + "Poll": borgmaster_only,
     BORGLET + "PollMachines": borgmaster_only,
     # Only Borgmaster replicas forward their link shards' reports (Borg §3.3).

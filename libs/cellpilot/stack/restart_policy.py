@@ -2,7 +2,8 @@
 
 Borg restarts a task that fails (Borg §2.3, "tasks are restarted when they fail"), and a task
 that keeps failing is not retried as fast as it dies (a crash loop backs off). This is that
-policy for the processes ``cellpilot run`` supervises, kept as plain data and decisions with
+policy for the processes ``cellpilot run`` supervises (the delay is the Borgmaster's own
+:func:`cellpilot.borg.restart_backoff.backoff_delay`), kept as plain data and decisions with
 ``now`` passed in: the shell that watches processes asks :meth:`RestartHistory.decide` what to
 do after each death and acts on the answer.
 
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+
+from cellpilot.borg.restart_backoff import backoff_delay
 
 
 @dataclass(frozen=True)
@@ -72,9 +75,10 @@ class RestartHistory:
             return RestartDecision(give_up=True, delay_s=0.0, recent_restarts=recent)
         if uptime_s >= policy.stable_after_s:
             self.consecutive_quick_deaths = 0
-        doublings = min(self.consecutive_quick_deaths, 32)  # past the cap already; no float overflow
-        delay = min(policy.max_backoff_s, policy.initial_backoff_s * 2**doublings)
         self.consecutive_quick_deaths += 1
+        delay = backoff_delay(
+            self.consecutive_quick_deaths, policy.initial_backoff_s, 2.0, policy.max_backoff_s
+        )
         self.restarts += 1
         self._restart_times.append(now + delay)
         return RestartDecision(give_up=False, delay_s=delay, recent_restarts=recent)

@@ -114,13 +114,19 @@ def _need(types: dict[str, DuckDBPyType], what: str, *names: str) -> None:
         raise ValueError(f"{what}: no column {', '.join(missing)}")
 
 
+def _task_keys(
+    types: dict[str, DuckDBPyType], what: str, job: str, task: str, **times: str
+) -> dict[str, str]:
+    """The columns that place a row (its time or times, job id, task index), all required."""
+    _need(types, what, *times.values(), job, task)
+    return {name: _pick(types, "BIGINT", (column,)) for name, column in times.items()} | {
+        "job_id": _pick(types, "BIGINT", (job,)),
+        "task_index": _pick(types, "BIGINT", (task,)),
+    }
+
+
 def _usage_2011(types: dict[str, DuckDBPyType], source: str, what: str) -> str:
-    _need(types, what, "start_time", "end_time", "job_id", "task_index")
-    pick = {
-        "start_us": _pick(types, "BIGINT", ("start_time",)),
-        "end_us": _pick(types, "BIGINT", ("end_time",)),
-        "job_id": _pick(types, "BIGINT", ("job_id",)),
-        "task_index": _pick(types, "BIGINT", ("task_index",)),
+    pick = _task_keys(types, what, "job_id", "task_index", start_us="start_time", end_us="end_time") | {
         "memory_mean": _pick(types, "DOUBLE", ("canonical_memory_usage",)),
         "memory_peak": _pick(types, "DOUBLE", ("maximum_memory_usage",)),
         "cpu_mean": _pick(types, "DOUBLE", ("cpu_rate",)),
@@ -132,57 +138,60 @@ def _usage_2011(types: dict[str, DuckDBPyType], source: str, what: str) -> str:
 
 
 def _usage_2019(types: dict[str, DuckDBPyType], source: str, what: str) -> str:
-    _need(types, what, "start_time", "end_time", "collection_id", "instance_index")
+    keys = _task_keys(
+        types, what, "collection_id", "instance_index", start_us="start_time", end_us="end_time"
+    )
     dist = field_expression(types, ("cpu_usage_distribution",))
-    pick = {
-        "start_us": _pick(types, "BIGINT", ("start_time",)),
-        "end_us": _pick(types, "BIGINT", ("end_time",)),
-        "job_id": _pick(types, "BIGINT", ("collection_id",)),
-        "task_index": _pick(types, "BIGINT", ("instance_index",)),
-        "memory_mean": _pick(types, "DOUBLE", *_nested("average_usage", "memory")),
-        "memory_peak": _pick(types, "DOUBLE", *_nested("maximum_usage", "memory")),
-        "cpu_mean": _pick(types, "DOUBLE", *_nested("average_usage", "cpus")),
-        "cpu_peak": _pick(types, "DOUBLE", *_nested("maximum_usage", "cpus")),
-        "cpu_sample": _pick(types, "DOUBLE", *_nested("random_sample_usage", "cpus")),
-        "assigned_memory": _pick(types, "DOUBLE", ("assigned_memory",)),
-    } | {
-        # A distribution that is not the 11 deciles counts as unknown.
-        name: (
-            f"CASE WHEN len({dist}) = {CPU_DECILES} THEN TRY_CAST({dist}[{q + 1}] AS DOUBLE) END"
-            if dist
-            else "NULL::DOUBLE"
-        )
-        for q, name in enumerate(DECILES)
-    }
+    pick = (
+        keys
+        | {
+            "memory_mean": _pick(types, "DOUBLE", *_nested("average_usage", "memory")),
+            "memory_peak": _pick(types, "DOUBLE", *_nested("maximum_usage", "memory")),
+            "cpu_mean": _pick(types, "DOUBLE", *_nested("average_usage", "cpus")),
+            "cpu_peak": _pick(types, "DOUBLE", *_nested("maximum_usage", "cpus")),
+            "cpu_sample": _pick(types, "DOUBLE", *_nested("random_sample_usage", "cpus")),
+            "assigned_memory": _pick(types, "DOUBLE", ("assigned_memory",)),
+        }
+        | {
+            # A distribution that is not the 11 deciles counts as unknown.
+            name: (
+                f"CASE WHEN len({dist}) = {CPU_DECILES} THEN TRY_CAST({dist}[{q + 1}] AS DOUBLE) END"
+                if dist
+                else "NULL::DOUBLE"
+            )
+            for q, name in enumerate(DECILES)
+        }
+    )
     return _rows(pick, source, "start_us", "end_us", "job_id", "task_index", where=_not_alloc_set(types))
 
 
-def _events_2011(types: dict[str, DuckDBPyType], source: str, what: str) -> str:
-    _need(types, what, "timestamp", "job_id", "task_index")
-    pick = {
-        "time_us": _pick(types, "BIGINT", ("timestamp",)),
-        "job_id": _pick(types, "BIGINT", ("job_id",)),
-        "task_index": _pick(types, "BIGINT", ("task_index",)),
+def _events(
+    types: dict[str, DuckDBPyType],
+    keys: dict[str, str],
+    source: str,
+    cpu_request: tuple[tuple[str, ...], ...],
+    memory_request: tuple[tuple[str, ...], ...],
+    where: str = "true",
+) -> str:
+    """Task events of either format: ``keys`` from :func:`_task_keys`, and where it keeps the requests."""
+    pick = keys | {
         "priority": _level(_pick(types, "DOUBLE", ("priority",))),
         "scheduling_class": _level(_pick(types, "DOUBLE", ("scheduling_class",))),
-        "cpu_request": _pick(types, "DOUBLE", ("cpu_request",)),
-        "memory_request": _pick(types, "DOUBLE", ("memory_request",)),
+        "cpu_request": _pick(types, "DOUBLE", *cpu_request),
+        "memory_request": _pick(types, "DOUBLE", *memory_request),
     }
-    return _rows(pick, source, "time_us", "job_id", "task_index")
+    return _rows(pick, source, "time_us", "job_id", "task_index", where=where)
+
+
+def _events_2011(types: dict[str, DuckDBPyType], source: str, what: str) -> str:
+    keys = _task_keys(types, what, "job_id", "task_index", time_us="timestamp")
+    return _events(types, keys, source, (("cpu_request",),), (("memory_request",),))
 
 
 def _events_2019(types: dict[str, DuckDBPyType], source: str, what: str) -> str:
-    _need(types, what, "time", "collection_id", "instance_index")
-    pick = {
-        "time_us": _pick(types, "BIGINT", ("time",)),
-        "job_id": _pick(types, "BIGINT", ("collection_id",)),
-        "task_index": _pick(types, "BIGINT", ("instance_index",)),
-        "priority": _level(_pick(types, "DOUBLE", ("priority",))),
-        "scheduling_class": _level(_pick(types, "DOUBLE", ("scheduling_class",))),
-        "cpu_request": _pick(types, "DOUBLE", *_nested("resource_request", "cpus")),
-        "memory_request": _pick(types, "DOUBLE", *_nested("resource_request", "memory")),
-    }
-    return _rows(pick, source, "time_us", "job_id", "task_index", where=_not_alloc_set(types))
+    keys = _task_keys(types, what, "collection_id", "instance_index", time_us="time")
+    cpu, memory = _nested("resource_request", "cpus"), _nested("resource_request", "memory")
+    return _events(types, keys, source, cpu, memory, where=_not_alloc_set(types))
 
 
 def _level(expression: str) -> str:

@@ -30,27 +30,36 @@ _HEADER = struct.Struct("<4sH")  # magic, scheme id length
 _BODY = struct.Struct("<IqqI")  # scheme version, start_ms, window_ms, non-zero buckets
 
 
-def _set_window(histogram: Histogram | SparseHistogram) -> None:
-    """Check a histogram's window and keep its bounds as plain ints."""
-    if histogram.window_ms <= 0:
-        raise ValueError("window_ms must be positive")
-    if not isinstance(histogram.start_ms, int | np.integer):
-        raise TypeError("start_ms must be an integer (event time in ms)")
-    object.__setattr__(histogram, "start_ms", int(histogram.start_ms))
-    object.__setattr__(histogram, "window_ms", int(histogram.window_ms))
-
-
 @dataclass(frozen=True, eq=False)
-class Histogram:
-    """Dense histogram: ``counts[k]`` samples fell in bucket k during the window."""
+class HistogramWindow:
+    """What both layouts share: the bucket scheme and the window [start_ms, start_ms + window_ms)."""
 
     scheme: BucketScheme
     start_ms: int
     window_ms: int
+
+    def __post_init__(self) -> None:
+        """Check the window and keep its bounds as plain ints."""
+        if self.window_ms <= 0:
+            raise ValueError("window_ms must be positive")
+        if not isinstance(self.start_ms, int | np.integer):
+            raise TypeError("start_ms must be an integer (event time in ms)")
+        object.__setattr__(self, "start_ms", int(self.start_ms))
+        object.__setattr__(self, "window_ms", int(self.window_ms))
+
+    @property
+    def end_ms(self) -> int:
+        return self.start_ms + self.window_ms
+
+
+@dataclass(frozen=True, eq=False)
+class Histogram(HistogramWindow):
+    """Dense histogram: ``counts[k]`` samples fell in bucket k during the window."""
+
     counts: FloatArray
 
     def __post_init__(self) -> None:
-        _set_window(self)
+        super().__post_init__()
         counts = np.array(self.counts, dtype=np.float64, copy=True)
         if counts.shape != (self.scheme.size,):
             raise ValueError(f"counts must have shape ({self.scheme.size},), got {counts.shape}")
@@ -89,10 +98,6 @@ class Histogram:
         if arr.size:
             counts[int(scheme.index_of(arr.max()))] = 1.0
         return cls(scheme, start_ms, window_ms, counts)
-
-    @property
-    def end_ms(self) -> int:
-        return self.start_ms + self.window_ms
 
     @property
     def total(self) -> float:
@@ -136,17 +141,14 @@ class Histogram:
 
 
 @dataclass(frozen=True, eq=False)
-class SparseHistogram:
+class SparseHistogram(HistogramWindow):
     """Non-zero buckets only: ``indices`` strictly increasing, ``counts`` positive."""
 
-    scheme: BucketScheme
-    start_ms: int
-    window_ms: int
     indices: Int32Array
     counts: FloatArray
 
     def __post_init__(self) -> None:
-        _set_window(self)
+        super().__post_init__()
         indices = np.array(self.indices, dtype=np.int32, copy=True)
         counts = np.array(self.counts, dtype=np.float64, copy=True)
         if indices.ndim != 1 or indices.shape != counts.shape:

@@ -95,7 +95,7 @@ def replay_wanted(
     memory: dict[tuple[int, int], float] = {}
     for s in samples:
         key = (s.task_index, (s.event_time_ms // WINDOW_MS + 1) * WINDOW_MS)
-        cpu[key].append(s.cpu_millicores / 1000.0)  # the recommenders work in cores
+        cpu[key].append(float(s.cpu_millicores))  # millicores end to end (cellpilot.units)
         memory[key] = max(memory.get(key, 0.0), float(s.memory_bytes))
     traits = traits_in(spec, 64.0 * GIB)
     layout = ChunkLayout(
@@ -108,7 +108,7 @@ def replay_wanted(
         r: AutopilotDecider(PolicyKind.AUTOPILOT, layout, r, ensemble, master_policy)  # type: ignore[arg-type]
         for r in Resource
     }
-    limits = {Resource.CPU: LIMIT_CPU / 1000.0, Resource.MEMORY: float(LIMIT_MEMORY)}
+    limits = {Resource.CPU: float(LIMIT_CPU), Resource.MEMORY: float(LIMIT_MEMORY)}
     wanted: dict[Resource, dict[int, float]] = {r: {} for r in Resource}
     points_per_task = max(len(v) for v in cpu.values())
     for i, end in enumerate(window_ends):
@@ -140,10 +140,9 @@ def replay_wanted(
 def within_one_bucket(resource: Resource, live: float, replay: float) -> bool:
     """|live - replay| is at most the width of the histogram bucket holding the replay's value."""
     scheme = default_scheme(resource)
-    unit = 1000.0 if resource is Resource.CPU else 1.0
-    k = int(scheme.index_of(np.array([replay / unit]))[0])
+    k = int(scheme.index_of(np.array([replay]))[0])
     lower = scheme.boundaries[k - 1] if k > 0 else 0.0
-    return abs(live - replay) <= (scheme.boundaries[k] - lower) * unit
+    return abs(live - replay) <= scheme.boundaries[k] - lower
 
 
 async def test_live_pipeline_actuates_the_limits_the_replay_decides(

@@ -11,7 +11,6 @@ from cellpilot.borg.model import MachineAvailability
 from cellpilot.borg.mutations import MachineStateChanged, TaskStateChanged
 from cellpilot.borg.poll_diff import (
     DEFAULT_MAX_FAILURES,
-    Duplicate,
     MachineReport,
     ReportedEvent,
     ReportedTask,
@@ -19,6 +18,7 @@ from cellpilot.borg.poll_diff import (
     diff_report,
     machines_down,
 )
+from cellpilot.borg.records import TaskIncarnation
 from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.schedule import Resources
 from cellpilot.units import GIB
@@ -138,7 +138,7 @@ def test_duplicates_are_reported_and_change_nothing(where: str, incarnation_delt
     target = other if where == "other-machine" else machine
     reported = ReportedTask("alice/web", 0, incarnation + incarnation_delta, TaskState.RUNNING)
     diff = diff_report(master.state, _report(target, 0, reported))
-    assert diff.duplicates == (Duplicate("alice/web", 0, incarnation + incarnation_delta),)
+    assert diff.duplicates == (TaskIncarnation("alice/web", 0, incarnation + incarnation_delta),)
     assert not [m for m in diff.mutations if isinstance(m, TaskStateChanged) and m.job_id == "alice/web"]
 
 
@@ -162,7 +162,7 @@ def test_a_machine_missing_polls_goes_down_its_tasks_are_rescheduled_and_return_
     diff = diff_report(master.state, _report(machine, 0, old))
     assert isinstance(diff.mutations[0], MachineStateChanged)
     assert diff.mutations[0].state is MachineAvailability.UP
-    assert diff.duplicates == (Duplicate("alice/web", 0, incarnation),)
+    assert diff.duplicates == (TaskIncarnation("alice/web", 0, incarnation),)
     master.commit(diff.mutations)
     assert master.state.machines[machine].availability is MachineAvailability.UP
 

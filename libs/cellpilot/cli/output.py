@@ -13,7 +13,7 @@ the stack's ``stack.env`` like every service) and say who the user is with a bea
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Annotated, Any, TypeVar
 
@@ -21,19 +21,10 @@ import typer
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from rich.console import Console
+from rich.table import Table
 
 from cellpilot.client import CellpilotError, RetryPolicy, SyncCellpilotClient
-from cellpilot.client.errors import (
-    AlreadyExistsError,
-    ConflictError,
-    InvalidArgumentError,
-    NotFoundError,
-    PermissionDeniedError,
-    QuotaExceededError,
-    RequestTooLargeError,
-    UnauthenticatedError,
-    UnavailableError,
-)
+from cellpilot.client import errors as refusals
 from cellpilot.security.tls import SecurityConfigError, SecuritySettings
 
 DEFAULT_BORGMASTER = "127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102"
@@ -132,25 +123,25 @@ def connect(
 # What each kind of refusal means to a person, in the order they are tried: {method} is
 # " (Service/Method)" when known, {details} the server's message.
 _ERROR_WORDS: tuple[tuple[type[CellpilotError], str], ...] = (
-    (RequestTooLargeError, "request too large{method}: {details}"),
-    (InvalidArgumentError, "the request was refused as invalid{method}: {details}"),
-    (NotFoundError, "not found{method}: {details}"),
-    (QuotaExceededError, "over quota{method}: {details} (see `cellpilot cell quota`)"),
-    (AlreadyExistsError, "already exists{method}: {details}"),
-    (ConflictError, "conflict{method}: {details}"),
+    (refusals.RequestTooLargeError, "request too large{method}: {details}"),
+    (refusals.InvalidArgumentError, "the request was refused as invalid{method}: {details}"),
+    (refusals.NotFoundError, "not found{method}: {details}"),
+    (refusals.QuotaExceededError, "over quota{method}: {details} (see `cellpilot cell quota`)"),
+    (refusals.AlreadyExistsError, "already exists{method}: {details}"),
+    (refusals.ConflictError, "conflict{method}: {details}"),
     (
-        UnauthenticatedError,
+        refusals.UnauthenticatedError,
         "not authenticated{method}: {details}. Pass --token or set CELLPILOT_TOKEN "
         "(`cellpilot certs token --user NAME`).",
     ),
-    (PermissionDeniedError, "permission denied{method}: {details}"),
+    (refusals.PermissionDeniedError, "permission denied{method}: {details}"),
 )
 
 
 def describe_error(error: CellpilotError) -> str:
     """One line a person can act on, from a client exception."""
     method = f" ({error.method})" if error.method else ""
-    if isinstance(error, UnavailableError):
+    if isinstance(error, refusals.UnavailableError):
         if error.reason:  # it answered, but cannot take the call now
             return f"the service is unavailable for now{method}: {error.details}. Try again shortly."
         return (
@@ -185,15 +176,30 @@ def print_json(value: Any) -> None:
 
 
 def ask_borgmaster(
-    borgmaster: str, timeout_s: float, as_json: bool, call: Callable[[SyncCellpilotClient], T]
-) -> T | None:
-    """One call to the Borgmaster: its answer to print, or None once printed as JSON (``--json``)."""
+    borgmaster: str,
+    timeout_s: float,
+    as_json: bool,
+    call: Callable[[SyncCellpilotClient], T],
+    show: Callable[[T], None],
+) -> None:
+    """One call to the Borgmaster; its answer printed as JSON (``--json``) or by ``show``."""
     with connect(borgmaster, timeout_s=timeout_s) as client:
         answer = call(client)
     if as_json:
         print_json(answer)
-        return None
-    return answer
+    else:
+        show(answer)
+
+
+Column = tuple[str, Callable[[Any], str]]  # a table's header and how one row's cell is written
+
+
+def print_table(title: str | None, columns: Sequence[Column], rows: Iterable[Any]) -> None:
+    """One table row per item, its cells written by the columns' functions."""
+    table = Table(*(header for header, _ in columns), title=title)
+    for row in rows:
+        table.add_row(*(cell(row) for _, cell in columns))
+    console.print(table)
 
 
 def state_filter(names: list[str] | None, states: Mapping[str, int], option: str = "--state") -> list[int]:

@@ -12,7 +12,8 @@ but never actuated (§5); users bound the limits and may override the recommende
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.table import Table
@@ -42,6 +43,7 @@ app = typer.Typer(
 
 JobArgument = Annotated[str, typer.Argument(help="The job, <user>/<name>.", show_default=False)]
 RESOURCES = ("cpu", "memory", "tasks")
+T = TypeVar("T")
 
 
 def _print_recommendations(job: str, recs: autopilot_pb2.JobRecommendations) -> None:
@@ -101,16 +103,36 @@ def show(
 ) -> None:
     """Current limits, every recommender's value, the chosen one and why."""
     job = job_id(job)
-    with connect(borgmaster, autopilot, timeout_s=timeout) as client:
-        try:
-            answer = client.autopilot.get_recommendation(job, include_candidates=True)
-        except UnavailableError as error:
-            _show_without_autopilot(client, job, as_json, error)
-            return
+    answer = _ask_autopilot(
+        borgmaster,
+        autopilot,
+        timeout,
+        lambda client: client.autopilot.get_recommendation(job, include_candidates=True),
+        lambda client, error: _show_without_autopilot(client, job, as_json, error),
+    )
+    if answer is None:
+        return
     if as_json:
         print_json(answer.recommendations)
     else:
         _print_recommendations(job, answer.recommendations)
+
+
+def _ask_autopilot(
+    borgmaster: str,
+    autopilot: str,
+    timeout_s: float,
+    call: Callable[[SyncCellpilotClient], T],
+    without_autopilot: Callable[[SyncCellpilotClient, UnavailableError], None],
+) -> T | None:
+    """Autopilot's answer to ``call``; None once ``without_autopilot`` has done what the Borgmaster
+    can when Autopilot is unreachable."""
+    with connect(borgmaster, autopilot, timeout_s=timeout_s) as client:
+        try:
+            return call(client)
+        except UnavailableError as error:
+            without_autopilot(client, error)
+            return None
 
 
 def _show_without_autopilot(
@@ -244,16 +266,23 @@ def config(
     job = job_id(job)
     mode = _mode(opt_in, dry_run, off)
     resources = resource or ["cpu", "memory"]
-    with connect(borgmaster, autopilot, timeout_s=timeout) as client:
-        try:
-            current = client.autopilot.get_config(job).config
-        except UnavailableError as error:
-            _config_at_borgmaster(
-                client, job, resources, mode, bounds, recommender, target_utilization, error
-            )
-            return
+
+    def store(client: SyncCellpilotClient) -> autopilot_pb2.SetAutopilotConfigResponse:
+        current = client.autopilot.get_config(job).config
         wanted = apply_options(current, resources, mode, bounds or [], recommender or [], target_utilization)
-        answer = client.autopilot.set_config(job, wanted)
+        return client.autopilot.set_config(job, wanted)
+
+    answer = _ask_autopilot(
+        borgmaster,
+        autopilot,
+        timeout,
+        store,
+        lambda client, error: _config_at_borgmaster(
+            client, job, resources, mode, bounds, recommender, target_utilization, error
+        ),
+    )
+    if answer is None:
+        return
     if as_json:
         print_json(answer)
         return

@@ -17,12 +17,9 @@ import typer
 from cellpilot.api.v1 import borgmaster_pb2, job_pb2, lifetimes_pb2, machine_pb2, resources_pb2, state_pb2
 from cellpilot.cli.job import quantity
 from cellpilot.cli.output import (
-    DEFAULT_BORGMASTER,
-    BorgmasterOption,
+    BorgmasterQuery,
     Column,
-    JsonOption,
-    TimeoutOption,
-    ask_borgmaster,
+    borgmaster_command,
     console,
     print_table,
     state_filter,
@@ -42,23 +39,17 @@ def _share(part: float, whole: float) -> str:
     return f"{100 * part / whole:.0f}%" if whole else "-"
 
 
-@app.command()
+@borgmaster_command(app)
 def machines(
     state: Annotated[
         list[str] | None, typer.Option(help=f"Only machines in these states: {', '.join(MACHINE_STATES)}.")
     ] = None,
     rack: Annotated[str, typer.Option(help="Only this rack's machines.")] = "",
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+) -> BorgmasterQuery[list[machine_pb2.Machine]]:
     """Every machine: capacity, and usage vs reservation vs allocation (Borg §5.5)."""
     request = borgmaster_pb2.ListMachinesRequest(rack=rack)
     request.states.extend(state_filter(state, MACHINE_STATES))  # type: ignore[arg-type]
-    ask_borgmaster(
-        borgmaster,
-        timeout,
-        as_json,
+    return BorgmasterQuery(
         lambda client: client.borgmaster.list_machines(request),
         lambda found: print_table(
             f"{len(found)} machines (shares of capacity: used / reserved / allocated)", MACHINE_COLUMNS, found
@@ -84,18 +75,12 @@ MACHINE_COLUMNS: tuple[Column, ...] = (
 )
 
 
-@app.command()
+@borgmaster_command(app)
 def quota(
     user: Annotated[str, typer.Option(help="Only this user's quotas.")] = "",
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+) -> BorgmasterQuery[list[state_pb2.Quota]]:
     """Quota per user and priority band: the limit and what live jobs use of it (Borg §2.5)."""
-    ask_borgmaster(
-        borgmaster,
-        timeout,
-        as_json,
+    return BorgmasterQuery(
         lambda client: list(client.borgmaster.get_quota(user).quotas),
         lambda quotas: print_table("quotas (used / limit)", QUOTA_COLUMNS, quotas),
     )
@@ -112,7 +97,7 @@ QUOTA_COLUMNS: tuple[Column, ...] = (
 BANDS = {enum_label(job_pb2.PriorityBand, v, "PRIORITY_BAND_"): v for v in job_pb2.PriorityBand.values() if v}
 
 
-@app.command("set-quota")
+@borgmaster_command(app, "set-quota")
 def set_quota(
     user: Annotated[str, typer.Argument(help="The user whose quota is set.", show_default=False)],
     band: Annotated[str, typer.Option(help=f"Priority band: {', '.join(BANDS)}.")] = "production",
@@ -120,10 +105,7 @@ def set_quota(
     memory: Annotated[str | None, typer.Option(help="Memory, e.g. 64Gi.")] = None,
     disk: Annotated[str | None, typer.Option(help="Local disk, e.g. 1Ti.")] = None,
     ports: Annotated[int | None, typer.Option(min=0, help="Network ports.")] = None,
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+) -> BorgmasterQuery[borgmaster_pb2.SetQuotaResponse]:
     """Set a user's quota in one priority band (Borg §2.5; needs an admin token). A resource not
     given keeps its current limit (0 for a new quota). Live jobs keep running even if they are now
     over it; the quota is checked at admission."""
@@ -150,7 +132,7 @@ def set_quota(
         request = borgmaster_pb2.SetQuotaRequest(user=user, band=BANDS[band], limit=limit)
         return client.borgmaster.set_quota(request)
 
-    ask_borgmaster(borgmaster, timeout, as_json, set_limit, lambda answer: _print_quota(answer.quota, band))
+    return BorgmasterQuery(set_limit, lambda answer: _print_quota(answer.quota, band))
 
 
 def _print_quota(q: state_pb2.Quota, band: str) -> None:
@@ -162,16 +144,10 @@ def _print_quota(q: state_pb2.Quota, band: str) -> None:
     )
 
 
-@app.command()
-def status(
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+@borgmaster_command(app)
+def status() -> BorgmasterQuery[borgmaster_pb2.GetCellStatusResponse]:
     """The GPA fit test's overflow probability rho next to the CPU overflow the polls observed."""
-    ask_borgmaster(
-        borgmaster, timeout, as_json, lambda client: client.borgmaster.get_cell_status(), _print_status
-    )
+    return BorgmasterQuery(lambda client: client.borgmaster.get_cell_status(), _print_status)
 
 
 def _print_status(answer: borgmaster_pb2.GetCellStatusResponse) -> None:
@@ -198,20 +174,14 @@ def _lifetime(lifetime: lifetimes_pb2.TaskLifetime) -> str:
     return f"{lifetime.class_name}, {_hours(lifetime.remaining_s)} left"
 
 
-@app.command("train-lifetimes")
+@borgmaster_command(app, "train-lifetimes", timeout_s=300.0)
 def train_lifetimes(
     min_runs: Annotated[
         int, typer.Option(min=0, help="Fewest finished task runs to train on (0: default).")
     ] = 0,
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 300.0,
-) -> None:
+) -> BorgmasterQuery[lifetimes_pb2.TrainLifetimesResponse]:
     """Trains the cell's lifetime model on its own history (LAVA §3) for LAS / LAVA / LARS."""
-    ask_borgmaster(
-        borgmaster,
-        timeout,
-        as_json,
+    return BorgmasterQuery(
         lambda client: client.borgmaster.train_lifetimes(min_runs),
         _print_trained,
     )
@@ -227,16 +197,10 @@ def _print_trained(answer: lifetimes_pb2.TrainLifetimesResponse) -> None:
     )
 
 
-@app.command()
-def lifetimes(
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+@borgmaster_command(app)
+def lifetimes() -> BorgmasterQuery[lifetimes_pb2.GetLifetimesResponse]:
     """The placement policy, the lifetime model and LAVA's host states (§4.3)."""
-    ask_borgmaster(
-        borgmaster, timeout, as_json, lambda client: client.borgmaster.get_lifetimes(), _print_lifetimes
-    )
+    return BorgmasterQuery(lambda client: client.borgmaster.get_lifetimes(), _print_lifetimes)
 
 
 LAVA_HOST_COLUMNS: tuple[Column, ...] = (
@@ -255,19 +219,13 @@ def _print_lifetimes(answer: lifetimes_pb2.GetLifetimesResponse) -> None:
     print_table(title, LAVA_HOST_COLUMNS, answer.hosts)
 
 
-@app.command()
+@borgmaster_command(app)
 def drain(
     machine: Annotated[str, typer.Argument(help="The machine to drain.")],
     detail: Annotated[str, typer.Option(help="Why (kept with the machine's state).")] = "",
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+) -> BorgmasterQuery[lifetimes_pb2.DrainMachineResponse]:
     """Drains a machine: its tasks move elsewhere, longest predicted lifetime first (LARS, LAVA §4.4)."""
-    ask_borgmaster(
-        borgmaster,
-        timeout,
-        as_json,
+    return BorgmasterQuery(
         lambda client: client.borgmaster.drain_machine(machine, detail),
         _print_drain,
     )

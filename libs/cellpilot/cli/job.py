@@ -22,10 +22,10 @@ from cellpilot.api.v1 import borgmaster_pb2, job_pb2, resources_pb2, state_pb2
 from cellpilot.cli.output import (
     DEFAULT_BORGMASTER,
     BorgmasterOption,
+    BorgmasterQuery,
     Column,
-    JsonOption,
     TimeoutOption,
-    ask_borgmaster,
+    borgmaster_command,
     connect,
     console,
     errors,
@@ -59,13 +59,10 @@ def quantity(option: str, text: str, kind: str) -> int:
         raise typer.BadParameter(error.message, param_hint=option) from None
 
 
-@app.command()
+@borgmaster_command(app)
 def submit(
     file: Annotated[Path, typer.Argument(help="A YAML job spec.", show_default=False)],
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+) -> BorgmasterQuery[borgmaster_pb2.SubmitJobResponse]:
     """Validate a YAML job spec and submit it; errors name the line and the field."""
     try:
         text = read_text_file(file, "YAML", MAX_SPEC_BYTES)
@@ -77,9 +74,7 @@ def submit(
     except job_spec_file.JobSpecError as error:
         errors.print(f"[red]error:[/red] {escape(f'{file}: {error}')}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
-    ask_borgmaster(
-        borgmaster, timeout, as_json, lambda client: client.borgmaster.submit_job(spec), _print_submitted
-    )
+    return BorgmasterQuery(lambda client: client.borgmaster.submit_job(spec), _print_submitted)
 
 
 def _print_submitted(answer: borgmaster_pb2.SubmitJobResponse) -> None:
@@ -90,23 +85,17 @@ def _print_submitted(answer: borgmaster_pb2.SubmitJobResponse) -> None:
     )
 
 
-@app.command("list")
+@borgmaster_command(app, "list")
 def list_jobs(
     user: Annotated[str, typer.Option(help="Only this user's jobs.")] = "",
     state: Annotated[
         list[str] | None, typer.Option(help=f"Only jobs in these states: {', '.join(STATES)}.")
     ] = None,
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+) -> BorgmasterQuery[list[state_pb2.JobStatus]]:
     """Every job (not its tasks), ordered by id."""
     request = borgmaster_pb2.ListJobsRequest(user=user)
     request.states.extend(state_filter(state, STATES))  # type: ignore[arg-type]
-    ask_borgmaster(
-        borgmaster,
-        timeout,
-        as_json,
+    return BorgmasterQuery(
         lambda client: client.borgmaster.list_jobs(request),
         lambda jobs: print_table(f"{len(jobs)} jobs", JOB_COLUMNS, jobs),
     )
@@ -125,18 +114,12 @@ JOB_COLUMNS: tuple[Column, ...] = (
 )
 
 
-@app.command()
+@borgmaster_command(app)
 def show(
     job: JobArgument,
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+) -> BorgmasterQuery[state_pb2.JobStatus]:
     """A job's spec, state and every task."""
-    ask_borgmaster(
-        borgmaster,
-        timeout,
-        as_json,
+    return BorgmasterQuery(
         lambda client: client.borgmaster.get_job(job_id(job), include_tasks=True).job,
         _print_job,
     )
@@ -203,7 +186,7 @@ def kill(
     console.print(f"killed {job} (log position {answer.log_sequence})", highlight=False)
 
 
-@app.command()
+@borgmaster_command(app)
 def update(
     job: JobArgument,
     tasks: Annotated[int | None, typer.Option("--tasks", min=0, help="New task count.")] = None,
@@ -216,10 +199,7 @@ def update(
     max_disruptions: Annotated[
         int, typer.Option(min=0, help="Most tasks the rolling update disrupts at once (0: no cap).")
     ] = 0,
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+) -> BorgmasterQuery[borgmaster_pb2.UpdateJobResponse]:
     """Change a job's task count, limits or priority (a rolling update, Borg §2.3)."""
     spec = job_pb2.JobSpec()
     paths: list[str] = []
@@ -237,10 +217,7 @@ def update(
         paths.append("priority")
     if not paths:
         raise typer.BadParameter("nothing to change: give --tasks, --cpu, --memory or --priority")
-    ask_borgmaster(
-        borgmaster,
-        timeout,
-        as_json,
+    return BorgmasterQuery(
         lambda client: client.borgmaster.update_job(
             job_id(job),
             spec,
@@ -255,19 +232,13 @@ def update(
     )
 
 
-@app.command("why-pending")
+@borgmaster_command(app, "why-pending")
 def why_pending(
     job: JobArgument,
     task: Annotated[int | None, typer.Option(min=0, help="The task (default: its first pending).")] = None,
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+) -> BorgmasterQuery[borgmaster_pb2.WhyPendingResponse]:
     """What keeps a task from scheduling and the smallest change that would let it (Borg §2.6)."""
-    ask_borgmaster(
-        borgmaster,
-        timeout,
-        as_json,
+    return BorgmasterQuery(
         lambda client: client.borgmaster.why_pending(job_id(job), task),
         _print_why_pending,
     )

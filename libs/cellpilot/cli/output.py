@@ -12,10 +12,12 @@ the stack's ``stack.env`` like every service) and say who the user is with a bea
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Annotated, Any, TypeVar
+from dataclasses import dataclass
+from typing import Annotated, Any, Generic, TypeVar
 
 import typer
 from google.protobuf.json_format import MessageToDict
@@ -189,6 +191,46 @@ def ask_borgmaster(
         print_json(answer)
     else:
         show(answer)
+
+
+@dataclass(frozen=True)
+class BorgmasterQuery(Generic[T]):
+    """What a Borgmaster command asks (``call``) and how it prints the answer without ``--json``."""
+
+    call: Callable[[SyncCellpilotClient], T]
+    show: Callable[[T], None]
+
+
+QueryFunction = Callable[..., BorgmasterQuery[Any]]
+
+
+def borgmaster_command(
+    app: typer.Typer, name: str | None = None, timeout_s: float = 10.0
+) -> Callable[[QueryFunction], QueryFunction]:
+    """Registers a command that asks the Borgmaster once and prints its answer (text or ``--json``).
+
+    The decorated function takes the command's own arguments and options and returns its query;
+    the command takes ``--borgmaster``, ``--json`` and ``--timeout`` (default ``timeout_s``) after them.
+    """
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    shared = [
+        inspect.Parameter("borgmaster", keyword, default=DEFAULT_BORGMASTER, annotation=BorgmasterOption),
+        inspect.Parameter("as_json", keyword, default=False, annotation=JsonOption),
+        inspect.Parameter("timeout", keyword, default=timeout_s, annotation=TimeoutOption),
+    ]
+
+    def register(query: QueryFunction) -> QueryFunction:
+        def command(borgmaster: str, as_json: bool, timeout: float, **options: Any) -> None:
+            asked = query(**options)
+            ask_borgmaster(borgmaster, timeout, as_json, asked.call, asked.show)
+
+        own = inspect.signature(query, eval_str=True).parameters.values()
+        command.__signature__ = inspect.Signature([*own, *shared])  # type: ignore[attr-defined]
+        command.__name__, command.__doc__ = query.__name__, query.__doc__
+        app.command(name)(command)
+        return query
+
+    return register
 
 
 Column = tuple[str, Callable[[Any], str]]  # a table's header and how one row's cell is written

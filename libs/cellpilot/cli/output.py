@@ -201,6 +201,31 @@ class BorgmasterQuery(Generic[T]):
     show: Callable[[T], None]
 
 
+def shared_option(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    """An option several commands take, added to each by :func:`register_with_options`."""
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def register_with_options(
+    app: typer.Typer,
+    name: str | None,
+    query: Callable[..., Any],
+    options: Sequence[inspect.Parameter],
+    run: Callable[..., None],
+) -> None:
+    """Registers the command ``name`` (default: the query's name): the query function's own
+    arguments and options, then the shared ``options``; it runs ``run(query(...), **options)``."""
+
+    def command(**given: Any) -> None:
+        shared = {option.name: given.pop(option.name) for option in options}
+        run(query(**given), **shared)
+
+    own = inspect.signature(query, eval_str=True).parameters.values()
+    command.__signature__ = inspect.Signature([*own, *options])  # type: ignore[attr-defined]
+    command.__name__, command.__doc__ = query.__name__, query.__doc__
+    app.command(name)(command)
+
+
 QueryFunction = Callable[..., BorgmasterQuery[Any]]
 
 
@@ -212,22 +237,17 @@ def borgmaster_command(
     The decorated function takes the command's own arguments and options and returns its query;
     the command takes ``--borgmaster``, ``--json`` and ``--timeout`` (default ``timeout_s``) after them.
     """
-    keyword = inspect.Parameter.KEYWORD_ONLY
-    shared = [
-        inspect.Parameter("borgmaster", keyword, default=DEFAULT_BORGMASTER, annotation=BorgmasterOption),
-        inspect.Parameter("as_json", keyword, default=False, annotation=JsonOption),
-        inspect.Parameter("timeout", keyword, default=timeout_s, annotation=TimeoutOption),
+    options = [
+        shared_option("borgmaster", BorgmasterOption, DEFAULT_BORGMASTER),
+        shared_option("as_json", JsonOption, False),
+        shared_option("timeout", TimeoutOption, timeout_s),
     ]
 
-    def register(query: QueryFunction) -> QueryFunction:
-        def command(borgmaster: str, as_json: bool, timeout: float, **options: Any) -> None:
-            asked = query(**options)
-            ask_borgmaster(borgmaster, timeout, as_json, asked.call, asked.show)
+    def run(asked: BorgmasterQuery[Any], borgmaster: str, as_json: bool, timeout: float) -> None:
+        ask_borgmaster(borgmaster, timeout, as_json, asked.call, asked.show)
 
-        own = inspect.signature(query, eval_str=True).parameters.values()
-        command.__signature__ = inspect.Signature([*own, *shared])  # type: ignore[attr-defined]
-        command.__name__, command.__doc__ = query.__name__, query.__doc__
-        app.command(name)(command)
+    def register(query: QueryFunction) -> QueryFunction:
+        register_with_options(app, name, query, options, run)
         return query
 
     return register

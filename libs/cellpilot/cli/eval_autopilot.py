@@ -20,7 +20,14 @@ from matplotlib.figure import Figure
 
 from cellpilot.autopilot.ml_config import MAX_ML_CONFIG_BYTES, TUNED_FILE, load_ml_config, ml_config_from_json
 from cellpilot.cli.output import console
-from cellpilot.cli.study_command import OutOption, comma_list, replay_progress
+from cellpilot.cli.study_command import (
+    MeasuredDaysOption,
+    OutOption,
+    SyntheticJobsOption,
+    WorkloadSeedOption,
+    comma_list,
+    replay_progress,
+)
 from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
 from cellpilot.cli.text_file import TextFileError, read_text_file
 from cellpilot.evaluate.autopilot_deciders import parse_recommenders
@@ -259,9 +266,9 @@ def autopilot(
     workload: Annotated[
         str, typer.Option(help="synthetic workload generator (ignored with --trace)")
     ] = "synthetic",
-    jobs: Annotated[int, typer.Option(help="synthetic jobs")] = 500,
-    days: Annotated[int, typer.Option(help="synthetic days measured (warm-up days come on top)")] = 14,
-    seed: Annotated[int, typer.Option(help="seed of the synthetic workload")] = 0,
+    jobs: SyntheticJobsOption = 500,
+    days: MeasuredDaysOption = 14,
+    seed: WorkloadSeedOption = 0,
     trace: Annotated[
         str | None, typer.Option(help="google2011:PATH or google2019:PATH (a trace directory)")
     ] = None,
@@ -433,8 +440,8 @@ def autopilot_tune(
         "libs/cellpilot/autopilot/data/ml_tuned.json"
     ),
     report: Annotated[Path, typer.Option(help="the markdown report")] = Path("docs/results/ml-tuning.md"),
-    jobs: Annotated[int, typer.Option(help="jobs per population")] = TuningSetup.jobs,
-    days: Annotated[int, typer.Option(help="measured days per population")] = TuningSetup.days,
+    jobs: SyntheticJobsOption = TuningSetup.jobs,
+    days: MeasuredDaysOption = TuningSetup.days,
     model_grids: Annotated[
         str, typer.Option(help=f"comma-separated d_m x M_m grids to sweep ({', '.join(MODEL_GRIDS)})")
     ] = "10x10",

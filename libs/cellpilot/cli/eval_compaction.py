@@ -8,7 +8,13 @@ import typer
 from rich.progress import Progress
 
 from cellpilot.cli.output import console
-from cellpilot.cli.study_command import OutOption, checked_options, comma_list, met_goal_rows
+from cellpilot.cli.study_command import (
+    OutOption,
+    WorkloadSeedOption,
+    checked_options,
+    comma_list,
+    met_goal_rows,
+)
 from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
 from cellpilot.evaluate.compaction import CompactionConfig, run_compaction
 from cellpilot.evaluate.report import markdown_table, plot_bars, write_markdown, write_summary
@@ -30,7 +36,7 @@ def compaction(
     tasks: Annotated[int, typer.Option(help="tasks in the workload")] = 2000,
     fill: Annotated[float, typer.Option(help="workload CPU limits / original CPU capacity")] = 0.7,
     seeds: Annotated[int, typer.Option(help="trials per policy (Borg §5.1 uses 11)")] = 11,
-    seed: Annotated[int, typer.Option(help="seed of the synthetic workload")] = 0,
+    seed: WorkloadSeedOption = 0,
     reclamation: Annotated[bool, typer.Option(help="non-prod tasks use reservations (§5.5)")] = True,
     relaxed_randomization: Annotated[
         bool, typer.Option(help="examine a random sample of machines instead of all (§3.4)")

@@ -10,9 +10,8 @@ import typer
 from rich.progress import Progress
 
 from cellpilot.cli.output import console
-from cellpilot.cli.study_command import OutOption, checked_options, met_goal_rows
+from cellpilot.cli.study_command import OutOption, checked_options, met_goal_rows, read_trace
 from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
-from cellpilot.cli.text_file import TextFileError, read_text_file
 from cellpilot.evaluate.gpa_study import GpaStudyConfig, run_study
 from cellpilot.evaluate.report import markdown_table, plot_bars, plot_scatter, write_markdown, write_summary
 from cellpilot.evaluate.sharding import ShardRunner
@@ -90,10 +89,7 @@ def gpa(
     if trace:
         lines: list[str] = []
         for path in trace:
-            try:
-                lines.extend(read_text_file(path, "trace", MAX_TRACE_BYTES).splitlines())
-            except TextFileError as err:
-                raise typer.BadParameter(str(err), param_hint="--trace") from None
+            lines.extend(read_trace(path, "trace", MAX_TRACE_BYTES).splitlines())
         try:
             parsed = read_gpa_trace(lines)
         except ValueError as err:

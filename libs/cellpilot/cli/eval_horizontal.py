@@ -10,9 +10,8 @@ from typing import Annotated, Any
 import typer
 
 from cellpilot.cli.output import console
-from cellpilot.cli.study_command import comma_list, replay_progress
+from cellpilot.cli.study_command import ReplayDaysOption, comma_list, read_trace, replay_progress
 from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
-from cellpilot.cli.text_file import TextFileError, read_text_file
 from cellpilot.evaluate.horizontal_config import DECIDERS, HorizontalStudyConfig, Workload
 from cellpilot.evaluate.horizontal_study import run_study, shards, with_workloads
 from cellpilot.evaluate.report import markdown_table, plot_line_panels, write_markdown, write_summary
@@ -51,10 +50,7 @@ FORMATS = {
 def _trace_workloads(paths: list[Path], step_seconds: float) -> list[Workload]:
     out: list[Workload] = []
     for path in paths:
-        try:
-            text = read_text_file(path, "trace CSV", MAX_TRACE_BYTES)
-        except TextFileError as err:
-            raise typer.BadParameter(str(err), param_hint="--trace") from None
+        text = read_trace(path, "trace CSV", MAX_TRACE_BYTES)
         try:
             series = DemandSeries.from_csv_lines(text.splitlines(), step_seconds)
         except DemandError as err:
@@ -88,7 +84,7 @@ def _plots(out: Path, series: dict[str, dict[str, Any]], config: HorizontalStudy
 
 def horizontal(
     out: Annotated[Path, typer.Option("--out", help=f"directory for {REPORT}, {SUMMARY} and the plots")],
-    days: Annotated[float, typer.Option(help="simulated days per replay")] = 7.0,
+    days: ReplayDaysOption = 7.0,
     seeds: Annotated[int, typer.Option(help="replays per workload and decider (different demand noise)")] = 3,
     seed: Annotated[int, typer.Option(help="first seed")] = 0,
     step: Annotated[int, typer.Option(help="decision step, seconds")] = 60,

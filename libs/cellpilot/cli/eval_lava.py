@@ -18,7 +18,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from cellpilot.cli.output import console
-from cellpilot.cli.study_command import comma_list, met_goal_rows, replay_progress
+from cellpilot.cli.study_command import (
+    OutOption,
+    ReplayDaysOption,
+    comma_list,
+    met_goal_rows,
+    replay_progress,
+)
 from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
 from cellpilot.cli.text_file import TextFileError, check_readable_file, check_text_file
 from cellpilot.evaluate.lava_simulator import POLICIES, DrainConfig
@@ -195,9 +201,7 @@ def write_report(summary: dict[str, Any], out: Path) -> list[str]:
 
 
 def lava(
-    out: Annotated[
-        Path, typer.Option("--out", help="directory for summary.json, results.md and the plots")
-    ] = Path("lava-report"),
+    out: OutOption = Path("lava-report"),
     trace: Annotated[
         str,
         typer.Option(
@@ -205,7 +209,7 @@ def lava(
         ),
     ] = "synthetic",
     hosts: Annotated[int, typer.Option(help="hosts in the pool")] = 100,
-    days: Annotated[float, typer.Option(help="days replayed")] = 14.0,
+    days: ReplayDaysOption = 14.0,
     seed: Annotated[int, typer.Option(help="random seed (trace, history, inflation)")] = 0,
     policies: Annotated[str, typer.Option(help="comma-separated: " + ",".join(POLICIES))] = ",".join(
         POLICIES

@@ -10,7 +10,13 @@ from typing import Annotated, Any
 import typer
 
 from cellpilot.cli.output import console
-from cellpilot.cli.study_command import ReplayDaysOption, comma_list, read_trace, replay_progress
+from cellpilot.cli.study_command import (
+    ReplayDaysOption,
+    checked_options,
+    comma_list,
+    read_trace,
+    replay_progress,
+)
 from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
 from cellpilot.evaluate.horizontal_config import DECIDERS, HorizontalStudyConfig, Workload
 from cellpilot.evaluate.horizontal_study import run_study, shards, with_workloads
@@ -116,22 +122,24 @@ def horizontal(
     """Replays diurnal, spiky, growing, step and trace-driven jobs under Autopilot's horizontal
     recommender, the Kubernetes HPA, a clairvoyant bound and fixed counts."""
     traced = _trace_workloads(trace or [], trace_step)
-    try:
-        config = HorizontalStudyConfig(
-            days=days,
-            seeds=seeds,
-            seed=seed,
-            step_s=step,
-            sample_s=sample,
-            startup_s=startup,
-            target_utilisation=target_utilisation,
-            task_cpu_limit=task_cpu,
-            machine_cpu_millicores=machine_cpu,
-            deciders=comma_list(deciders),
+    config = checked_options(
+        lambda: with_workloads(
+            HorizontalStudyConfig(
+                days=days,
+                seeds=seeds,
+                seed=seed,
+                step_s=step,
+                sample_s=sample,
+                startup_s=startup,
+                target_utilisation=target_utilisation,
+                task_cpu_limit=task_cpu,
+                machine_cpu_millicores=machine_cpu,
+                deciders=comma_list(deciders),
+            ),
+            list(comma_list(workloads)),
+            traced,
         )
-        config = with_workloads(config, list(comma_list(workloads)), traced)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
+    )
     total = len(shards(config))
     with (
         study_runner(dask, workers) as runner,

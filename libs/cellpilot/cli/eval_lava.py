@@ -21,6 +21,7 @@ from cellpilot.cli.output import console
 from cellpilot.cli.study_command import (
     OutOption,
     ReplayDaysOption,
+    checked_options,
     comma_list,
     met_goal_rows,
     replay_progress,
@@ -244,8 +245,8 @@ def lava(
     dask: DaskOption = None,
 ) -> None:
     """Replays a VM trace against a host pool under best fit, LA-Binary, LAS and LAVA."""
-    try:
-        config = StudyConfig(
+    config = checked_options(
+        lambda: StudyConfig(
             trace=trace,
             hosts=hosts,
             days=days,
@@ -267,8 +268,7 @@ def lava(
                 maintenance_every=maintenance_every * HOUR, maintenance_hosts=maintenance_hosts
             ),
         )
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from err
+    )
     _check_trace_file(trace)
     table: VmTrace | None = None
     if trace.startswith("azure:"):

@@ -107,8 +107,9 @@ class AutopilotQuery(Generic[T]):
 
 
 def _ask_autopilot(
-    asked: AutopilotQuery[Any], autopilot: str, borgmaster: str, as_json: bool, timeout: float
+    bound: Callable[[], AutopilotQuery[Any]], autopilot: str, borgmaster: str, as_json: bool, timeout: float
 ) -> None:
+    asked = bound()
     with connect(borgmaster, autopilot, timeout_s=timeout) as client:
         try:
             answer = asked.call(client)

@@ -28,7 +28,7 @@ from cellpilot.cli.study_command import (
     comma_list,
     replay_progress,
 )
-from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
+from cellpilot.cli.study_runner import ShardPlacement, register_study
 from cellpilot.cli.text_file import TextFileError, read_text_file
 from cellpilot.evaluate.autopilot_deciders import parse_recommenders
 from cellpilot.evaluate.autopilot_metrics import CORE_KEYS, TABLE2_ROWS, JobDays, cdf, table2_label
@@ -276,8 +276,6 @@ def autopilot(
         str, typer.Option(help="comma-separated; name:hard / name:soft overrides enforcement")
     ] = DEFAULT_RECOMMENDERS,
     warmup_days: Annotated[int, typer.Option(help="days replayed before measuring")] = 2,
-    workers: WorkersOption = 2,
-    dask: DaskOption = None,
     cpu: Annotated[bool, typer.Option(help="also replay CPU limits (throttling)")] = False,
     ml_config: Annotated[
         Path | None, typer.Option(help="ML hyperparameters JSON (default: the committed tuned configuration)")
@@ -298,13 +296,15 @@ def autopilot(
     free_memory: Annotated[
         float, typer.Option(help="share of each machine's memory no task reserves, in [0, 1]")
     ] = CellModel.free_fraction,
+    *,
+    placement: ShardPlacement,
 ) -> None:
     """Replays manual limits, Autopilot's moving window and ML recommenders and VPA (Autopilot §4)."""
     try:
         specs = parse_recommenders(recommenders)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--recommenders") from error
-    if jobs < 1 or days < 1 or warmup_days < 0 or workers < 1:
+    if jobs < 1 or days < 1 or warmup_days < 0 or placement.workers < 1:
         raise typer.BadParameter("--jobs, --days and --workers must be >= 1, --warmup-days >= 0")
     if population not in ("serving", "all"):
         raise typer.BadParameter("--population must be 'serving' or 'all'")
@@ -331,7 +331,7 @@ def autopilot(
     description += f"; ML hyperparameters: {ml_source}"
     cpu_started = _cpu_seconds()
     with (
-        study_runner(dask, workers) as runner,
+        placement.runner() as runner,
         replay_progress() as progress,
     ):
         bar = progress.add_task("replaying job-days", total=None)
@@ -445,8 +445,8 @@ def autopilot_tune(
     model_grids: Annotated[
         str, typer.Option(help=f"comma-separated d_m x M_m grids to sweep ({', '.join(MODEL_GRIDS)})")
     ] = "10x10",
-    workers: WorkersOption = 2,
-    dask: DaskOption = None,
+    *,
+    placement: ShardPlacement,
 ) -> None:
     """The §3.2.3 off-line sweep over the ML recommender's hyperparameters."""
     try:
@@ -455,7 +455,7 @@ def autopilot_tune(
         raise typer.BadParameter(str(error), param_hint="--model-grids") from None
     setup = TuningSetup(jobs=jobs, days=days, grid=grid, incumbent=load_ml_config())
     with (
-        study_runner(dask, workers) as runner,
+        placement.runner() as runner,
         replay_progress() as progress,
     ):
         bar = progress.add_task("sweep replays", total=None)
@@ -482,5 +482,5 @@ def autopilot_tune(
 
 
 def register(eval_app: typer.Typer) -> None:
-    eval_app.command("autopilot")(autopilot)
-    eval_app.command("autopilot-tune")(autopilot_tune)
+    register_study(eval_app, "autopilot", autopilot, workers=2)
+    register_study(eval_app, "autopilot-tune", autopilot_tune, workers=2)

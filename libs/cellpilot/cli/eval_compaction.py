@@ -15,7 +15,7 @@ from cellpilot.cli.study_command import (
     comma_list,
     met_goal_rows,
 )
-from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
+from cellpilot.cli.study_runner import ShardPlacement, register_study
 from cellpilot.evaluate.compaction import CompactionConfig, run_compaction
 from cellpilot.evaluate.report import markdown_table, plot_bars, write_markdown, write_summary
 from cellpilot.workloads.cell_workload import MACHINE_MIXES
@@ -41,8 +41,8 @@ def compaction(
     relaxed_randomization: Annotated[
         bool, typer.Option(help="examine a random sample of machines instead of all (§3.4)")
     ] = False,
-    workers: WorkersOption = 1,
-    dask: DaskOption = None,
+    *,
+    placement: ShardPlacement,
 ) -> None:
     """Removes machines until the workload no longer fits, per policy; reports the 90th percentile."""
     config = checked_options(
@@ -58,7 +58,7 @@ def compaction(
             relaxed_randomization=relaxed_randomization,
         )
     )
-    with study_runner(dask, workers) as runner, Progress(console=console, transient=True) as progress:
+    with placement.runner() as runner, Progress(console=console, transient=True) as progress:
         bars = {p: progress.add_task(f"{p}: seeds", total=seeds) for p in config.policies}
         summary = run_compaction(
             config, progress=lambda p, done: progress.update(bars[p], completed=done), runner=runner
@@ -88,4 +88,4 @@ def compaction(
 
 
 def register(eval_app: typer.Typer) -> None:
-    eval_app.command("compaction")(compaction)
+    register_study(eval_app, "compaction", compaction)

@@ -17,7 +17,7 @@ from cellpilot.cli.study_command import (
     read_trace,
     replay_progress,
 )
-from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
+from cellpilot.cli.study_runner import ShardPlacement, register_study
 from cellpilot.evaluate.horizontal_config import DECIDERS, HorizontalStudyConfig, Workload
 from cellpilot.evaluate.horizontal_study import run_study, shards, with_workloads
 from cellpilot.evaluate.report import markdown_table, plot_line_panels, write_markdown, write_summary
@@ -116,8 +116,8 @@ def horizontal(
     trace_step: Annotated[
         float, typer.Option(help="seconds per CSV row when it has no seconds column")
     ] = 300.0,
-    workers: WorkersOption = 1,
-    dask: DaskOption = None,
+    *,
+    placement: ShardPlacement,
 ) -> None:
     """Replays diurnal, spiky, growing, step and trace-driven jobs under Autopilot's horizontal
     recommender, the Kubernetes HPA, a clairvoyant bound and fixed counts."""
@@ -142,7 +142,7 @@ def horizontal(
     )
     total = len(shards(config))
     with (
-        study_runner(dask, workers) as runner,
+        placement.runner() as runner,
         replay_progress() as progress,
     ):
         bar = progress.add_task("replays (workload x decider x seed)", total=total)
@@ -253,4 +253,4 @@ _NOTES = """\
 
 
 def register(eval_app: typer.Typer) -> None:
-    eval_app.command("horizontal")(horizontal)
+    register_study(eval_app, "horizontal", horizontal)

@@ -26,7 +26,7 @@ from cellpilot.cli.study_command import (
     met_goal_rows,
     replay_progress,
 )
-from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
+from cellpilot.cli.study_runner import ShardPlacement, register_study
 from cellpilot.cli.text_file import TextFileError, check_readable_file, check_text_file
 from cellpilot.evaluate.lava_simulator import POLICIES, DrainConfig
 from cellpilot.evaluate.lava_study import PREDICTORS, StudyConfig, run_study
@@ -241,8 +241,8 @@ def lava(
     maintenance_in_runs: Annotated[
         bool, typer.Option(help="also drain hosts for maintenance in the policy runs (not in §6.1)")
     ] = False,
-    workers: WorkersOption = 1,
-    dask: DaskOption = None,
+    *,
+    placement: ShardPlacement,
 ) -> None:
     """Replays a VM trace against a host pool under best fit, LA-Binary, LAS and LAVA."""
     config = checked_options(
@@ -277,7 +277,7 @@ def lava(
         except (OSError, ValueError) as err:
             raise typer.BadParameter(str(err), param_hint="--trace") from err
     with (
-        study_runner(dask, workers) as runner,
+        placement.runner() as runner,
         replay_progress(description_width=22, counted=False) as progress,
     ):
         tasks: dict[str, Any] = {}
@@ -312,4 +312,4 @@ def _check_trace_file(trace: str) -> None:
 
 
 def register(eval_app: typer.Typer) -> None:
-    eval_app.command("lava")(lava)
+    register_study(eval_app, "lava", lava)

@@ -12,9 +12,10 @@ the stack's ``stack.env`` like every service) and say who the user is with a bea
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, Generic, TypeVar
@@ -212,15 +213,19 @@ def register_with_options(
     query: Callable[..., Any],
     options: Sequence[inspect.Parameter],
     run: Callable[..., None],
+    supplied: Collection[str] = (),
 ) -> None:
     """Registers the command ``name`` (default: the query's name): the query function's own
-    arguments and options, then the shared ``options``; it runs ``run(query(...), **options)``."""
+    arguments and options, then the shared ``options``. It runs ``run(bound, **options)``, ``bound``
+    being the query function given the command line's own arguments; its ``supplied`` keyword
+    arguments are not on the command line, ``run`` gives them."""
 
     def command(**given: Any) -> None:
         shared = {option.name: given.pop(option.name) for option in options}
-        run(query(**given), **shared)
+        run(functools.partial(query, **given), **shared)
 
-    own = inspect.signature(query, eval_str=True).parameters.values()
+    parameters = inspect.signature(query, eval_str=True).parameters.values()
+    own = [parameter for parameter in parameters if parameter.name not in supplied]
     command.__signature__ = inspect.Signature([*own, *options])  # type: ignore[attr-defined]
     command.__name__, command.__doc__ = query.__name__, query.__doc__
     app.command(name)(command)
@@ -243,7 +248,10 @@ def borgmaster_command(
         shared_option("timeout", TimeoutOption, timeout_s),
     ]
 
-    def run(asked: BorgmasterQuery[Any], borgmaster: str, as_json: bool, timeout: float) -> None:
+    def run(
+        bound: Callable[[], BorgmasterQuery[Any]], borgmaster: str, as_json: bool, timeout: float
+    ) -> None:
+        asked = bound()
         ask_borgmaster(borgmaster, timeout, as_json, asked.call, asked.show)
 
     def register(query: QueryFunction) -> QueryFunction:

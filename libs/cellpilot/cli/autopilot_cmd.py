@@ -32,6 +32,7 @@ from cellpilot.cli.output import (
     console,
     errors,
     message_dict,
+    print_answer,
     print_json,
     register_with_options,
     shared_option,
@@ -116,10 +117,7 @@ def _ask_autopilot(
         except UnavailableError as error:
             asked.without_autopilot(client, error, as_json)
             return
-    if as_json:
-        print_json(answer)
-    else:
-        asked.show(answer)
+    print_answer(answer, as_json, asked.show)
 
 
 _AUTOPILOT_OPTIONS = (

@@ -1,5 +1,6 @@
 """What the API commands share: service addresses, the client, JSON output, error messages
-(the words for API messages are :mod:`cellpilot.client.wording`, shared with the dashboard).
+(the words for API messages are :mod:`cellpilot.client.wording`, shared with the dashboard),
+tables, and the options every command of a kind takes (:func:`register_with_options`).
 
 Addresses default to the stack's agreed ports (Borgmaster 7100-7102, Monitoring 7300-7301,
 Autopilot 7400-7401) and can be set per command (``--borgmaster``, ``--autopilot``) or
@@ -178,16 +179,8 @@ def print_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, sort_keys=True))
 
 
-def ask_borgmaster(
-    borgmaster: str,
-    timeout_s: float,
-    as_json: bool,
-    call: Callable[[SyncCellpilotClient], T],
-    show: Callable[[T], None],
-) -> None:
-    """One call to the Borgmaster; its answer printed as JSON (``--json``) or by ``show``."""
-    with connect(borgmaster, timeout_s=timeout_s) as client:
-        answer = call(client)
+def print_answer(answer: T, as_json: bool, show: Callable[[T], None]) -> None:
+    """The API's answer as JSON (``--json``), else as ``show`` writes it for a person."""
     if as_json:
         print_json(answer)
     else:
@@ -252,7 +245,9 @@ def borgmaster_command(
         bound: Callable[[], BorgmasterQuery[Any]], borgmaster: str, as_json: bool, timeout: float
     ) -> None:
         asked = bound()
-        ask_borgmaster(borgmaster, timeout, as_json, asked.call, asked.show)
+        with connect(borgmaster, timeout_s=timeout) as client:
+            answer = asked.call(client)
+        print_answer(answer, as_json, asked.show)
 
     def register(query: QueryFunction) -> QueryFunction:
         register_with_options(app, name, query, options, run)

@@ -12,7 +12,9 @@ but never actuated (§5); users bound the limits and may override the recommende
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Generic, TypeVar
 
 import typer
 from rich.table import Table
@@ -30,7 +32,10 @@ from cellpilot.cli.output import (
     console,
     errors,
     message_dict,
+    print_answer,
     print_json,
+    register_with_options,
+    shared_option,
 )
 from cellpilot.client import SyncCellpilotClient, UnavailableError
 from cellpilot.client.job_spec_file import RECOMMENDERS
@@ -42,6 +47,7 @@ app = typer.Typer(
 
 JobArgument = Annotated[str, typer.Argument(help="The job, <user>/<name>.", show_default=False)]
 RESOURCES = ("cpu", "memory", "tasks")
+T = TypeVar("T")
 
 
 def _print_recommendations(job: str, recs: autopilot_pb2.JobRecommendations) -> None:
@@ -91,26 +97,53 @@ def _print_recommendations(job: str, recs: autopilot_pb2.JobRecommendations) -> 
         )
 
 
-@app.command()
-def show(
-    job: JobArgument,
-    autopilot: AutopilotOption = DEFAULT_AUTOPILOT,
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 5.0,
+@dataclass(frozen=True)
+class AutopilotQuery(Generic[T]):
+    """What an Autopilot command asks (``call``), how it prints the answer without ``--json``, and
+    what it does with the Borgmaster alone when Autopilot is unreachable (given ``--json``)."""
+
+    call: Callable[[SyncCellpilotClient], T]
+    show: Callable[[T], None]
+    without_autopilot: Callable[[SyncCellpilotClient, UnavailableError, bool], None]
+
+
+def _ask_autopilot(
+    bound: Callable[[], AutopilotQuery[Any]], autopilot: str, borgmaster: str, as_json: bool, timeout: float
 ) -> None:
-    """Current limits, every recommender's value, the chosen one and why."""
-    job = job_id(job)
+    asked = bound()
     with connect(borgmaster, autopilot, timeout_s=timeout) as client:
         try:
-            answer = client.autopilot.get_recommendation(job, include_candidates=True)
+            answer = asked.call(client)
         except UnavailableError as error:
-            _show_without_autopilot(client, job, as_json, error)
+            asked.without_autopilot(client, error, as_json)
             return
-    if as_json:
-        print_json(answer.recommendations)
-    else:
-        _print_recommendations(job, answer.recommendations)
+    print_answer(answer, as_json, asked.show)
+
+
+_AUTOPILOT_OPTIONS = (
+    shared_option("autopilot", AutopilotOption, DEFAULT_AUTOPILOT),
+    shared_option("borgmaster", BorgmasterOption, DEFAULT_BORGMASTER),
+    shared_option("as_json", JsonOption, False),
+    shared_option("timeout", TimeoutOption, 5.0),
+)
+
+
+def _autopilot_command(query: Callable[..., AutopilotQuery[Any]]) -> Callable[..., AutopilotQuery[Any]]:
+    """Registers a command that asks Autopilot once (``--autopilot``, ``--borgmaster``, ``--json``,
+    ``--timeout`` after its own options)."""
+    register_with_options(app, None, query, _AUTOPILOT_OPTIONS, _ask_autopilot)
+    return query
+
+
+@_autopilot_command
+def show(job: JobArgument) -> AutopilotQuery[autopilot_pb2.JobRecommendations]:
+    """Current limits, every recommender's value, the chosen one and why."""
+    job = job_id(job)
+    return AutopilotQuery(
+        lambda client: client.autopilot.get_recommendation(job, include_candidates=True).recommendations,
+        lambda recommendations: _print_recommendations(job, recommendations),
+        lambda client, error, as_json: _show_without_autopilot(client, job, as_json, error),
+    )
 
 
 def _show_without_autopilot(
@@ -215,7 +248,7 @@ def apply_options(
     return config
 
 
-@app.command()
+@_autopilot_command
 def config(
     job: JobArgument,
     opt_in: Annotated[bool, typer.Option("--opt-in", help="Let Autopilot change the resources.")] = False,
@@ -235,30 +268,29 @@ def config(
     target_utilization: Annotated[
         float | None, typer.Option(min=0.01, max=1.0, help="Horizontal: target CPU use per task, (0, 1].")
     ] = None,
-    autopilot: AutopilotOption = DEFAULT_AUTOPILOT,
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 5.0,
-) -> None:
+) -> AutopilotQuery[autopilot_pb2.SetAutopilotConfigResponse]:
     """Opt a job in or out, switch it to dry-run, bound its limits or pick its recommender."""
     job = job_id(job)
     mode = _mode(opt_in, dry_run, off)
     resources = resource or ["cpu", "memory"]
-    with connect(borgmaster, autopilot, timeout_s=timeout) as client:
-        try:
-            current = client.autopilot.get_config(job).config
-        except UnavailableError as error:
-            _config_at_borgmaster(
-                client, job, resources, mode, bounds, recommender, target_utilization, error
-            )
-            return
+
+    def store(client: SyncCellpilotClient) -> autopilot_pb2.SetAutopilotConfigResponse:
+        current = client.autopilot.get_config(job).config
         wanted = apply_options(current, resources, mode, bounds or [], recommender or [], target_utilization)
-        answer = client.autopilot.set_config(job, wanted)
-    if as_json:
-        print_json(answer)
-        return
-    console.print(f"{job}: Autopilot config stored (spec version {answer.spec_version})", highlight=False)
-    _print_config(answer.effective)
+        return client.autopilot.set_config(job, wanted)
+
+    return AutopilotQuery(
+        store,
+        lambda answer: _print_stored(job, answer.spec_version, answer.effective),
+        lambda client, error, _: _config_at_borgmaster(
+            client, job, resources, mode, bounds, recommender, target_utilization, error
+        ),
+    )
+
+
+def _print_stored(job: str, spec_version: int, config: job_pb2.AutopilotConfig) -> None:
+    console.print(f"{job}: Autopilot config stored (spec version {spec_version})", highlight=False)
+    _print_config(config)
 
 
 def _config_at_borgmaster(
@@ -280,8 +312,7 @@ def _config_at_borgmaster(
     current = client.borgmaster.get_job(job).job.spec.autopilot
     wanted = apply_options(current, resources, mode, bounds or [], recommenders or [], target_utilization)
     answer = client.borgmaster.update_job(job, job_pb2.JobSpec(autopilot=wanted), ["autopilot"])
-    console.print(f"{job}: Autopilot config stored (spec version {answer.job.spec_version})", highlight=False)
-    _print_config(answer.job.spec.autopilot)
+    _print_stored(job, answer.job.spec_version, answer.job.spec.autopilot)
 
 
 def _mode_label(mode: int) -> str:

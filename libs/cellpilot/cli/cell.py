@@ -13,21 +13,18 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from cellpilot.api.v1 import borgmaster_pb2, job_pb2, lifetimes_pb2, machine_pb2, resources_pb2
+from cellpilot.api.v1 import borgmaster_pb2, job_pb2, lifetimes_pb2, machine_pb2, resources_pb2, state_pb2
 from cellpilot.cli.job import quantity
 from cellpilot.cli.output import (
-    DEFAULT_BORGMASTER,
-    BorgmasterOption,
-    JsonOption,
-    TimeoutOption,
-    ask_borgmaster,
-    connect,
+    BorgmasterQuery,
+    Column,
+    borgmaster_command,
     console,
-    print_json,
+    print_table,
     state_filter,
 )
+from cellpilot.client import SyncCellpilotClient
 from cellpilot.client.wording import cores, enum_label, gib
 
 app = typer.Typer(help="The cell: machines, utilisation, quotas.", no_args_is_help=True)
@@ -42,80 +39,65 @@ def _share(part: float, whole: float) -> str:
     return f"{100 * part / whole:.0f}%" if whole else "-"
 
 
-@app.command()
+@borgmaster_command(app)
 def machines(
     state: Annotated[
         list[str] | None, typer.Option(help=f"Only machines in these states: {', '.join(MACHINE_STATES)}.")
     ] = None,
     rack: Annotated[str, typer.Option(help="Only this rack's machines.")] = "",
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+) -> BorgmasterQuery[list[machine_pb2.Machine]]:
     """Every machine: capacity, and usage vs reservation vs allocation (Borg §5.5)."""
     request = borgmaster_pb2.ListMachinesRequest(rack=rack)
     request.states.extend(state_filter(state, MACHINE_STATES))  # type: ignore[arg-type]
-    found: list[machine_pb2.Machine] | None = ask_borgmaster(
-        borgmaster, timeout, as_json, lambda client: client.borgmaster.list_machines(request)
+    return BorgmasterQuery(
+        lambda client: client.borgmaster.list_machines(request),
+        lambda found: print_table(
+            f"{len(found)} machines (shares of capacity: used / reserved / allocated)", MACHINE_COLUMNS, found
+        ),
     )
-    if found is None:
-        return
-    table = Table(
-        "machine",
-        "state",
-        "rack",
-        "tasks",
-        "cores",
-        "cpu u/r/a",
-        "memory",
-        "mem u/r/a",
-        title=f"{len(found)} machines (shares of capacity: used / reserved / allocated)",
-    )
-    for m in found:
-        cap = m.spec.capacity
-        table.add_row(
-            m.spec.machine_id,
-            enum_label(machine_pb2.MachineState, m.state, "MACHINE_STATE_"),
-            m.spec.rack or "-",
-            str(m.task_count),
-            cores(cap.cpu_millicores),
-            " / ".join(
-                _share(r.cpu_millicores, cap.cpu_millicores) for r in (m.usage, m.reserved, m.allocated)
-            ),
-            gib(cap.memory_bytes),
-            " / ".join(_share(r.memory_bytes, cap.memory_bytes) for r in (m.usage, m.reserved, m.allocated)),
-        )
-    console.print(table)
 
 
-@app.command()
+def _shares(m: machine_pb2.Machine, resource: str) -> str:
+    """Used / reserved / allocated, each as a share of the machine's capacity of ``resource``."""
+    whole = getattr(m.spec.capacity, resource)
+    return " / ".join(_share(getattr(r, resource), whole) for r in (m.usage, m.reserved, m.allocated))
+
+
+MACHINE_COLUMNS: tuple[Column, ...] = (
+    ("machine", lambda m: m.spec.machine_id),
+    ("state", lambda m: enum_label(machine_pb2.MachineState, m.state, "MACHINE_STATE_")),
+    ("rack", lambda m: m.spec.rack or "-"),
+    ("tasks", lambda m: str(m.task_count)),
+    ("cores", lambda m: cores(m.spec.capacity.cpu_millicores)),
+    ("cpu u/r/a", lambda m: _shares(m, "cpu_millicores")),
+    ("memory", lambda m: gib(m.spec.capacity.memory_bytes)),
+    ("mem u/r/a", lambda m: _shares(m, "memory_bytes")),
+)
+
+
+@borgmaster_command(app)
 def quota(
     user: Annotated[str, typer.Option(help="Only this user's quotas.")] = "",
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+) -> BorgmasterQuery[list[state_pb2.Quota]]:
     """Quota per user and priority band: the limit and what live jobs use of it (Borg §2.5)."""
-    with connect(borgmaster, timeout_s=timeout) as client:
-        answer: borgmaster_pb2.GetQuotaResponse = client.borgmaster.get_quota(user)
-    if as_json:
-        print_json(list(answer.quotas))
-        return
-    table = Table("user", "band", "cpu cores", "memory", title="quotas (used / limit)")
-    for q in answer.quotas:
-        table.add_row(
-            q.user,
-            enum_label(job_pb2.PriorityBand, q.band, "PRIORITY_BAND_"),
-            f"{cores(q.used.cpu_millicores)} / {cores(q.limit.cpu_millicores)}",
-            f"{gib(q.used.memory_bytes)} / {gib(q.limit.memory_bytes)}",
-        )
-    console.print(table)
+    return BorgmasterQuery(
+        lambda client: list(client.borgmaster.get_quota(user).quotas),
+        lambda quotas: print_table("quotas (used / limit)", QUOTA_COLUMNS, quotas),
+    )
+
+
+QUOTA_COLUMNS: tuple[Column, ...] = (
+    ("user", lambda q: q.user),
+    ("band", lambda q: enum_label(job_pb2.PriorityBand, q.band, "PRIORITY_BAND_")),
+    ("cpu cores", lambda q: f"{cores(q.used.cpu_millicores)} / {cores(q.limit.cpu_millicores)}"),
+    ("memory", lambda q: f"{gib(q.used.memory_bytes)} / {gib(q.limit.memory_bytes)}"),
+)
 
 
 BANDS = {enum_label(job_pb2.PriorityBand, v, "PRIORITY_BAND_"): v for v in job_pb2.PriorityBand.values() if v}
 
 
-@app.command("set-quota")
+@borgmaster_command(app, "set-quota")
 def set_quota(
     user: Annotated[str, typer.Argument(help="The user whose quota is set.", show_default=False)],
     band: Annotated[str, typer.Option(help=f"Priority band: {', '.join(BANDS)}.")] = "production",
@@ -123,10 +105,7 @@ def set_quota(
     memory: Annotated[str | None, typer.Option(help="Memory, e.g. 64Gi.")] = None,
     disk: Annotated[str | None, typer.Option(help="Local disk, e.g. 1Ti.")] = None,
     ports: Annotated[int | None, typer.Option(min=0, help="Network ports.")] = None,
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+) -> BorgmasterQuery[borgmaster_pb2.SetQuotaResponse]:
     """Set a user's quota in one priority band (Borg §2.5; needs an admin token). A resource not
     given keeps its current limit (0 for a new quota). Live jobs keep running even if they are now
     over it; the quota is checked at admission."""
@@ -134,7 +113,8 @@ def set_quota(
         raise typer.BadParameter(f"{band!r} is not one of {', '.join(BANDS)}", param_hint="--band")
     if cpu is None and memory is None and disk is None and ports is None:
         raise typer.BadParameter("nothing to set: give --cpu, --memory, --disk or --ports")
-    with connect(borgmaster, timeout_s=timeout) as client:
+
+    def set_limit(client: SyncCellpilotClient) -> borgmaster_pb2.SetQuotaResponse:
         current = next(
             (
                 q.limit
@@ -150,11 +130,12 @@ def set_quota(
             ports=current.ports if ports is None else ports,
         )
         request = borgmaster_pb2.SetQuotaRequest(user=user, band=BANDS[band], limit=limit)
-        answer: borgmaster_pb2.SetQuotaResponse = client.borgmaster.set_quota(request)
-    if as_json:
-        print_json(answer)
-        return
-    q = answer.quota
+        return client.borgmaster.set_quota(request)
+
+    return BorgmasterQuery(set_limit, lambda answer: _print_quota(answer.quota, band))
+
+
+def _print_quota(q: state_pb2.Quota, band: str) -> None:
     console.print(
         f"quota of {q.user} in {band}: {cores(q.limit.cpu_millicores)} cores, {gib(q.limit.memory_bytes)}, "
         f"{gib(q.limit.disk_bytes)} disk, {q.limit.ports} ports "
@@ -163,18 +144,13 @@ def set_quota(
     )
 
 
-@app.command()
-def status(
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+@borgmaster_command(app)
+def status() -> BorgmasterQuery[borgmaster_pb2.GetCellStatusResponse]:
     """The GPA fit test's overflow probability rho next to the CPU overflow the polls observed."""
-    answer: borgmaster_pb2.GetCellStatusResponse | None = ask_borgmaster(
-        borgmaster, timeout, as_json, lambda client: client.borgmaster.get_cell_status()
-    )
-    if answer is None:
-        return
+    return BorgmasterQuery(lambda client: client.borgmaster.get_cell_status(), _print_status)
+
+
+def _print_status(answer: borgmaster_pb2.GetCellStatusResponse) -> None:
     fit = f"GPA, rho {answer.gpa_rho:g}" if answer.gpa_rho > 0 else "CPU limits (GPA off)"
     overall = f"{answer.overflowed_samples / answer.machine_samples:.4f}" if answer.machine_samples else "-"
     role = "master" if answer.is_leader else "follower (no master known; it does not poll)"
@@ -198,21 +174,20 @@ def _lifetime(lifetime: lifetimes_pb2.TaskLifetime) -> str:
     return f"{lifetime.class_name}, {_hours(lifetime.remaining_s)} left"
 
 
-@app.command("train-lifetimes")
+@borgmaster_command(app, "train-lifetimes", timeout_s=300.0)
 def train_lifetimes(
     min_runs: Annotated[
         int, typer.Option(min=0, help="Fewest finished task runs to train on (0: default).")
     ] = 0,
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 300.0,
-) -> None:
+) -> BorgmasterQuery[lifetimes_pb2.TrainLifetimesResponse]:
     """Trains the cell's lifetime model on its own history (LAVA §3) for LAS / LAVA / LARS."""
-    answer: lifetimes_pb2.TrainLifetimesResponse | None = ask_borgmaster(
-        borgmaster, timeout, as_json, lambda client: client.borgmaster.train_lifetimes(min_runs)
+    return BorgmasterQuery(
+        lambda client: client.borgmaster.train_lifetimes(min_runs),
+        _print_trained,
     )
-    if answer is None:
-        return
+
+
+def _print_trained(answer: lifetimes_pb2.TrainLifetimesResponse) -> None:
     classes = ", ".join(f"LC{i + 1} {n}" for i, n in enumerate(answer.runs_per_class))
     console.print(
         f"trained on {answer.runs} finished task runs of {answer.jobs} jobs (median lifetime "
@@ -222,49 +197,41 @@ def train_lifetimes(
     )
 
 
-@app.command()
-def lifetimes(
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+@borgmaster_command(app)
+def lifetimes() -> BorgmasterQuery[lifetimes_pb2.GetLifetimesResponse]:
     """The placement policy, the lifetime model and LAVA's host states (§4.3)."""
-    answer: lifetimes_pb2.GetLifetimesResponse | None = ask_borgmaster(
-        borgmaster, timeout, as_json, lambda client: client.borgmaster.get_lifetimes()
-    )
-    if answer is None:
-        return
+    return BorgmasterQuery(lambda client: client.borgmaster.get_lifetimes(), _print_lifetimes)
+
+
+LAVA_HOST_COLUMNS: tuple[Column, ...] = (
+    ("machine", lambda host: host.machine_id),
+    ("state", lambda host: enum_label(lifetimes_pb2.LavaHostState, host.state, "LAVA_HOST_STATE_")),
+    ("class", lambda host: f"LC{host.lifetime_class}"),
+    ("deadline (ms)", lambda host: str(host.deadline_ms)),
+    ("residual tasks", lambda host: str(len(host.residual))),
+)
+
+
+def _print_lifetimes(answer: lifetimes_pb2.GetLifetimesResponse) -> None:
     model = f"model trained on {answer.model_runs} runs" if answer.model_loaded else "no lifetime model"
     console.print(f"placement policy {answer.placement_policy}; {model}", highlight=False)
-    table = Table(
-        *("machine", "state", "class", "deadline (ms)", "residual tasks"),
-        title=f"{len(answer.hosts)} machines with a LAVA lifetime class",
-    )
-    for host in answer.hosts:
-        table.add_row(
-            host.machine_id,
-            enum_label(lifetimes_pb2.LavaHostState, host.state, "LAVA_HOST_STATE_"),
-            f"LC{host.lifetime_class}",
-            str(host.deadline_ms),
-            str(len(host.residual)),
-        )
-    console.print(table)
+    title = f"{len(answer.hosts)} machines with a LAVA lifetime class"
+    print_table(title, LAVA_HOST_COLUMNS, answer.hosts)
 
 
-@app.command()
+@borgmaster_command(app)
 def drain(
     machine: Annotated[str, typer.Argument(help="The machine to drain.")],
     detail: Annotated[str, typer.Option(help="Why (kept with the machine's state).")] = "",
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+) -> BorgmasterQuery[lifetimes_pb2.DrainMachineResponse]:
     """Drains a machine: its tasks move elsewhere, longest predicted lifetime first (LARS, LAVA §4.4)."""
-    answer: lifetimes_pb2.DrainMachineResponse | None = ask_borgmaster(
-        borgmaster, timeout, as_json, lambda client: client.borgmaster.drain_machine(machine, detail)
+    return BorgmasterQuery(
+        lambda client: client.borgmaster.drain_machine(machine, detail),
+        _print_drain,
     )
-    if answer is None:
-        return
+
+
+def _print_drain(answer: lifetimes_pb2.DrainMachineResponse) -> None:
     console.print(
         f"draining {answer.machine_id}: {len(answer.moves)} tasks move, {answer.reason}", highlight=False
     )

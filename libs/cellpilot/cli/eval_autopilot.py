@@ -20,8 +20,15 @@ from matplotlib.figure import Figure
 
 from cellpilot.autopilot.ml_config import MAX_ML_CONFIG_BYTES, TUNED_FILE, load_ml_config, ml_config_from_json
 from cellpilot.cli.output import console
-from cellpilot.cli.study_command import OutOption, comma_list, replay_progress
-from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
+from cellpilot.cli.study_command import (
+    MeasuredDaysOption,
+    OutOption,
+    SyntheticJobsOption,
+    WorkloadSeedOption,
+    comma_list,
+    replay_progress,
+)
+from cellpilot.cli.study_runner import ShardPlacement, register_study
 from cellpilot.cli.text_file import TextFileError, read_text_file
 from cellpilot.evaluate.autopilot_deciders import parse_recommenders
 from cellpilot.evaluate.autopilot_metrics import CORE_KEYS, TABLE2_ROWS, JobDays, cdf, table2_label
@@ -259,9 +266,9 @@ def autopilot(
     workload: Annotated[
         str, typer.Option(help="synthetic workload generator (ignored with --trace)")
     ] = "synthetic",
-    jobs: Annotated[int, typer.Option(help="synthetic jobs")] = 500,
-    days: Annotated[int, typer.Option(help="synthetic days measured (warm-up days come on top)")] = 14,
-    seed: Annotated[int, typer.Option(help="seed of the synthetic workload")] = 0,
+    jobs: SyntheticJobsOption = 500,
+    days: MeasuredDaysOption = 14,
+    seed: WorkloadSeedOption = 0,
     trace: Annotated[
         str | None, typer.Option(help="google2011:PATH or google2019:PATH (a trace directory)")
     ] = None,
@@ -269,8 +276,6 @@ def autopilot(
         str, typer.Option(help="comma-separated; name:hard / name:soft overrides enforcement")
     ] = DEFAULT_RECOMMENDERS,
     warmup_days: Annotated[int, typer.Option(help="days replayed before measuring")] = 2,
-    workers: WorkersOption = 2,
-    dask: DaskOption = None,
     cpu: Annotated[bool, typer.Option(help="also replay CPU limits (throttling)")] = False,
     ml_config: Annotated[
         Path | None, typer.Option(help="ML hyperparameters JSON (default: the committed tuned configuration)")
@@ -291,13 +296,15 @@ def autopilot(
     free_memory: Annotated[
         float, typer.Option(help="share of each machine's memory no task reserves, in [0, 1]")
     ] = CellModel.free_fraction,
+    *,
+    placement: ShardPlacement,
 ) -> None:
     """Replays manual limits, Autopilot's moving window and ML recommenders and VPA (Autopilot §4)."""
     try:
         specs = parse_recommenders(recommenders)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--recommenders") from error
-    if jobs < 1 or days < 1 or warmup_days < 0 or workers < 1:
+    if jobs < 1 or days < 1 or warmup_days < 0 or placement.workers < 1:
         raise typer.BadParameter("--jobs, --days and --workers must be >= 1, --warmup-days >= 0")
     if population not in ("serving", "all"):
         raise typer.BadParameter("--population must be 'serving' or 'all'")
@@ -324,7 +331,7 @@ def autopilot(
     description += f"; ML hyperparameters: {ml_source}"
     cpu_started = _cpu_seconds()
     with (
-        study_runner(dask, workers) as runner,
+        placement.runner() as runner,
         replay_progress() as progress,
     ):
         bar = progress.add_task("replaying job-days", total=None)
@@ -433,13 +440,13 @@ def autopilot_tune(
         "libs/cellpilot/autopilot/data/ml_tuned.json"
     ),
     report: Annotated[Path, typer.Option(help="the markdown report")] = Path("docs/results/ml-tuning.md"),
-    jobs: Annotated[int, typer.Option(help="jobs per population")] = TuningSetup.jobs,
-    days: Annotated[int, typer.Option(help="measured days per population")] = TuningSetup.days,
+    jobs: SyntheticJobsOption = TuningSetup.jobs,
+    days: MeasuredDaysOption = TuningSetup.days,
     model_grids: Annotated[
         str, typer.Option(help=f"comma-separated d_m x M_m grids to sweep ({', '.join(MODEL_GRIDS)})")
     ] = "10x10",
-    workers: WorkersOption = 2,
-    dask: DaskOption = None,
+    *,
+    placement: ShardPlacement,
 ) -> None:
     """The §3.2.3 off-line sweep over the ML recommender's hyperparameters."""
     try:
@@ -448,7 +455,7 @@ def autopilot_tune(
         raise typer.BadParameter(str(error), param_hint="--model-grids") from None
     setup = TuningSetup(jobs=jobs, days=days, grid=grid, incumbent=load_ml_config())
     with (
-        study_runner(dask, workers) as runner,
+        placement.runner() as runner,
         replay_progress() as progress,
     ):
         bar = progress.add_task("sweep replays", total=None)
@@ -475,5 +482,5 @@ def autopilot_tune(
 
 
 def register(eval_app: typer.Typer) -> None:
-    eval_app.command("autopilot")(autopilot)
-    eval_app.command("autopilot-tune")(autopilot_tune)
+    register_study(eval_app, "autopilot", autopilot, workers=2)
+    register_study(eval_app, "autopilot-tune", autopilot_tune, workers=2)

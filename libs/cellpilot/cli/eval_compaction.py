@@ -8,8 +8,14 @@ import typer
 from rich.progress import Progress
 
 from cellpilot.cli.output import console
-from cellpilot.cli.study_command import OutOption, checked_options, comma_list, met_goal_rows
-from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
+from cellpilot.cli.study_command import (
+    OutOption,
+    WorkloadSeedOption,
+    checked_options,
+    comma_list,
+    met_goal_rows,
+)
+from cellpilot.cli.study_runner import ShardPlacement, register_study
 from cellpilot.evaluate.compaction import CompactionConfig, run_compaction
 from cellpilot.evaluate.report import markdown_table, plot_bars, write_markdown, write_summary
 from cellpilot.workloads.cell_workload import MACHINE_MIXES
@@ -30,13 +36,13 @@ def compaction(
     tasks: Annotated[int, typer.Option(help="tasks in the workload")] = 2000,
     fill: Annotated[float, typer.Option(help="workload CPU limits / original CPU capacity")] = 0.7,
     seeds: Annotated[int, typer.Option(help="trials per policy (Borg §5.1 uses 11)")] = 11,
-    seed: Annotated[int, typer.Option(help="seed of the synthetic workload")] = 0,
+    seed: WorkloadSeedOption = 0,
     reclamation: Annotated[bool, typer.Option(help="non-prod tasks use reservations (§5.5)")] = True,
     relaxed_randomization: Annotated[
         bool, typer.Option(help="examine a random sample of machines instead of all (§3.4)")
     ] = False,
-    workers: WorkersOption = 1,
-    dask: DaskOption = None,
+    *,
+    placement: ShardPlacement,
 ) -> None:
     """Removes machines until the workload no longer fits, per policy; reports the 90th percentile."""
     config = checked_options(
@@ -52,7 +58,7 @@ def compaction(
             relaxed_randomization=relaxed_randomization,
         )
     )
-    with study_runner(dask, workers) as runner, Progress(console=console, transient=True) as progress:
+    with placement.runner() as runner, Progress(console=console, transient=True) as progress:
         bars = {p: progress.add_task(f"{p}: seeds", total=seeds) for p in config.policies}
         summary = run_compaction(
             config, progress=lambda p, done: progress.update(bars[p], completed=done), runner=runner
@@ -82,4 +88,4 @@ def compaction(
 
 
 def register(eval_app: typer.Typer) -> None:
-    eval_app.command("compaction")(compaction)
+    register_study(eval_app, "compaction", compaction)

@@ -10,9 +10,8 @@ import typer
 from rich.progress import Progress
 
 from cellpilot.cli.output import console
-from cellpilot.cli.study_command import OutOption, checked_options, met_goal_rows
-from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
-from cellpilot.cli.text_file import TextFileError, read_text_file
+from cellpilot.cli.study_command import OutOption, checked_options, met_goal_rows, read_trace
+from cellpilot.cli.study_runner import ShardPlacement, register_study
 from cellpilot.evaluate.gpa_study import GpaStudyConfig, run_study
 from cellpilot.evaluate.report import markdown_table, plot_bars, plot_scatter, write_markdown, write_summary
 from cellpilot.evaluate.sharding import ShardRunner
@@ -71,8 +70,8 @@ def gpa(
     trace: Annotated[
         list[Path] | None, typer.Option(help="GPA trace file(s) to study as well (repeatable)")
     ] = None,
-    workers: WorkersOption = 1,
-    dask: DaskOption = None,
+    *,
+    placement: ShardPlacement,
 ) -> None:
     """Runs GPA §5's Monte Carlo experiment on synthetic tasks (and on trace files if given)."""
     config = checked_options(
@@ -90,15 +89,12 @@ def gpa(
     if trace:
         lines: list[str] = []
         for path in trace:
-            try:
-                lines.extend(read_text_file(path, "trace", MAX_TRACE_BYTES).splitlines())
-            except TextFileError as err:
-                raise typer.BadParameter(str(err), param_hint="--trace") from None
+            lines.extend(read_trace(path, "trace", MAX_TRACE_BYTES).splitlines())
         try:
             parsed = read_gpa_trace(lines)
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="--trace") from err
-    with study_runner(dask, workers) as runner:
+    with placement.runner() as runner:
         summary = _run(config, "synthetic", runner)
         if trace and parsed is not None:
             trace_config = GpaStudyConfig(
@@ -122,4 +118,4 @@ def gpa(
 
 
 def register(eval_app: typer.Typer) -> None:
-    eval_app.command("gpa")(gpa)
+    register_study(eval_app, "gpa", gpa)

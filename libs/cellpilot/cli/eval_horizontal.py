@@ -10,9 +10,14 @@ from typing import Annotated, Any
 import typer
 
 from cellpilot.cli.output import console
-from cellpilot.cli.study_command import comma_list, replay_progress
-from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
-from cellpilot.cli.text_file import TextFileError, read_text_file
+from cellpilot.cli.study_command import (
+    ReplayDaysOption,
+    checked_options,
+    comma_list,
+    read_trace,
+    replay_progress,
+)
+from cellpilot.cli.study_runner import ShardPlacement, register_study
 from cellpilot.evaluate.horizontal_config import DECIDERS, HorizontalStudyConfig, Workload
 from cellpilot.evaluate.horizontal_study import run_study, shards, with_workloads
 from cellpilot.evaluate.report import markdown_table, plot_line_panels, write_markdown, write_summary
@@ -51,10 +56,7 @@ FORMATS = {
 def _trace_workloads(paths: list[Path], step_seconds: float) -> list[Workload]:
     out: list[Workload] = []
     for path in paths:
-        try:
-            text = read_text_file(path, "trace CSV", MAX_TRACE_BYTES)
-        except TextFileError as err:
-            raise typer.BadParameter(str(err), param_hint="--trace") from None
+        text = read_trace(path, "trace CSV", MAX_TRACE_BYTES)
         try:
             series = DemandSeries.from_csv_lines(text.splitlines(), step_seconds)
         except DemandError as err:
@@ -88,7 +90,7 @@ def _plots(out: Path, series: dict[str, dict[str, Any]], config: HorizontalStudy
 
 def horizontal(
     out: Annotated[Path, typer.Option("--out", help=f"directory for {REPORT}, {SUMMARY} and the plots")],
-    days: Annotated[float, typer.Option(help="simulated days per replay")] = 7.0,
+    days: ReplayDaysOption = 7.0,
     seeds: Annotated[int, typer.Option(help="replays per workload and decider (different demand noise)")] = 3,
     seed: Annotated[int, typer.Option(help="first seed")] = 0,
     step: Annotated[int, typer.Option(help="decision step, seconds")] = 60,
@@ -114,31 +116,33 @@ def horizontal(
     trace_step: Annotated[
         float, typer.Option(help="seconds per CSV row when it has no seconds column")
     ] = 300.0,
-    workers: WorkersOption = 1,
-    dask: DaskOption = None,
+    *,
+    placement: ShardPlacement,
 ) -> None:
     """Replays diurnal, spiky, growing, step and trace-driven jobs under Autopilot's horizontal
     recommender, the Kubernetes HPA, a clairvoyant bound and fixed counts."""
     traced = _trace_workloads(trace or [], trace_step)
-    try:
-        config = HorizontalStudyConfig(
-            days=days,
-            seeds=seeds,
-            seed=seed,
-            step_s=step,
-            sample_s=sample,
-            startup_s=startup,
-            target_utilisation=target_utilisation,
-            task_cpu_limit=task_cpu,
-            machine_cpu_millicores=machine_cpu,
-            deciders=comma_list(deciders),
+    config = checked_options(
+        lambda: with_workloads(
+            HorizontalStudyConfig(
+                days=days,
+                seeds=seeds,
+                seed=seed,
+                step_s=step,
+                sample_s=sample,
+                startup_s=startup,
+                target_utilisation=target_utilisation,
+                task_cpu_limit=task_cpu,
+                machine_cpu_millicores=machine_cpu,
+                deciders=comma_list(deciders),
+            ),
+            list(comma_list(workloads)),
+            traced,
         )
-        config = with_workloads(config, list(comma_list(workloads)), traced)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
+    )
     total = len(shards(config))
     with (
-        study_runner(dask, workers) as runner,
+        placement.runner() as runner,
         replay_progress() as progress,
     ):
         bar = progress.add_task("replays (workload x decider x seed)", total=total)
@@ -249,4 +253,4 @@ _NOTES = """\
 
 
 def register(eval_app: typer.Typer) -> None:
-    eval_app.command("horizontal")(horizontal)
+    register_study(eval_app, "horizontal", horizontal)

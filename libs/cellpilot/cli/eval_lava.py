@@ -18,8 +18,15 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from cellpilot.cli.output import console
-from cellpilot.cli.study_command import comma_list, met_goal_rows, replay_progress
-from cellpilot.cli.study_runner import DaskOption, WorkersOption, study_runner
+from cellpilot.cli.study_command import (
+    OutOption,
+    ReplayDaysOption,
+    checked_options,
+    comma_list,
+    met_goal_rows,
+    replay_progress,
+)
+from cellpilot.cli.study_runner import ShardPlacement, register_study
 from cellpilot.cli.text_file import TextFileError, check_readable_file, check_text_file
 from cellpilot.evaluate.lava_simulator import POLICIES, DrainConfig
 from cellpilot.evaluate.lava_study import PREDICTORS, StudyConfig, run_study
@@ -195,9 +202,7 @@ def write_report(summary: dict[str, Any], out: Path) -> list[str]:
 
 
 def lava(
-    out: Annotated[
-        Path, typer.Option("--out", help="directory for summary.json, results.md and the plots")
-    ] = Path("lava-report"),
+    out: OutOption = Path("lava-report"),
     trace: Annotated[
         str,
         typer.Option(
@@ -205,7 +210,7 @@ def lava(
         ),
     ] = "synthetic",
     hosts: Annotated[int, typer.Option(help="hosts in the pool")] = 100,
-    days: Annotated[float, typer.Option(help="days replayed")] = 14.0,
+    days: ReplayDaysOption = 14.0,
     seed: Annotated[int, typer.Option(help="random seed (trace, history, inflation)")] = 0,
     policies: Annotated[str, typer.Option(help="comma-separated: " + ",".join(POLICIES))] = ",".join(
         POLICIES
@@ -236,12 +241,12 @@ def lava(
     maintenance_in_runs: Annotated[
         bool, typer.Option(help="also drain hosts for maintenance in the policy runs (not in §6.1)")
     ] = False,
-    workers: WorkersOption = 1,
-    dask: DaskOption = None,
+    *,
+    placement: ShardPlacement,
 ) -> None:
     """Replays a VM trace against a host pool under best fit, LA-Binary, LAS and LAVA."""
-    try:
-        config = StudyConfig(
+    config = checked_options(
+        lambda: StudyConfig(
             trace=trace,
             hosts=hosts,
             days=days,
@@ -263,8 +268,7 @@ def lava(
                 maintenance_every=maintenance_every * HOUR, maintenance_hosts=maintenance_hosts
             ),
         )
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from err
+    )
     _check_trace_file(trace)
     table: VmTrace | None = None
     if trace.startswith("azure:"):
@@ -273,7 +277,7 @@ def lava(
         except (OSError, ValueError) as err:
             raise typer.BadParameter(str(err), param_hint="--trace") from err
     with (
-        study_runner(dask, workers) as runner,
+        placement.runner() as runner,
         replay_progress(description_width=22, counted=False) as progress,
     ):
         tasks: dict[str, Any] = {}
@@ -308,4 +312,4 @@ def _check_trace_file(trace: str) -> None:
 
 
 def register(eval_app: typer.Typer) -> None:
-    eval_app.command("lava")(lava)
+    register_study(eval_app, "lava", lava)

@@ -17,19 +17,19 @@ from typing import Annotated
 import typer
 import yaml
 from rich.markup import escape
-from rich.table import Table
 
 from cellpilot.api.v1 import borgmaster_pb2, job_pb2, resources_pb2, state_pb2
 from cellpilot.cli.output import (
     DEFAULT_BORGMASTER,
     BorgmasterOption,
-    JsonOption,
+    BorgmasterQuery,
+    Column,
     TimeoutOption,
-    ask_borgmaster,
+    borgmaster_command,
     connect,
     console,
     errors,
-    print_json,
+    print_table,
     state_filter,
 )
 from cellpilot.cli.text_file import TextFileError, read_text_file
@@ -59,13 +59,10 @@ def quantity(option: str, text: str, kind: str) -> int:
         raise typer.BadParameter(error.message, param_hint=option) from None
 
 
-@app.command()
+@borgmaster_command(app)
 def submit(
     file: Annotated[Path, typer.Argument(help="A YAML job spec.", show_default=False)],
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+) -> BorgmasterQuery[borgmaster_pb2.SubmitJobResponse]:
     """Validate a YAML job spec and submit it; errors name the line and the field."""
     try:
         text = read_text_file(file, "YAML", MAX_SPEC_BYTES)
@@ -77,11 +74,10 @@ def submit(
     except job_spec_file.JobSpecError as error:
         errors.print(f"[red]error:[/red] {escape(f'{file}: {error}')}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
-    answer: borgmaster_pb2.SubmitJobResponse | None = ask_borgmaster(
-        borgmaster, timeout, as_json, lambda client: client.borgmaster.submit_job(spec)
-    )
-    if answer is None:
-        return
+    return BorgmasterQuery(lambda client: client.borgmaster.submit_job(spec), _print_submitted)
+
+
+def _print_submitted(answer: borgmaster_pb2.SubmitJobResponse) -> None:
     state = enum_label(state_pb2.JobState, answer.state, "JOB_STATE_")
     console.print(
         f"submitted [bold]{answer.job_id}[/bold]: {state}, spec version {answer.spec_version}",
@@ -89,68 +85,60 @@ def submit(
     )
 
 
-@app.command("list")
+@borgmaster_command(app, "list")
 def list_jobs(
     user: Annotated[str, typer.Option(help="Only this user's jobs.")] = "",
     state: Annotated[
         list[str] | None, typer.Option(help=f"Only jobs in these states: {', '.join(STATES)}.")
     ] = None,
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+) -> BorgmasterQuery[list[state_pb2.JobStatus]]:
     """Every job (not its tasks), ordered by id."""
     request = borgmaster_pb2.ListJobsRequest(user=user)
     request.states.extend(state_filter(state, STATES))  # type: ignore[arg-type]
-    jobs: list[state_pb2.JobStatus] | None = ask_borgmaster(
-        borgmaster, timeout, as_json, lambda client: client.borgmaster.list_jobs(request)
+    return BorgmasterQuery(
+        lambda client: client.borgmaster.list_jobs(request),
+        lambda jobs: print_table(f"{len(jobs)} jobs", JOB_COLUMNS, jobs),
     )
-    if jobs is None:
-        return
-    table = Table(
-        "job",
-        "state",
-        "priority",
-        "tasks",
-        "pending",
-        "running",
-        "cpu",
-        "memory",
-        "autopilot",
-        title=f"{len(jobs)} jobs",
-    )
-    for job in jobs:
-        limits = job.spec.task.limits
-        table.add_row(
-            job.job_id,
-            enum_label(state_pb2.JobState, job.state, "JOB_STATE_"),
-            str(job.spec.priority),
-            str(job.spec.task_count),
-            str(job.task_counts.pending),
-            str(job.task_counts.running),
-            cores(limits.cpu_millicores),
-            gib(limits.memory_bytes),
-            autopilot_modes(job.spec.autopilot),
-        )
-    console.print(table)
 
 
-@app.command()
+JOB_COLUMNS: tuple[Column, ...] = (
+    ("job", lambda job: job.job_id),
+    ("state", lambda job: enum_label(state_pb2.JobState, job.state, "JOB_STATE_")),
+    ("priority", lambda job: str(job.spec.priority)),
+    ("tasks", lambda job: str(job.spec.task_count)),
+    ("pending", lambda job: str(job.task_counts.pending)),
+    ("running", lambda job: str(job.task_counts.running)),
+    ("cpu", lambda job: cores(job.spec.task.limits.cpu_millicores)),
+    ("memory", lambda job: gib(job.spec.task.limits.memory_bytes)),
+    ("autopilot", lambda job: autopilot_modes(job.spec.autopilot)),
+)
+
+
+@borgmaster_command(app)
 def show(
     job: JobArgument,
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+) -> BorgmasterQuery[state_pb2.JobStatus]:
     """A job's spec, state and every task."""
-    status: state_pb2.JobStatus | None = ask_borgmaster(
-        borgmaster,
-        timeout,
-        as_json,
+    return BorgmasterQuery(
         lambda client: client.borgmaster.get_job(job_id(job), include_tasks=True).job,
+        _print_job,
     )
-    if status is None:
-        return
+
+
+TASK_COLUMNS: tuple[Column, ...] = (
+    ("task", lambda task: str(task.task_index)),
+    ("state", lambda task: enum_label(state_pb2.TaskState, task.state, "TASK_STATE_")),
+    ("reason", lambda task: enum_label(state_pb2.TaskEventKind, task.reason, "TASK_EVENT_KIND_")),
+    ("machine", lambda task: task.machine_id or "-"),
+    ("cpu used", lambda task: cores(task.usage.cpu_millicores)),
+    ("mem used", lambda task: gib(task.usage.memory_bytes)),
+    ("restarts", lambda task: str(task.restarts)),
+    ("next restart", lambda task: restart_backoff(task)),
+    ("detail", lambda task: task.reason_detail),
+)
+
+
+def _print_job(status: state_pb2.JobStatus) -> None:
     spec, limits = status.spec, status.spec.task.limits
     console.print(
         f"[bold]{status.job_id}[/bold] {enum_label(state_pb2.JobState, status.state, 'JOB_STATE_')}, "
@@ -159,22 +147,7 @@ def show(
         f"autopilot {autopilot_modes(spec.autopilot)}",
         highlight=False,
     )
-    table = Table(
-        "task", "state", "reason", "machine", "cpu used", "mem used", "restarts", "next restart", "detail"
-    )
-    for task in status.tasks:
-        table.add_row(
-            str(task.task_index),
-            enum_label(state_pb2.TaskState, task.state, "TASK_STATE_"),
-            enum_label(state_pb2.TaskEventKind, task.reason, "TASK_EVENT_KIND_"),
-            task.machine_id or "-",
-            cores(task.usage.cpu_millicores),
-            gib(task.usage.memory_bytes),
-            str(task.restarts),
-            restart_backoff(task),
-            task.reason_detail,
-        )
-    console.print(table)
+    print_table(None, TASK_COLUMNS, status.tasks)
     for task in status.tasks:
         if task.last_failure:
             console.print(
@@ -213,7 +186,7 @@ def kill(
     console.print(f"killed {job} (log position {answer.log_sequence})", highlight=False)
 
 
-@app.command()
+@borgmaster_command(app)
 def update(
     job: JobArgument,
     tasks: Annotated[int | None, typer.Option("--tasks", min=0, help="New task count.")] = None,
@@ -226,10 +199,7 @@ def update(
     max_disruptions: Annotated[
         int, typer.Option(min=0, help="Most tasks the rolling update disrupts at once (0: no cap).")
     ] = 0,
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+) -> BorgmasterQuery[borgmaster_pb2.UpdateJobResponse]:
     """Change a job's task count, limits or priority (a rolling update, Borg §2.3)."""
     spec = job_pb2.JobSpec()
     paths: list[str] = []
@@ -247,37 +217,34 @@ def update(
         paths.append("priority")
     if not paths:
         raise typer.BadParameter("nothing to change: give --tasks, --cpu, --memory or --priority")
-    with connect(borgmaster, timeout_s=timeout) as client:
-        answer = client.borgmaster.update_job(
+    return BorgmasterQuery(
+        lambda client: client.borgmaster.update_job(
             job_id(job),
             spec,
             paths,
             expected_spec_version=expected_version,
             max_disruptions=max_disruptions,
-        )
-    if as_json:
-        print_json(answer)
-        return
-    console.print(
-        f"updated {answer.job.job_id} ({', '.join(paths)}): spec version {answer.job.spec_version}",
-        highlight=False,
+        ),
+        lambda answer: console.print(
+            f"updated {answer.job.job_id} ({', '.join(paths)}): spec version {answer.job.spec_version}",
+            highlight=False,
+        ),
     )
 
 
-@app.command("why-pending")
+@borgmaster_command(app, "why-pending")
 def why_pending(
     job: JobArgument,
     task: Annotated[int | None, typer.Option(min=0, help="The task (default: its first pending).")] = None,
-    borgmaster: BorgmasterOption = DEFAULT_BORGMASTER,
-    as_json: JsonOption = False,
-    timeout: TimeoutOption = 10.0,
-) -> None:
+) -> BorgmasterQuery[borgmaster_pb2.WhyPendingResponse]:
     """What keeps a task from scheduling and the smallest change that would let it (Borg §2.6)."""
-    answer: borgmaster_pb2.WhyPendingResponse | None = ask_borgmaster(
-        borgmaster, timeout, as_json, lambda client: client.borgmaster.why_pending(job_id(job), task)
+    return BorgmasterQuery(
+        lambda client: client.borgmaster.why_pending(job_id(job), task),
+        _print_why_pending,
     )
-    if answer is None:
-        return
+
+
+def _print_why_pending(answer: borgmaster_pb2.WhyPendingResponse) -> None:
     state = enum_label(state_pb2.TaskState, answer.task_state, "TASK_STATE_")
     console.print(f"[bold]{answer.job_id}/{answer.task_index}[/bold] is {state}", highlight=False)
     if answer.summary:

@@ -1,5 +1,6 @@
 """What the API commands share: service addresses, the client, JSON output, error messages
-(the words for API messages are :mod:`cellpilot.client.wording`, shared with the dashboard).
+(the words for API messages are :mod:`cellpilot.client.wording`, shared with the dashboard),
+tables, and the options every command of a kind takes (:func:`register_with_options`).
 
 Addresses default to the stack's agreed ports (Borgmaster 7100-7102, Monitoring 7300-7301,
 Autopilot 7400-7401) and can be set per command (``--borgmaster``, ``--autopilot``) or
@@ -12,28 +13,22 @@ the stack's ``stack.env`` like every service) and say who the user is with a bea
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Annotated, Any, TypeVar
+from dataclasses import dataclass
+from typing import Annotated, Any, Generic, TypeVar
 
 import typer
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from rich.console import Console
+from rich.table import Table
 
 from cellpilot.client import CellpilotError, RetryPolicy, SyncCellpilotClient
-from cellpilot.client.errors import (
-    AlreadyExistsError,
-    ConflictError,
-    InvalidArgumentError,
-    NotFoundError,
-    PermissionDeniedError,
-    QuotaExceededError,
-    RequestTooLargeError,
-    UnauthenticatedError,
-    UnavailableError,
-)
+from cellpilot.client import errors as refusals
 from cellpilot.security.tls import SecurityConfigError, SecuritySettings
 
 DEFAULT_BORGMASTER = "127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102"
@@ -132,25 +127,25 @@ def connect(
 # What each kind of refusal means to a person, in the order they are tried: {method} is
 # " (Service/Method)" when known, {details} the server's message.
 _ERROR_WORDS: tuple[tuple[type[CellpilotError], str], ...] = (
-    (RequestTooLargeError, "request too large{method}: {details}"),
-    (InvalidArgumentError, "the request was refused as invalid{method}: {details}"),
-    (NotFoundError, "not found{method}: {details}"),
-    (QuotaExceededError, "over quota{method}: {details} (see `cellpilot cell quota`)"),
-    (AlreadyExistsError, "already exists{method}: {details}"),
-    (ConflictError, "conflict{method}: {details}"),
+    (refusals.RequestTooLargeError, "request too large{method}: {details}"),
+    (refusals.InvalidArgumentError, "the request was refused as invalid{method}: {details}"),
+    (refusals.NotFoundError, "not found{method}: {details}"),
+    (refusals.QuotaExceededError, "over quota{method}: {details} (see `cellpilot cell quota`)"),
+    (refusals.AlreadyExistsError, "already exists{method}: {details}"),
+    (refusals.ConflictError, "conflict{method}: {details}"),
     (
-        UnauthenticatedError,
+        refusals.UnauthenticatedError,
         "not authenticated{method}: {details}. Pass --token or set CELLPILOT_TOKEN "
         "(`cellpilot certs token --user NAME`).",
     ),
-    (PermissionDeniedError, "permission denied{method}: {details}"),
+    (refusals.PermissionDeniedError, "permission denied{method}: {details}"),
 )
 
 
 def describe_error(error: CellpilotError) -> str:
     """One line a person can act on, from a client exception."""
     method = f" ({error.method})" if error.method else ""
-    if isinstance(error, UnavailableError):
+    if isinstance(error, refusals.UnavailableError):
         if error.reason:  # it answered, but cannot take the call now
             return f"the service is unavailable for now{method}: {error.details}. Try again shortly."
         return (
@@ -184,16 +179,92 @@ def print_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, sort_keys=True))
 
 
-def ask_borgmaster(
-    borgmaster: str, timeout_s: float, as_json: bool, call: Callable[[SyncCellpilotClient], T]
-) -> T | None:
-    """One call to the Borgmaster: its answer to print, or None once printed as JSON (``--json``)."""
-    with connect(borgmaster, timeout_s=timeout_s) as client:
-        answer = call(client)
+def print_answer(answer: T, as_json: bool, show: Callable[[T], None]) -> None:
+    """The API's answer as JSON (``--json``), else as ``show`` writes it for a person."""
     if as_json:
         print_json(answer)
-        return None
-    return answer
+    else:
+        show(answer)
+
+
+@dataclass(frozen=True)
+class BorgmasterQuery(Generic[T]):
+    """What a Borgmaster command asks (``call``) and how it prints the answer without ``--json``."""
+
+    call: Callable[[SyncCellpilotClient], T]
+    show: Callable[[T], None]
+
+
+def shared_option(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    """An option several commands take, added to each by :func:`register_with_options`."""
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def register_with_options(
+    app: typer.Typer,
+    name: str | None,
+    query: Callable[..., Any],
+    options: Sequence[inspect.Parameter],
+    run: Callable[..., None],
+    supplied: Collection[str] = (),
+) -> None:
+    """Registers the command ``name`` (default: the query's name): the query function's own
+    arguments and options, then the shared ``options``. It runs ``run(bound, **options)``, ``bound``
+    being the query function given the command line's own arguments; its ``supplied`` keyword
+    arguments are not on the command line, ``run`` gives them."""
+
+    def command(**given: Any) -> None:
+        shared = {option.name: given.pop(option.name) for option in options}
+        run(functools.partial(query, **given), **shared)
+
+    parameters = inspect.signature(query, eval_str=True).parameters.values()
+    own = [parameter for parameter in parameters if parameter.name not in supplied]
+    command.__signature__ = inspect.Signature([*own, *options])  # type: ignore[attr-defined]
+    command.__name__, command.__doc__ = query.__name__, query.__doc__
+    app.command(name)(command)
+
+
+QueryFunction = Callable[..., BorgmasterQuery[Any]]
+
+
+def borgmaster_command(
+    app: typer.Typer, name: str | None = None, timeout_s: float = 10.0
+) -> Callable[[QueryFunction], QueryFunction]:
+    """Registers a command that asks the Borgmaster once and prints its answer (text or ``--json``).
+
+    The decorated function takes the command's own arguments and options and returns its query;
+    the command takes ``--borgmaster``, ``--json`` and ``--timeout`` (default ``timeout_s``) after them.
+    """
+    options = [
+        shared_option("borgmaster", BorgmasterOption, DEFAULT_BORGMASTER),
+        shared_option("as_json", JsonOption, False),
+        shared_option("timeout", TimeoutOption, timeout_s),
+    ]
+
+    def run(
+        bound: Callable[[], BorgmasterQuery[Any]], borgmaster: str, as_json: bool, timeout: float
+    ) -> None:
+        asked = bound()
+        with connect(borgmaster, timeout_s=timeout) as client:
+            answer = asked.call(client)
+        print_answer(answer, as_json, asked.show)
+
+    def register(query: QueryFunction) -> QueryFunction:
+        register_with_options(app, name, query, options, run)
+        return query
+
+    return register
+
+
+Column = tuple[str, Callable[[Any], str]]  # a table's header and how one row's cell is written
+
+
+def print_table(title: str | None, columns: Sequence[Column], rows: Iterable[Any]) -> None:
+    """One table row per item, its cells written by the columns' functions."""
+    table = Table(*(header for header, _ in columns), title=title)
+    for row in rows:
+        table.add_row(*(cell(row) for _, cell in columns))
+    console.print(table)
 
 
 def state_filter(names: list[str] | None, states: Mapping[str, int], option: str = "--state") -> list[int]:

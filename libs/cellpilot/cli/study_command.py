@@ -1,5 +1,6 @@
 """What the ``cellpilot eval`` commands share besides where their shards run (:mod:`study_runner`):
-the ``--out`` option, comma-separated choices, options checked by the study's own configuration,
+the options several of them take (``--out``, ``--seed``, ``--jobs``, ``--days``), trace files
+named by ``--trace``, comma-separated choices, options checked by the study's own configuration,
 the progress bar of a replay and the goals table of a report."""
 
 from __future__ import annotations
@@ -12,12 +13,27 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cellpilot.cli.output import console
+from cellpilot.cli.text_file import TextFileError, read_text_file
 
 T = TypeVar("T")
 
 OutOption = Annotated[
     Path, typer.Option("--out", help="directory for summary.json, results.md and the plots")
 ]
+WorkloadSeedOption = Annotated[int, typer.Option("--seed", help="seed of the synthetic workload")]
+SyntheticJobsOption = Annotated[int, typer.Option("--jobs", help="jobs in each synthetic population")]
+MeasuredDaysOption = Annotated[
+    int, typer.Option("--days", help="days measured in each population (warm-up days come on top)")
+]
+ReplayDaysOption = Annotated[float, typer.Option("--days", help="simulated days per replay")]
+
+
+def read_trace(path: Path, kind: str, max_bytes: int) -> str:
+    """A trace file named by ``--trace``, read whole; one that is not ``kind`` text is a usage error."""
+    try:
+        return read_text_file(path, kind, max_bytes)
+    except TextFileError as err:
+        raise typer.BadParameter(str(err), param_hint="--trace") from None
 
 
 def comma_list(text: str) -> tuple[str, ...]:

@@ -11,12 +11,14 @@ Results do not depend on the choice: shards carry their own seeds and are combin
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Annotated
 
 import typer
 
+from cellpilot.cli.output import register_with_options, shared_option
 from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner
 from cellpilot.platform.dask_shards import LOCAL, dask_runner
 
@@ -46,6 +48,28 @@ def bare_dask_means_local(argv: list[str]) -> list[str]:
         if token == "--dask" and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
             out.append(LOCAL)
     return out
+
+
+@dataclass(frozen=True)
+class ShardPlacement:
+    """Where a study's shards run, as ``--dask`` and ``--workers`` ask."""
+
+    dask: str | None
+    workers: int
+
+    def runner(self) -> AbstractContextManager[ShardRunner]:
+        return study_runner(self.dask, self.workers)
+
+
+def register_study(eval_app: typer.Typer, name: str, study: Callable[..., None], workers: int = 1) -> None:
+    """Registers ``cellpilot eval NAME``: the study function's own options, then ``--workers``
+    (default ``workers``) and ``--dask``; the function is given them as ``placement``."""
+    options = (shared_option("workers", WorkersOption, workers), shared_option("dask", DaskOption, None))
+
+    def run(bound: Callable[..., None], workers: int, dask: str | None) -> None:
+        bound(placement=ShardPlacement(dask, workers))
+
+    register_with_options(eval_app, name, study, options, run, supplied=("placement",))
 
 
 @contextmanager

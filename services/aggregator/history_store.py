@@ -47,6 +47,29 @@ _INSERT_TASK_WINDOWS = _unnest_insert("usage_task_windows", TASK_WINDOW_COLUMNS,
 _INSERT_JOB_HISTOGRAMS = _unnest_insert("usage_job_histograms", JOB_HISTOGRAM_COLUMNS, JOB_HISTOGRAM_TYPES)
 
 
+@dataclass(frozen=True)
+class WindowPage:
+    """A page of one job's or task's windows a Monitoring read asks for: starting at or after
+    ``start_ms``, ending by ``end_ms`` (0: any end), after the window starting at ``after_ms``
+    (the page token's), at most ``size`` of them."""
+
+    start_ms: int
+    end_ms: int
+    after_ms: int
+    size: int
+
+    def arguments(self) -> tuple[int, int, int, int]:
+        """$3 to $6 of :data:`_PAGE_OF_WINDOWS`: one window more than the page holds is read, to
+        tell whether another page follows."""
+        return (self.start_ms, self.end_ms, self.after_ms, self.size + 1)
+
+
+_PAGE_OF_WINDOWS = (
+    "window_start_ms >= $3 AND ($4 = 0 OR window_end_ms <= $4) AND window_start_ms > $5"
+    " ORDER BY window_start_ms LIMIT $6"
+)
+
+
 def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
     return [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
 
@@ -218,42 +241,33 @@ class HistoryStore:
 
     # -- monitoring reads --------------------------------------------------------------
 
-    async def job_histograms(
-        self, job_id: str, resource: int, start_ms: int, end_ms: int, after_ms: int, limit: int
-    ) -> list[asyncpg.Record]:
+    async def job_histograms(self, job_id: str, resource: int, page: WindowPage) -> list[asyncpg.Record]:
+        """The job's histograms of ``page``, and the first of the next page if there is one."""
         async with self.pool.acquire() as conn:
             return list(
                 await conn.fetch(
-                    "SELECT * FROM usage_job_histograms WHERE job_id = $1 AND resource = $2"
-                    " AND window_start_ms >= $3 AND ($4 = 0 OR window_end_ms <= $4) AND window_start_ms > $5"
-                    " ORDER BY window_start_ms LIMIT $6",
+                    "SELECT * FROM usage_job_histograms"
+                    f" WHERE job_id = $1 AND resource = $2 AND {_PAGE_OF_WINDOWS}",
                     job_id,
                     resource,
-                    start_ms,
-                    end_ms,
-                    after_ms,
-                    limit,
+                    *page.arguments(),
                 )
             )
 
     async def task_windows(
-        self, job_id: str, task_index: int, start_ms: int, end_ms: int, after_ms: int, limit: int
+        self, job_id: str, task_index: int, page: WindowPage
     ) -> list[list[asyncpg.Record]]:
-        """Up to ``limit`` windows of one task, each as its rows (one per source partition)."""
+        """The task's windows of ``page``, and the first of the next page if there is one, each
+        as its rows (one per source partition)."""
         async with self.pool.acquire() as conn:
             rows = await conn.fetch(
                 "WITH w AS (SELECT DISTINCT window_start_ms FROM usage_task_windows"
-                " WHERE job_id = $1 AND task_index = $2 AND window_start_ms >= $3"
-                " AND ($4 = 0 OR window_end_ms <= $4) AND window_start_ms > $5"
-                " ORDER BY window_start_ms LIMIT $6)"
+                f" WHERE job_id = $1 AND task_index = $2 AND {_PAGE_OF_WINDOWS})"
                 " SELECT t.* FROM usage_task_windows t JOIN w USING (window_start_ms)"
                 " WHERE t.job_id = $1 AND t.task_index = $2 ORDER BY t.window_start_ms, t.source_partition",
                 job_id,
                 task_index,
-                start_ms,
-                end_ms,
-                after_ms,
-                limit,
+                *page.arguments(),
             )
         grouped: list[list[asyncpg.Record]] = []
         for row in rows:

@@ -27,6 +27,7 @@ from cellpilot.platform.telemetry import Telemetry
 from cellpilot.platform.topics import TOPICS, Topic
 from cellpilot_services.autopilot.decision_loop import DecisionLoop, TermEnded
 from cellpilot_services.autopilot.leader_lock import RedisLeaseStore, leader_lock
+from cellpilot_services.autopilot.replica import AutopilotReplica
 from cellpilot_services.autopilot.servicer import AutopilotServicer
 from cellpilot_services.autopilot.settings import AutopilotSettings
 from cellpilot_services.autopilot.state_store import StateStore
@@ -55,12 +56,9 @@ class AutopilotMaster:
             **settings.security.client_options("autopilot"),
         )
         self.producer = MessageProducer(settings.platform.kafka_bootstrap, client_id=self.replica_id)
-        self.loop = DecisionLoop(
-            settings, self.store, self.lock, self.client.borgmaster, self.producer, metrics
-        )
-        self.servicer = AutopilotServicer(
-            settings, self.store, self.lock, self.client.borgmaster, self.producer
-        )
+        replica = AutopilotReplica(settings, self.store, self.lock, self.client.borgmaster, self.producer)
+        self.loop = DecisionLoop(replica, metrics)
+        self.servicer = AutopilotServicer(replica)
         self.server = GrpcServer(
             [ServiceBinding(SERVICE_NAME, autopilot_pb2_grpc.add_AutopilotServicer_to_server, self.servicer)],
             address=f"{settings.listen_host}:{settings.resolved_port}",

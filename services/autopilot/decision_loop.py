@@ -31,18 +31,17 @@ from cellpilot.autopilot.decisions import (
     idempotency_key,
     remember_sent,
 )
-from cellpilot.client.async_client import BorgmasterClient
 from cellpilot.client.errors import CellpilotError, NotFoundError
 from cellpilot.platform import kafka
 from cellpilot.platform.kafka_consumers import AssignedConsumer
-from cellpilot.platform.leadership import LeaderLease, Leadership
+from cellpilot.platform.leadership import Leadership
 from cellpilot.platform.metrics import CellpilotMetrics
 from cellpilot.platform.redis_client import FencedWrites
 from cellpilot.platform.request_validation import InvalidField
 from cellpilot.usage.buckets import Resource
 from cellpilot_services.autopilot import convert
+from cellpilot_services.autopilot.replica import AutopilotReplica
 from cellpilot_services.autopilot.settings import AutopilotSettings
-from cellpilot_services.autopilot.state_store import StateStore
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -111,28 +110,16 @@ def collect_inputs(sets: Sequence[recommendation_pb2.RecommendationSet]) -> dict
 
 
 class DecisionLoop:
-    def __init__(
-        self,
-        settings: AutopilotSettings,
-        store: StateStore,
-        lock: LeaderLease,
-        borgmaster: BorgmasterClient,
-        producer: kafka.MessageProducer,
-        metrics: CellpilotMetrics | None = None,
-    ) -> None:
-        self.settings = settings
-        self.store = store
-        self.lock = lock
-        self.borgmaster = borgmaster
-        self.producer = producer
+    def __init__(self, replica: AutopilotReplica, metrics: CellpilotMetrics | None = None) -> None:
+        self.replica = replica
         self.metrics = metrics
-        self.policy = policy_of(settings)
+        self.policy = policy_of(replica.settings)
         self.memories: dict[str, JobMemory] = {}
         self.held_since: dict[str, float] = {}
         self.actuations_published = 0
 
     def _lease_gone(self, leadership: Leadership) -> TermEnded | None:
-        if self.lock.holds() and self.lock.held == leadership:
+        if self.replica.lock.holds() and self.replica.lock.held == leadership:
             return None
         return TermEnded(f"lease of token {leadership.token} is gone")
 
@@ -141,18 +128,20 @@ class DecisionLoop:
         cancelled."""
         self.memories.clear()
         self.held_since.clear()
-        offsets = await self.store.offsets()
+        offsets = await self.replica.store.offsets()
         consumer = AssignedConsumer(
-            self.settings.platform.kafka_bootstrap,
-            [self.settings.recommendations_topic],
-            client_id=f"{self.lock.replica_id}-decisions",
-            log_check_interval_s=self.settings.platform.log_check_interval_s,
+            self.replica.settings.platform.kafka_bootstrap,
+            [self.replica.settings.recommendations_topic],
+            client_id=f"{self.replica.lock.replica_id}-decisions",
+            log_check_interval_s=self.replica.settings.platform.log_check_interval_s,
         )
         await consumer.start(offsets)  # checks the stored positions against the broker's logs
         log.info("leading: deciding", extra={"token": leadership.token, "offsets": offsets.to_mapping()})
         next_scan = 0.0
         try:
-            async for batch in consumer.batches(timeout_ms=100, max_records=self.settings.max_poll_records):
+            async for batch in consumer.batches(
+                timeout_ms=100, max_records=self.replica.settings.max_poll_records
+            ):
                 if ended := self._lease_gone(leadership):
                     return ended
                 # Periodically, records or not: a position whose log is gone (a broker that
@@ -164,7 +153,7 @@ class DecisionLoop:
                 if time.monotonic() >= next_scan:
                     if ended := await self._scan_held(leadership):
                         return ended
-                    next_scan = time.monotonic() + self.settings.hold_scan_interval_s
+                    next_scan = time.monotonic() + self.replica.settings.hold_scan_interval_s
         finally:
             await consumer.stop()
         raise AssertionError("the consumer's batches never end")  # pragma: no cover
@@ -187,21 +176,21 @@ class DecisionLoop:
             try:
                 sets.append(record.decode(recommendation_pb2.RecommendationSet))
             except kafka.PoisonRecordError as poison:
-                await kafka.dead_letter(self.producer, poison)
+                await kafka.dead_letter(self.replica.producer, poison)
         inputs = collect_inputs(sets)
         writes = FencedWrites()
         for job_id, job in inputs.items():
             for key, rec in job.vertical.items():
-                writes.hset(self.store.candidates_key(job_id), key, rec.SerializeToString())
+                writes.hset(self.replica.store.candidates_key(job_id), key, rec.SerializeToString())
             for label, hrec in job.horizontal.items():
-                writes.hset(self.store.horizontal_key(job_id), label, hrec.SerializeToString())
+                writes.hset(self.replica.store.horizontal_key(job_id), label, hrec.SerializeToString())
         outcomes = await self._decide_all(list(inputs), inputs, {}, leadership)
         if ended := await self._publish_and_store(outcomes, writes, leadership):
             return ended
         for record in records:
             offsets.mark(record)
-        self.store.put_offsets(writes, offsets)
-        return None if await self.store.commit(writes, leadership.encode()) else FENCED_WRITE_REFUSED
+        self.replica.store.put_offsets(writes, offsets)
+        return None if await self.replica.store.commit(writes, leadership.encode()) else FENCED_WRITE_REFUSED
 
     async def _decide_all(
         self,
@@ -210,7 +199,7 @@ class DecisionLoop:
         statuses: Mapping[str, state_pb2.JobStatus],
         leadership: Leadership,
     ) -> list[JobOutcome]:
-        registered = sorted(await self.store.recommenders())
+        registered = sorted(await self.replica.store.recommenders())
         gate = asyncio.Semaphore(MAX_CONCURRENT_OBSERVATIONS)
 
         async def one(job_id: str) -> JobOutcome | None:
@@ -224,7 +213,7 @@ class DecisionLoop:
 
     async def _observe(self, job_id: str) -> state_pb2.JobStatus | None:
         try:
-            return (await self.borgmaster.get_job(job_id, include_tasks=True)).job
+            return (await self.replica.borgmaster.get_job(job_id, include_tasks=True)).job
         except NotFoundError:
             return None
 
@@ -236,9 +225,9 @@ class DecisionLoop:
         registered: list[str],
         leadership: Leadership,
     ) -> JobOutcome | None:
-        stored_v = {convert.candidate_key(r): r for r in await self.store.candidates(job_id)}
+        stored_v = {convert.candidate_key(r): r for r in await self.replica.store.candidates(job_id)}
         protos = {k: r for k, r in {**stored_v, **new.vertical}.items() if k is not None}
-        hstored = {convert.horizontal_label(r): r for r in await self.store.horizontal_inputs(job_id)}
+        hstored = {convert.horizontal_label(r): r for r in await self.replica.store.horizontal_inputs(job_id)}
         horizontals = list({**hstored, **new.horizontal}.values())
         newest = max(
             [r.window_end_ms for r in protos.values()] + [r.window_end_ms for r in horizontals] + [0]
@@ -256,7 +245,7 @@ class DecisionLoop:
             return JobOutcome(job_id, view, None, None)
         held = status.state == state_pb2.JOB_STATE_HELD_FOR_AUTOPILOT
         try:
-            job = convert.job_view_in(status, True, self.settings.reference_machine_memory_bytes)
+            job = convert.job_view_in(status, True, self.replica.settings.reference_machine_memory_bytes)
         except InvalidField as error:
             log.warning("job has an unusable Autopilot config", extra={"job_id": job_id, "error": str(error)})
             return None
@@ -264,7 +253,7 @@ class DecisionLoop:
             since = self.held_since.setdefault(job_id, time.monotonic())
             held_for_ms = int((time.monotonic() - since) * 1000)
             ready = hold_release_ready(
-                job, bool(protos or horizontals), held_for_ms, int(self.settings.hold_grace_s * 1000)
+                job, bool(protos or horizontals), held_for_ms, int(self.replica.settings.hold_grace_s * 1000)
             )
             job = replace(job, held=ready)
         candidates: dict[Resource, dict[str, Candidate]] = {r: {} for r in convert.RESOURCES}
@@ -273,7 +262,7 @@ class DecisionLoop:
             if candidate is not None:
                 candidates[candidate.resource][candidate.ref.label] = candidate
         signal = convert.horizontal_signal(job.horizontal, horizontals)
-        memory = self.memories.get(job_id) or await self.store.memory(job_id) or JobMemory()
+        memory = self.memories.get(job_id) or await self.replica.store.memory(job_id) or JobMemory()
         now_ms = newest or int(time.time() * 1000)
         decision, memory = decide(job, candidates, signal, memory, self.policy, now_ms, registered)
         actuation = None
@@ -296,7 +285,10 @@ class DecisionLoop:
             if ended := self._lease_gone(leadership):
                 return ended
             await asyncio.gather(
-                *(self.producer.send(self.settings.actuations_topic, a.job_id, a) for a in actuations)
+                *(
+                    self.replica.producer.send(self.replica.settings.actuations_topic, a.job_id, a)
+                    for a in actuations
+                )
             )
             self.actuations_published += len(actuations)
             for a in actuations:
@@ -307,16 +299,20 @@ class DecisionLoop:
         if self.metrics is not None and outcomes:
             self.metrics.recommendations.add(len(outcomes))  # one decided view per job
         for outcome in outcomes:
-            writes.hset(self.store.view_key, outcome.job_id, outcome.view.SerializeToString())
+            writes.hset(self.replica.store.view_key, outcome.job_id, outcome.view.SerializeToString())
             if outcome.memory is not None:
                 self.memories[outcome.job_id] = outcome.memory
-                writes.hset(self.store.memory_key, outcome.job_id, self.store.memory_bytes(outcome.memory))
+                writes.hset(
+                    self.replica.store.memory_key,
+                    outcome.job_id,
+                    self.replica.store.memory_bytes(outcome.memory),
+                )
         return None
 
     # ------------------------------------------------------------------ held jobs
     async def _scan_held(self, leadership: Leadership) -> TermEnded | None:
         try:
-            held = await self.borgmaster.list_jobs(
+            held = await self.replica.borgmaster.list_jobs(
                 borgmaster_pb2.ListJobsRequest(states=[state_pb2.JOB_STATE_HELD_FOR_AUTOPILOT])
             )
         except CellpilotError as error:
@@ -335,4 +331,4 @@ class DecisionLoop:
         writes = FencedWrites()
         if ended := await self._publish_and_store(outcomes, writes, leadership):
             return ended
-        return None if await self.store.commit(writes, leadership.encode()) else FENCED_WRITE_REFUSED
+        return None if await self.replica.store.commit(writes, leadership.encode()) else FENCED_WRITE_REFUSED

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import NoReturn
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import grpc
 
@@ -26,14 +27,11 @@ from cellpilot.client.async_client import BorgmasterClient
 from cellpilot.client.errors import CellpilotError
 from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS, RecommenderKind
 from cellpilot.platform.error_reasons import LEADER_METADATA_KEY, NO_MASTER, reason_metadata
-from cellpilot.platform.kafka import MessageProducer
-from cellpilot.platform.leadership import LeaderLease
 from cellpilot.platform.redis_client import FencedWrites
-from cellpilot.platform.request_validation import InvalidField, abort, after_page_token, page_size, page_token
+from cellpilot.platform.request_validation import abort, invalid_fields_refused, page_token, requested_page
 from cellpilot.security.authentication import AUTHORIZATION_HEADER
 from cellpilot_services.autopilot import convert
-from cellpilot_services.autopilot.settings import AutopilotSettings
-from cellpilot_services.autopilot.state_store import StateStore
+from cellpilot_services.autopilot.replica import AutopilotReplica
 
 log = logging.getLogger(__name__)
 DEFAULT_PAGE = 100
@@ -45,19 +43,8 @@ BUILTIN_DESCRIPTIONS = {
 
 
 class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
-    def __init__(
-        self,
-        settings: AutopilotSettings,
-        store: StateStore,
-        lock: LeaderLease,
-        borgmaster: BorgmasterClient,
-        producer: MessageProducer,
-    ) -> None:
-        self.settings = settings
-        self.store = store
-        self.lock = lock
-        self.borgmaster = borgmaster
-        self.producer = producer
+    def __init__(self, replica: AutopilotReplica) -> None:
+        self.replica = replica
         self._owners: dict[str, str] = {}  # custom recommender -> owner, for authorisation
         self._owner_writes = 0  # a refresh that raced a (un)registration keeps the newer map
 
@@ -69,7 +56,7 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
 
     async def refresh_owners(self) -> None:
         writes = self._owner_writes
-        owners = {name: info.owner for name, info in (await self.store.recommenders()).items()}
+        owners = {name: info.owner for name, info in (await self.replica.store.recommenders()).items()}
         if writes == self._owner_writes:
             self._owners = owners
 
@@ -81,13 +68,15 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
             for key, value in context.invocation_metadata() or ()
             if key.lower() == AUTHORIZATION_HEADER
         ]
-        return self.borgmaster.with_metadata(forwarded)
+        return self.replica.borgmaster.with_metadata(forwarded)
 
     async def _leader_only(self, context: grpc.aio.ServicerContext) -> None:
-        if self.lock.holds():
+        if self.replica.lock.holds():
             return
-        current = await self.lock.current()
-        leader = current.address if current is not None and current.address != self.lock.address else ""
+        current = await self.replica.lock.current()
+        leader = (
+            current.address if current is not None and current.address != self.replica.lock.address else ""
+        )
         if not leader:
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE,
@@ -100,17 +89,17 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
             trailing_metadata=((LEADER_METADATA_KEY, leader),),
         )
 
-    async def _borgmaster_error(self, context: grpc.aio.ServicerContext, error: CellpilotError) -> NoReturn:
-        await context.abort(
-            error.code,
-            f"Borgmaster: {error.details}",
-            trailing_metadata=reason_metadata(error.reason) if error.reason else (),
-        )
-        raise AssertionError("unreachable")  # pragma: no cover
+    @asynccontextmanager
+    async def _borgmaster_refusals_passed_on(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        """Run the block; a Borgmaster refusal it meets ends the call with the same code and reason."""
+        try:
+            yield
+        except CellpilotError as error:
+            await abort(context, error.code, f"Borgmaster: {error.details}", error.reason)
 
     # ------------------------------------------------------------------ recommendations
     async def _with_candidates(self, view: autopilot_pb2.JobRecommendations) -> None:
-        candidates = await self.store.candidates(view.job_id)
+        candidates = await self.replica.store.candidates(view.job_id)
         by_resource: dict[int, list[recommendation_pb2.Recommendation]] = {}
         for rec in candidates:
             by_resource.setdefault(rec.resource, []).append(rec)
@@ -126,9 +115,9 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
     ) -> autopilot_pb2.GetRecommendationResponse:
         if not request.job_id:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "job_id: required")
-        view = await self.store.view(request.job_id)
+        view = await self.replica.store.view(request.job_id)
         if view is None:
-            if not await self.store.has_candidates(request.job_id):
+            if not await self.replica.store.has_candidates(request.job_id):
                 await abort(
                     context, grpc.StatusCode.NOT_FOUND, f"job_id: no recommendation for {request.job_id!r}"
                 )
@@ -140,20 +129,17 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
     async def ListRecommendations(  # noqa: N802
         self, request: autopilot_pb2.ListRecommendationsRequest, context: grpc.aio.ServicerContext
     ) -> autopilot_pb2.ListRecommendationsResponse:
-        try:
-            size = page_size(request.page_size, DEFAULT_PAGE, MAX_PAGE)
-            after = after_page_token(request.page_token, str)
-        except InvalidField as error:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        async with invalid_fields_refused(context):
+            size, after = requested_page(request, DEFAULT_PAGE, MAX_PAGE, str, "")
         modes = set(request.modes)
         ids = [
             j
-            for j in await self.store.view_ids()
+            for j in await self.replica.store.view_ids()
             if j > after and (not request.user or j.startswith(f"{request.user}/"))
         ]
         response = autopilot_pb2.ListRecommendationsResponse()
         for start in range(0, len(ids), size):
-            for view in await self.store.views(ids[start : start + size]):
+            for view in await self.replica.store.views(ids[start : start + size]):
                 if modes:
                     view_modes = {v.mode for v in view.vertical}
                     if view.HasField("horizontal"):
@@ -169,36 +155,31 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
         return response
 
     # ------------------------------------------------------------------ configuration
-    async def _effective(
-        self, spec: job_pb2.JobSpec, config: job_pb2.AutopilotConfig
-    ) -> job_pb2.AutopilotConfig:
-        traits = convert.traits_in(spec, self.settings.reference_machine_memory_bytes)
-        registered = sorted(await self.store.recommenders())
-        return convert.effective_config_out(config, traits, registered, self.settings.auto_ml)
+    async def _effective(self, spec: job_pb2.JobSpec) -> job_pb2.AutopilotConfig:
+        """The job's Autopilot configuration as it is applied (defaults and bounds resolved)."""
+        traits = convert.traits_in(spec, self.replica.settings.reference_machine_memory_bytes)
+        registered = sorted(await self.replica.store.recommenders())
+        return convert.effective_config_out(spec.autopilot, traits, registered, self.replica.settings.auto_ml)
 
     async def SetAutopilotConfig(  # noqa: N802
         self, request: autopilot_pb2.SetAutopilotConfigRequest, context: grpc.aio.ServicerContext
     ) -> autopilot_pb2.SetAutopilotConfigResponse:
         if not request.job_id:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "job_id: required")
-        try:
+        async with invalid_fields_refused(context):
             convert.check_config(request.config)
-        except InvalidField as error:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
         await self._leader_only(context)
-        try:
+        async with self._borgmaster_refusals_passed_on(context):
             updated = await self._as_caller(context).update_job(
                 request.job_id,
                 job_pb2.JobSpec(autopilot=request.config),
                 ["autopilot"],
                 request_id=request.request_id,
             )
-        except CellpilotError as error:
-            await self._borgmaster_error(context, error)
         spec = updated.job.spec
         return autopilot_pb2.SetAutopilotConfigResponse(
             config=spec.autopilot,
-            effective=await self._effective(spec, spec.autopilot),
+            effective=await self._effective(spec),
             spec_version=updated.job.spec_version,
         )
 
@@ -207,12 +188,10 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
     ) -> autopilot_pb2.GetAutopilotConfigResponse:
         if not request.job_id:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "job_id: required")
-        try:
-            job = (await self.borgmaster.get_job(request.job_id)).job
-        except CellpilotError as error:
-            await self._borgmaster_error(context, error)
+        async with self._borgmaster_refusals_passed_on(context):
+            job = (await self.replica.borgmaster.get_job(request.job_id)).job
         return autopilot_pb2.GetAutopilotConfigResponse(
-            config=job.spec.autopilot, effective=await self._effective(job.spec, job.spec.autopilot)
+            config=job.spec.autopilot, effective=await self._effective(job.spec)
         )
 
     # ------------------------------------------------------------------ custom recommenders (§5.4)
@@ -225,11 +204,9 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
             await abort(
                 context, grpc.StatusCode.INVALID_ARGUMENT, "resources: name a resource or set horizontal"
             )
-        for i, resource in enumerate(request.resources):
-            try:
+        async with invalid_fields_refused(context):
+            for i, resource in enumerate(request.resources):
                 convert.resource_in(resource, f"resources[{i}]")
-            except InvalidField as error:
-                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
         await self._leader_only(context)
         info = autopilot_pb2.RecommenderInfo(
             ref=job_pb2.RecommenderRef(kind=job_pb2.RECOMMENDER_KIND_CUSTOM, custom_name=request.name),
@@ -239,7 +216,7 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
             horizontal=request.horizontal,
             registered_ms=int(time.time() * 1000),
         )
-        existing = (await self.store.recommenders()).get(request.name)
+        existing = (await self.replica.store.recommenders()).get(request.name)
         if existing is not None:
             same = (existing.owner, list(existing.resources), existing.horizontal) == (
                 info.owner,
@@ -252,8 +229,8 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
                 )
             return autopilot_pb2.RegisterRecommenderResponse(recommender=existing)
         writes = FencedWrites()
-        writes.hset(self.store.recommenders_key, request.name, info.SerializeToString())
-        if not await self.store.commit(writes, self._lock_value()):
+        writes.hset(self.replica.store.recommenders_key, request.name, info.SerializeToString())
+        if not await self.replica.store.commit(writes, self._lock_value()):
             await self._leader_only(context)
         self._owners[request.name] = info.owner
         self._owner_writes += 1
@@ -264,7 +241,7 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
         return autopilot_pb2.RegisterRecommenderResponse(recommender=info)
 
     def _lock_value(self) -> str:
-        return self.lock.held.encode() if self.lock.held is not None else ""
+        return self.replica.lock.held.encode() if self.replica.lock.held is not None else ""
 
     async def UnregisterRecommender(  # noqa: N802
         self, request: autopilot_pb2.UnregisterRecommenderRequest, context: grpc.aio.ServicerContext
@@ -272,11 +249,11 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
         if not request.name:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "name: required")
         await self._leader_only(context)
-        if request.name not in await self.store.recommenders():
+        if request.name not in await self.replica.store.recommenders():
             await abort(context, grpc.StatusCode.NOT_FOUND, f"name: no recommender {request.name!r}")
         writes = FencedWrites()
-        writes.hdel(self.store.recommenders_key, request.name)
-        if not await self.store.commit(writes, self._lock_value()):
+        writes.hdel(self.replica.store.recommenders_key, request.name)
+        if not await self.replica.store.commit(writes, self._lock_value()):
             await self._leader_only(context)
         self._owners.pop(request.name, None)
         self._owner_writes += 1
@@ -293,7 +270,7 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
                 description=description,
                 resources=[resources_pb2.RESOURCE_CPU, resources_pb2.RESOURCE_MEMORY],
             )
-        custom = await self.store.recommenders()
+        custom = await self.replica.store.recommenders()
         response.recommenders.extend(custom[name] for name in sorted(custom))
         return response
 
@@ -301,7 +278,7 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
         self, request: autopilot_pb2.PublishRecommendationsRequest, context: grpc.aio.ServicerContext
     ) -> autopilot_pb2.PublishRecommendationsResponse:
         name = request.recommender_name
-        info = (await self.store.recommenders()).get(name)
+        info = (await self.replica.store.recommenders()).get(name)
         if info is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"recommender_name: {name!r} is not registered")
         rs = request.recommendations
@@ -353,5 +330,5 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
             hrec.job_id = rs.job_id
             if not hrec.window_end_ms:
                 hrec.window_end_ms = rs.window_end_ms
-        await self.producer.send(self.settings.recommendations_topic, rs.job_id, out)
+        await self.replica.producer.send(self.replica.settings.recommendations_topic, rs.job_id, out)
         return autopilot_pb2.PublishRecommendationsResponse(accepted=len(out.vertical) + len(out.horizontal))

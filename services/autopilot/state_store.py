@@ -20,14 +20,25 @@ exactly which records the stored state already includes.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TypeVar
 
 import redis.asyncio as aioredis
+from google.protobuf.message import Message
 
 from cellpilot.api.v1 import autopilot_pb2, recommendation_pb2
 from cellpilot.autopilot.decisions import JobMemory
 from cellpilot.autopilot.job_memory_codec import decode_memory, encode_memory
 from cellpilot.platform.kafka import AppliedOffsets
 from cellpilot.platform.redis_client import FencedWrites, reply_bytes, reply_text, write_fenced
+
+M = TypeVar("M", bound=Message)
+
+
+def _parsed(kind: type[M], raw: bytes | str) -> M:
+    """The ``kind`` message a Redis reply holds (its serialised bytes)."""
+    message = kind()
+    message.ParseFromString(reply_bytes(raw))
+    return message
 
 
 class StateStore:
@@ -70,34 +81,25 @@ class StateStore:
     def memory_bytes(self, memory: JobMemory) -> bytes:
         return encode_memory(memory)
 
+    async def _hash_values(self, key: str, kind: type[M]) -> list[M]:
+        """The messages of a hash, in the order of their fields."""
+        raw = await self.redis.hgetall(key)
+        return [_parsed(kind, value) for _, value in sorted(raw.items())]
+
     async def candidates(self, job_id: str) -> list[recommendation_pb2.Recommendation]:
-        raw = await self.redis.hgetall(self.candidates_key(job_id))
-        out = []
-        for _, value in sorted(raw.items()):
-            rec = recommendation_pb2.Recommendation()
-            rec.ParseFromString(reply_bytes(value))
-            out.append(rec)
-        return out
+        return await self._hash_values(self.candidates_key(job_id), recommendation_pb2.Recommendation)
 
     async def horizontal_inputs(self, job_id: str) -> list[recommendation_pb2.HorizontalRecommendation]:
-        raw = await self.redis.hgetall(self.horizontal_key(job_id))
-        out = []
-        for _, value in sorted(raw.items()):
-            rec = recommendation_pb2.HorizontalRecommendation()
-            rec.ParseFromString(reply_bytes(value))
-            out.append(rec)
-        return out
+        return await self._hash_values(
+            self.horizontal_key(job_id), recommendation_pb2.HorizontalRecommendation
+        )
 
     async def has_candidates(self, job_id: str) -> bool:
         return bool(await self.redis.exists(self.candidates_key(job_id), self.horizontal_key(job_id)))
 
     async def view(self, job_id: str) -> autopilot_pb2.JobRecommendations | None:
         raw = await self.redis.hget(self.view_key, job_id)
-        if raw is None:
-            return None
-        view = autopilot_pb2.JobRecommendations()
-        view.ParseFromString(reply_bytes(raw))
-        return view
+        return None if raw is None else _parsed(autopilot_pb2.JobRecommendations, raw)
 
     async def view_ids(self) -> list[str]:
         return sorted(reply_text(k) for k in await self.redis.hkeys(self.view_key))
@@ -106,19 +108,11 @@ class StateStore:
         ids = list(job_ids)
         if not ids:
             return []
-        out = []
-        for raw in await self.redis.hmget(self.view_key, ids):
-            if raw is not None:
-                view = autopilot_pb2.JobRecommendations()
-                view.ParseFromString(reply_bytes(raw))
-                out.append(view)
-        return out
+        replies = await self.redis.hmget(self.view_key, ids)
+        return [_parsed(autopilot_pb2.JobRecommendations, raw) for raw in replies if raw is not None]
 
     async def recommenders(self) -> dict[str, autopilot_pb2.RecommenderInfo]:
         raw = await self.redis.hgetall(self.recommenders_key)
-        out = {}
-        for name, value in raw.items():
-            info = autopilot_pb2.RecommenderInfo()
-            info.ParseFromString(reply_bytes(value))
-            out[reply_text(name)] = info
-        return out
+        return {
+            reply_text(name): _parsed(autopilot_pb2.RecommenderInfo, value) for name, value in raw.items()
+        }

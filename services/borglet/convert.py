@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from cellpilot.api.v1 import borglet_pb2, job_pb2, machine_pb2, resources_pb2, state_pb2, usage_pb2
 from cellpilot.borg.health_checks import resolve, validate_health_check
@@ -165,39 +166,43 @@ def latency_sensitive(task: borglet_pb2.TaskAssignment) -> bool:
     return task.band in (job_pb2.PRIORITY_BAND_MONITORING, job_pb2.PRIORITY_BAND_PRODUCTION)
 
 
-def task_plan(task: borglet_pb2.TaskAssignment, field: str, defaults: RuntimeDefaults) -> TaskPlan:
+def _identity_problem(task: borglet_pb2.TaskAssignment, field: str) -> InvalidField | None:
+    """Why an assignment names no task a report could refer to (None if it names one)."""
     if not task.job_id:
-        raise InvalidField(f"{field}.job_id", "must not be empty")
+        return InvalidField(f"{field}.job_id", "must not be empty")
     if task.task_index < 0:
-        raise InvalidField(f"{field}.task_index", "must be >= 0")
+        return InvalidField(f"{field}.task_index", "must be >= 0")
     if task.incarnation < 0:
-        raise InvalidField(f"{field}.incarnation", "must be >= 0")
+        return InvalidField(f"{field}.incarnation", "must be >= 0")
+    return None
+
+
+def _assigned(task: borglet_pb2.TaskAssignment) -> dict[str, Any]:
+    """The fields of a plan that every plan copies from its assignment, runnable or not."""
+    return {
+        "job_id": task.job_id,
+        "task_index": task.task_index,
+        "incarnation": task.incarnation,
+        "priority": task.priority,
+        "band": task.band,
+        "ports": tuple(task.ports),
+        "spec_version": task.spec_version,
+    }
+
+
+def task_plan(task: borglet_pb2.TaskAssignment, field: str, defaults: RuntimeDefaults) -> TaskPlan:
+    problem = _identity_problem(task, field)
+    if problem is not None:
+        raise problem
     spec = task.spec
     return TaskPlan(
-        job_id=task.job_id,
-        task_index=task.task_index,
-        incarnation=task.incarnation,
-        priority=task.priority,
-        band=task.band,
         limits=limits(spec.limits, f"{field}.spec.limits"),
         hard_memory_limit=hard_memory_limit(spec.memory_limit_kind, f"{field}.spec.memory_limit_kind"),
         runtime=_runtime(spec.runtime, f"{field}.spec.runtime", defaults),
         package_ids=tuple(spec.package_ids),
-        ports=tuple(task.ports),
-        spec_version=task.spec_version,
         latency_sensitive=latency_sensitive(task),
+        **_assigned(task),
     )
-
-
-def _identity_problem(task: borglet_pb2.TaskAssignment, field: str) -> str:
-    """Why an assignment names no task a report could refer to ("" if it names one)."""
-    if not task.job_id:
-        return f"{field}.job_id: must not be empty"
-    if task.task_index < 0:
-        return f"{field}.task_index: must be >= 0"
-    if task.incarnation < 0:
-        return f"{field}.incarnation: must be >= 0"
-    return ""
 
 
 def unrunnable_plan(task: borglet_pb2.TaskAssignment, reason: str) -> TaskPlan:
@@ -207,16 +212,7 @@ def unrunnable_plan(task: borglet_pb2.TaskAssignment, reason: str) -> TaskPlan:
     except InvalidField:
         task_limits = Limits()
     return TaskPlan(
-        job_id=task.job_id,
-        task_index=task.task_index,
-        incarnation=task.incarnation,
-        priority=task.priority,
-        band=task.band,
-        limits=task_limits,
-        hard_memory_limit=True,
-        runtime=UnrunnablePlan(reason),
-        ports=tuple(task.ports),
-        spec_version=task.spec_version,
+        limits=task_limits, hard_memory_limit=True, runtime=UnrunnablePlan(reason), **_assigned(task)
     )
 
 
@@ -239,8 +235,8 @@ def desired_plans(desired: borglet_pb2.DesiredTasks, defaults: RuntimeDefaults) 
     for i, task in enumerate(desired.tasks):
         field = f"desired.tasks[{i}]"
         problem = _identity_problem(task, field)
-        if problem:
-            skipped.append(problem)
+        if problem is not None:
+            skipped.append(str(problem))
             continue
         if (task.job_id, task.task_index) in seen:
             skipped.append(f"{field}: names {task.job_id}/{task.task_index} a second time")

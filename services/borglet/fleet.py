@@ -20,7 +20,7 @@ import logging
 import signal
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from opentelemetry import trace
@@ -337,20 +337,12 @@ class Fleet:
         self, record: TaskRecord, limits: Limits, hard_memory_limit: bool, priority: int, spec_version: int
     ) -> None:
         """Change limits, limit kind and priority in place (Borg §2.3: no restart needed)."""
-        plan = record.plan
-        record.plan = TaskPlan(
-            job_id=plan.job_id,
-            task_index=plan.task_index,
-            incarnation=plan.incarnation,
+        record.plan = replace(
+            record.plan,
             priority=priority,
-            band=plan.band,
             limits=limits,
             hard_memory_limit=hard_memory_limit,
-            runtime=plan.runtime,
-            package_ids=plan.package_ids,
-            ports=plan.ports,
             spec_version=spec_version,
-            latency_sensitive=plan.latency_sensitive,
         )
         if isinstance(record.process, ProcessHandle):
             self.runner.update_limits(record.process, limits, hard_memory_limit)

@@ -21,6 +21,7 @@ import grpc
 
 from cellpilot.api.v1 import borgmaster_pb2, borgmaster_pb2_grpc, machine_pb2
 from cellpilot.platform.error_reasons import leader_named
+from cellpilot.platform.grpc_channels import ChannelPool
 
 log = logging.getLogger(__name__)
 
@@ -43,31 +44,19 @@ class BorgmasterLocator:
     ) -> None:
         """``credentials`` None: plaintext; ``metadata`` goes with every call (a service token)."""
         self.addresses = list(addresses)
-        self.credentials = credentials
         self.metadata = tuple(metadata)
         self.leader: str | None = None
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = ChannelPool(credentials)
 
     def stub(self, address: str) -> borgmaster_pb2_grpc.BorgmasterStub:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = (
-                grpc.aio.insecure_channel(address)
-                if self.credentials is None
-                else grpc.aio.secure_channel(address, self.credentials)
-            )
-            self._channels[address] = channel
-        return borgmaster_pb2_grpc.BorgmasterStub(channel)
+        return borgmaster_pb2_grpc.BorgmasterStub(self._channels.channel(address))
 
     def round(self) -> deque[str]:
         first = [self.leader] if self.leader else []
         return deque(dict.fromkeys([*first, *self.addresses]))
 
     async def close(self) -> None:
-        for channel in self._channels.values():
-            with contextlib.suppress(Exception):
-                await channel.close()
-        self._channels.clear()
+        await self._channels.close()
 
 
 async def register_machine(

@@ -11,6 +11,8 @@ reason) and the poll answers for the rest of the machine.
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +22,7 @@ from opentelemetry import trace
 from cellpilot.api.v1 import borglet_pb2, borglet_pb2_grpc
 from cellpilot.borglet.machine_agent import MachineAgent
 from cellpilot.borglet.task_record import Phase, TaskRecord
-from cellpilot.platform.request_validation import InvalidField, abort
+from cellpilot.platform.request_validation import abort, invalid_fields_refused
 from cellpilot_services.borglet import convert
 from cellpilot_services.borglet.convert import RuntimeDefaults
 from cellpilot_services.borglet.fleet import Fleet, StaleIncarnationError
@@ -62,11 +64,17 @@ class BorgletServicer(borglet_pb2_grpc.BorgletServicer):
             return _Refused(grpc.StatusCode.FAILED_PRECONDITION, f"master_epoch: {refusal}")
         return machine
 
-    async def _machine(self, machine_id: str, epoch: int, context: Any) -> MachineAgent:
-        admitted = self._admit(machine_id, epoch)
-        if isinstance(admitted, _Refused):
-            await abort(context, admitted.code, admitted.message)
-        return admitted
+    @asynccontextmanager
+    async def _commanding(
+        self, rpc: str, request: Any, cause: str, context: Any
+    ) -> AsyncIterator[MachineAgent]:
+        """Inside the call's span, the machine the call names, if it may command it (else the
+        call ends refused)."""
+        with _traced(rpc, request.machine_id, cause):
+            admitted = self._admit(request.machine_id, request.master_epoch)
+            if isinstance(admitted, _Refused):
+                await abort(context, admitted.code, admitted.message)
+            yield admitted
 
     def _report(self, record: TaskRecord) -> borglet_pb2.TaskReport:
         return convert.task_report(record, self.fleet.clock.now_ms())
@@ -75,8 +83,8 @@ class BorgletServicer(borglet_pb2_grpc.BorgletServicer):
         self, request: borglet_pb2.PollRequest, context: Any
     ) -> borglet_pb2.PollResponse:
         cause = f"poll:{request.master_replica_id}:{request.master_epoch}:{request.desired.version}"
-        with _traced("Poll", request.machine_id, cause):
-            return await self._poll(request, context, cause)
+        async with self._commanding("Poll", request, cause, context) as machine:
+            return await self._answer(machine, request, cause)
 
     async def PollMachines(  # noqa: N802
         self, request: borglet_pb2.PollMachinesRequest, context: Any
@@ -99,12 +107,6 @@ class BorgletServicer(borglet_pb2_grpc.BorgletServicer):
                     continue
                 response.responses.append(await self._answer(admitted, poll, cause))
         return response
-
-    async def _poll(
-        self, request: borglet_pb2.PollRequest, context: Any, cause: str
-    ) -> borglet_pb2.PollResponse:
-        machine = await self._machine(request.machine_id, request.master_epoch, context)
-        return await self._answer(machine, request, cause)
 
     async def _answer(
         self, machine: MachineAgent, request: borglet_pb2.PollRequest, cause: str
@@ -146,24 +148,18 @@ class BorgletServicer(borglet_pb2_grpc.BorgletServicer):
     async def StartTask(  # noqa: N802
         self, request: borglet_pb2.StartTaskRequest, context: Any
     ) -> borglet_pb2.StartTaskResponse:
-        with _traced("StartTask", request.machine_id, request.request_id):
-            return await self._start_task(request, context)
-
-    async def _start_task(
-        self, request: borglet_pb2.StartTaskRequest, context: Any
-    ) -> borglet_pb2.StartTaskResponse:
-        machine = await self._machine(request.machine_id, request.master_epoch, context)
-        if not request.HasField("task"):
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "task: required")
-        try:
-            plan = convert.task_plan(request.task, "task", self.defaults)
-        except InvalidField as error:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        try:
-            record = await self.fleet.start_task(machine, plan, request.request_id or f"start:{plan.name}")
-        except StaleIncarnationError as error:
-            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"task.incarnation: {error}")
-        return borglet_pb2.StartTaskResponse(task=self._report(record))
+        async with self._commanding("StartTask", request, request.request_id, context) as machine:
+            if not request.HasField("task"):
+                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "task: required")
+            async with invalid_fields_refused(context):
+                plan = convert.task_plan(request.task, "task", self.defaults)
+            try:
+                record = await self.fleet.start_task(
+                    machine, plan, request.request_id or f"start:{plan.name}"
+                )
+            except StaleIncarnationError as error:
+                await abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"task.incarnation: {error}")
+            return borglet_pb2.StartTaskResponse(task=self._report(record))
 
     async def _task(
         self, machine: MachineAgent, job_id: str, task_index: int, incarnation: int, context: Any
@@ -187,52 +183,42 @@ class BorgletServicer(borglet_pb2_grpc.BorgletServicer):
     async def StopTask(  # noqa: N802
         self, request: borglet_pb2.StopTaskRequest, context: Any
     ) -> borglet_pb2.StopTaskResponse:
-        with _traced("StopTask", request.machine_id, request.request_id):
-            return await self._stop_task(request, context)
-
-    async def _stop_task(
-        self, request: borglet_pb2.StopTaskRequest, context: Any
-    ) -> borglet_pb2.StopTaskResponse:
-        machine = await self._machine(request.machine_id, request.master_epoch, context)
-        kind = convert.STOP_REASONS.get(request.reason)
-        if kind is None:
-            await abort(
-                context, grpc.StatusCode.INVALID_ARGUMENT, "reason: must be KILLED, PREEMPTED or EVICTED"
+        async with self._commanding("StopTask", request, request.request_id, context) as machine:
+            kind = convert.STOP_REASONS.get(request.reason)
+            if kind is None:
+                await abort(
+                    context, grpc.StatusCode.INVALID_ARGUMENT, "reason: must be KILLED, PREEMPTED or EVICTED"
+                )
+            if request.grace_period_seconds < 0:
+                await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "grace_period_seconds: must be >= 0")
+            record = await self._task(
+                machine, request.job_id, request.task_index, request.incarnation, context
             )
-        if request.grace_period_seconds < 0:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "grace_period_seconds: must be >= 0")
-        record = await self._task(machine, request.job_id, request.task_index, request.incarnation, context)
-        cause = request.request_id or f"stop:{record.plan.name}"
-        await self.fleet.stop_task(machine, record, kind, float(request.grace_period_seconds), cause)
-        return borglet_pb2.StopTaskResponse(task=self._report(record))
+            cause = request.request_id or f"stop:{record.plan.name}"
+            await self.fleet.stop_task(machine, record, kind, float(request.grace_period_seconds), cause)
+            return borglet_pb2.StopTaskResponse(task=self._report(record))
 
     async def UpdateTask(  # noqa: N802
         self, request: borglet_pb2.UpdateTaskRequest, context: Any
     ) -> borglet_pb2.UpdateTaskResponse:
-        with _traced("UpdateTask", request.machine_id, request.request_id):
-            return await self._update_task(request, context)
-
-    async def _update_task(
-        self, request: borglet_pb2.UpdateTaskRequest, context: Any
-    ) -> borglet_pb2.UpdateTaskResponse:
-        machine = await self._machine(request.machine_id, request.master_epoch, context)
-        try:
-            limits = convert.limits(request.limits, "limits")
-            hard = convert.hard_memory_limit(request.memory_limit_kind, "memory_limit_kind")
-        except InvalidField as error:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        record = await self._task(machine, request.job_id, request.task_index, request.incarnation, context)
-        if record.phase in (Phase.DEAD, Phase.STOPPING):
-            await abort(
-                context, grpc.StatusCode.FAILED_PRECONDITION, f"task {record.plan.name} is not running"
+        async with self._commanding("UpdateTask", request, request.request_id, context) as machine:
+            async with invalid_fields_refused(context):
+                limits = convert.limits(request.limits, "limits")
+                hard = convert.hard_memory_limit(request.memory_limit_kind, "memory_limit_kind")
+            record = await self._task(
+                machine, request.job_id, request.task_index, request.incarnation, context
             )
-        self.fleet.update_task(record, limits, hard, request.priority, request.spec_version)
-        log.info(
-            "task updated in place",
-            extra={
-                "cause_id": request.request_id,
-                "task": record.plan.name,
-                "machine_id": machine.machine_id,
-            },
-        )
-        return borglet_pb2.UpdateTaskResponse(task=self._report(record))
+            if record.phase in (Phase.DEAD, Phase.STOPPING):
+                await abort(
+                    context, grpc.StatusCode.FAILED_PRECONDITION, f"task {record.plan.name} is not running"
+                )
+            self.fleet.update_task(record, limits, hard, request.priority, request.spec_version)
+            log.info(
+                "task updated in place",
+                extra={
+                    "cause_id": request.request_id,
+                    "task": record.plan.name,
+                    "machine_id": machine.machine_id,
+                },
+            )
+            return borglet_pb2.UpdateTaskResponse(task=self._report(record))

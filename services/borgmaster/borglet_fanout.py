@@ -11,7 +11,6 @@ does not know PollMachines (UNIMPLEMENTED) is polled one machine at a time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 import grpc
 
 from cellpilot.api.v1 import borglet_pb2, borglet_pb2_grpc
+from cellpilot.platform.grpc_channels import ChannelPool
 from cellpilot_services.borgmaster.settings import BorgmasterSettings
 
 
@@ -38,27 +38,16 @@ class BorgletFanout:
 
     def __init__(self, settings: BorgmasterSettings) -> None:
         self.settings = settings
-        self.channels: dict[str, grpc.aio.Channel] = {}
         # The replica calls Borglets as the Borgmaster: its certificate (mTLS) or a service token.
-        self.credentials = settings.security.channel_credentials("borgmaster")
+        self.channels = ChannelPool(settings.security.channel_credentials("borgmaster"))
         self.metadata = settings.security.service_metadata("borgmaster")
         self.unbatched: set[str] = set()  # Borglets that answered PollMachines with UNIMPLEMENTED
 
     def stub(self, address: str) -> borglet_pb2_grpc.BorgletStub:
-        channel = self.channels.get(address)
-        if channel is None:
-            channel = self.channels[address] = (
-                grpc.aio.insecure_channel(address)
-                if self.credentials is None
-                else grpc.aio.secure_channel(address, self.credentials)
-            )
-        return borglet_pb2_grpc.BorgletStub(channel)
+        return borglet_pb2_grpc.BorgletStub(self.channels.channel(address))
 
     async def close(self) -> None:
-        for channel in self.channels.values():
-            with contextlib.suppress(Exception):
-                await channel.close()
-        self.channels.clear()
+        await self.channels.close()
 
     async def poll(
         self, requests: Mapping[str, tuple[str, borglet_pb2.PollRequest]]

@@ -20,6 +20,9 @@ from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.platform.request_validation import InvalidField
 from cellpilot_services.borgmaster import lifetime_convert
 from cellpilot_services.borgmaster.convert import (
+    JOB_STATUS_PLAIN,
+    LEADER_FIELDS,
+    TASK_STATUS_PLAIN,
     enum_in,
     enum_out,
     job_spec_in,
@@ -32,10 +35,26 @@ from cellpilot_services.borgmaster.convert import (
     quota_out,
     resources_in,
     resources_out,
+    same_named,
     task_event_in,
     task_event_out,
     task_status_out,
 )
+
+# What a checkpoint record and the log record, and the mutations and their messages, hold alike.
+RECORD_PLAIN = (
+    "sequence",
+    "epoch",
+    "event_time_ms",
+    "request_id",
+    "cause_id",
+    "request_method",
+    "request_digest",
+)
+TASK_INCARNATION = ("job_id", "task_index", "incarnation")
+JOB_UPDATED_PLAIN = ("job_id", "spec_version", "fencing_token", "max_disruptions", "hold_released")
+BACKOFF_FIELDS = ("failures", "not_before_ms", "failed_at_ms", "machine_id", "avoid_until_ms")
+APPLIED_REQUEST_FIELDS = ("request_id", "sequence", "job_id", "method", "digest")
 
 
 def mutation_out(mutation: mu.Mutation) -> dict[str, Any]:
@@ -47,49 +66,29 @@ def mutation_out(mutation: mu.Mutation) -> dict[str, Any]:
             job_id=x.job_id, spec=job_spec_out(x.spec), state=enum_out(state_pb2.JobState, x.state)
         )
     elif isinstance(x, mu.JobUpdated):
-        msg = p.JobUpdated(
-            job_id=x.job_id,
-            spec=job_spec_out(x.spec),
-            spec_version=x.spec_version,
-            fencing_token=x.fencing_token,
-            max_disruptions=x.max_disruptions,
-            hold_released=x.hold_released,
-        )
+        msg = p.JobUpdated(spec=job_spec_out(x.spec), **same_named(x, JOB_UPDATED_PLAIN))
     elif isinstance(x, mu.JobKilled):
         msg = p.JobKilled(job_id=x.job_id)
     elif isinstance(x, mu.JobStateChanged):
         msg = p.JobStateChanged(job_id=x.job_id, state=enum_out(state_pb2.JobState, x.state))
     elif isinstance(x, mu.TaskScheduled):
         msg = p.TaskScheduled(
-            job_id=x.job_id,
-            task_index=x.task_index,
-            incarnation=x.incarnation,
             machine_id=x.machine_id,
             ports=x.ports,
             limits=resources_out(x.limits),
+            **same_named(x, TASK_INCARNATION),
         )
     elif isinstance(x, mu.TaskStateChanged):
         msg = p.TaskStateChanged(
-            job_id=x.job_id,
-            task_index=x.task_index,
-            incarnation=x.incarnation,
             state=enum_out(state_pb2.TaskState, x.state),
             reason=task_event_out(x.reason),
             detail=x.detail,
+            **same_named(x, TASK_INCARNATION),
         )
         if x.usage is not None:
             msg.usage.CopyFrom(resources_out(x.usage))
         if x.backoff is not None:
-            b = x.backoff
-            msg.backoff.CopyFrom(
-                p.RestartBackoff(
-                    failures=b.failures,
-                    not_before_ms=b.not_before_ms,
-                    failed_at_ms=b.failed_at_ms,
-                    machine_id=b.machine_id,
-                    avoid_until_ms=b.avoid_until_ms,
-                )
-            )
+            msg.backoff.CopyFrom(p.RestartBackoff(**same_named(x.backoff, BACKOFF_FIELDS)))
     elif isinstance(x, mu.MachineRegistered):
         msg = p.MachineRegistered(spec=machine_spec_out(x.spec))
     elif isinstance(x, mu.MachineStateChanged):
@@ -105,20 +104,13 @@ def mutation_out(mutation: mu.Mutation) -> dict[str, Any]:
     elif isinstance(x, mu.LifetimeModelTrained):
         msg = lifetime_convert.model_out(x)
     else:
-        msg = p.LeaderElected(replica_id=x.replica_id, address=x.address, epoch=x.epoch)
+        msg = p.LeaderElected(**same_named(x, LEADER_FIELDS))
     return {mu.kind_of(mutation): msg}
 
 
 def record_out(record: mu.LogRecord) -> checkpoint_pb2.CheckpointRecord:
     return checkpoint_pb2.CheckpointRecord(
-        sequence=record.sequence,
-        epoch=record.epoch,
-        event_time_ms=record.event_time_ms,
-        request_id=record.request_id,
-        cause_id=record.cause_id,
-        request_method=record.request_method,
-        request_digest=record.request_digest,
-        **mutation_out(record.mutation),
+        **same_named(record, RECORD_PLAIN), **mutation_out(record.mutation)
     )
 
 
@@ -132,9 +124,7 @@ def mutation_in(msg: checkpoint_pb2.CheckpointRecord) -> mu.Mutation:
         )
     if case == "job_updated":
         u = msg.job_updated
-        return mu.JobUpdated(
-            u.job_id, job_spec_in(u.spec), u.spec_version, u.fencing_token, u.max_disruptions, u.hold_released
-        )
+        return mu.JobUpdated(spec=job_spec_in(u.spec), **same_named(u, JOB_UPDATED_PLAIN))
     if case == "job_killed":
         return mu.JobKilled(msg.job_killed.job_id)
     if case == "job_state_changed":
@@ -143,21 +133,26 @@ def mutation_in(msg: checkpoint_pb2.CheckpointRecord) -> mu.Mutation:
     if case == "task_scheduled":
         t = msg.task_scheduled
         return mu.TaskScheduled(
-            t.job_id, t.task_index, t.incarnation, t.machine_id, tuple(t.ports), resources_in(t.limits, f)
+            machine_id=t.machine_id,
+            ports=tuple(t.ports),
+            limits=resources_in(t.limits, f),
+            **same_named(t, TASK_INCARNATION),
         )
     if case == "task_state_changed":
         c = msg.task_state_changed
         state = enum_in(TaskState, state_pb2.TaskState, c.state, f)
         usage = resources_in(c.usage, f) if c.HasField("usage") else None
         reason = task_event_in(c.reason, state, f)
-        backoff = None
-        if c.HasField("backoff"):
-            b = c.backoff
-            backoff = mu.RestartBackoff(
-                b.failures, b.not_before_ms, b.failed_at_ms, b.machine_id, b.avoid_until_ms
-            )
+        backoff = (
+            mu.RestartBackoff(**same_named(c.backoff, BACKOFF_FIELDS)) if c.HasField("backoff") else None
+        )
         return mu.TaskStateChanged(
-            c.job_id, c.task_index, c.incarnation, state, reason, c.detail, usage, backoff
+            state=state,
+            reason=reason,
+            detail=c.detail,
+            usage=usage,
+            backoff=backoff,
+            **same_named(c, TASK_INCARNATION),
         )
     if case == "machine_registered":
         return mu.MachineRegistered(machine_spec_in(msg.machine_registered.spec))
@@ -172,8 +167,7 @@ def mutation_in(msg: checkpoint_pb2.CheckpointRecord) -> mu.Mutation:
             q.user, enum_in(PriorityBand, job_pb2.PriorityBand, q.band, f), resources_in(q.limit, f)
         )
     if case == "leader_elected":
-        e = msg.leader_elected
-        return mu.LeaderElected(e.replica_id, e.address, e.epoch)
+        return mu.LeaderElected(**same_named(msg.leader_elected, LEADER_FIELDS))
     if case == "lava_hosts_changed":
         return lifetime_convert.hosts_changed_in(msg.lava_hosts_changed)
     if case == "lifetime_model_trained":
@@ -184,16 +178,7 @@ def mutation_in(msg: checkpoint_pb2.CheckpointRecord) -> mu.Mutation:
 def record_in(data: bytes) -> mu.LogRecord:
     msg = checkpoint_pb2.CheckpointRecord()
     msg.ParseFromString(data)
-    return mu.LogRecord(
-        msg.sequence,
-        msg.epoch,
-        msg.event_time_ms,
-        mutation_in(msg),
-        msg.request_id,
-        msg.cause_id,
-        msg.request_method,
-        msg.request_digest,
-    )
+    return mu.LogRecord(mutation=mutation_in(msg), **same_named(msg, RECORD_PLAIN))
 
 
 # ---------------------------------------------------------------------- snapshots
@@ -208,9 +193,7 @@ def snapshot_out(state: CellState, epoch: int) -> checkpoint_pb2.Snapshot:
     snapshot.machines.extend(machine_out(state, machine) for machine in state.machines.values())
     snapshot.quotas.extend(quota_out(state, user, band) for user, band in state.quotas)
     snapshot.applied_requests.extend(
-        checkpoint_pb2.AppliedRequest(
-            request_id=a.request_id, sequence=a.sequence, job_id=a.job_id, method=a.method, digest=a.digest
-        )
+        checkpoint_pb2.AppliedRequest(**same_named(a, APPLIED_REQUEST_FIELDS))
         for a in state.applied_requests.values()
     )
     leader = leader_out(state.leader)
@@ -233,35 +216,23 @@ def snapshot_in(data: bytes) -> CellState:
         for t in status.tasks:
             task_state = enum_in(TaskState, state_pb2.TaskState, t.state, f)
             tasks[t.task_index] = TaskRecord(
-                t.job_id,
-                t.task_index,
-                resources_in(t.limits, f),
-                t.spec_version,
-                t.incarnation,
-                task_state,
-                task_event_in(t.reason, task_state, f),
-                t.reason_detail,
-                t.machine_id,
-                tuple(t.ports),
-                t.restarts,
-                t.state_since_ms,
-                t.failures,
-                t.next_restart_ms,
-                t.last_failure,
-                t.last_failure_ms,
-                tuple((r.machine_id, r.event_time_ms) for r in t.recent_failures),
-                {a.machine_id: a.until_ms for a in t.avoided_machines},
+                job_id=t.job_id,
+                index=t.task_index,
+                limits=resources_in(t.limits, f),
+                state=task_state,
+                reason=task_event_in(t.reason, task_state, f),
+                ports=tuple(t.ports),
+                not_before_ms=t.next_restart_ms,
+                recent_failures=tuple((r.machine_id, r.event_time_ms) for r in t.recent_failures),
+                avoid={a.machine_id: a.until_ms for a in t.avoided_machines},
+                **same_named(t, TASK_STATUS_PLAIN),
             )
         jobs.append(
             JobRecord(
-                spec,
-                status.spec_version,
-                enum_in(JobState, state_pb2.JobState, status.state, f),
-                status.submitted_ms,
-                status.state_since_ms,
-                status.fencing_token,
-                status.max_disruptions,
-                tasks,
+                spec=spec,
+                state=enum_in(JobState, state_pb2.JobState, status.state, f),
+                tasks=tasks,
+                **same_named(status, JOB_STATUS_PLAIN),
             )
         )
     machines = []
@@ -280,13 +251,8 @@ def snapshot_in(data: bytes) -> CellState:
         (q.user, enum_in(PriorityBand, job_pb2.PriorityBand, q.band, f), resources_in(q.limit, f))
         for q in snapshot.quotas
     ]
-    applied = [
-        AppliedRequest(a.request_id, a.sequence, a.job_id, a.method, a.digest)
-        for a in snapshot.applied_requests
-    ]
-    leader = None
-    if snapshot.HasField("leader"):
-        leader = Leader(snapshot.leader.replica_id, snapshot.leader.address, snapshot.leader.epoch)
+    applied = [AppliedRequest(**same_named(a, APPLIED_REQUEST_FIELDS)) for a in snapshot.applied_requests]
+    leader = Leader(**same_named(snapshot.leader, LEADER_FIELDS)) if snapshot.HasField("leader") else None
     model = snapshot.lifetime_model if snapshot.HasField("lifetime_model") else None
     return CellState.restore(
         jobs,

@@ -81,6 +81,18 @@ def task_event_in(value: int, state: TaskState, field: str) -> TaskEvent:
     return event
 
 
+# ---------------------------------------------------------------------- fields named alike
+def same_named(source: Any, names: Iterable[str]) -> dict[str, Any]:
+    """``source``'s fields ``names``, as keyword arguments for the other side's type: a core
+    record and its message name these fields alike and hold them alike (numbers, strings)."""
+    return {name: getattr(source, name) for name in names}
+
+
+# Where every change stands in the log (TaskEvent, JobEvent and MachineEvent alike).
+LOGGED = ("event_time_ms", "log_sequence", "cause_id")
+LEADER_FIELDS = ("replica_id", "address", "epoch")
+
+
 # ---------------------------------------------------------------------- resources
 PB_RESOURCE_FIELDS = ("cpu_millicores", "memory_bytes", "disk_bytes", "ports")
 
@@ -146,7 +158,7 @@ def _horizontal_in(msg: job_pb2.HorizontalScalingConfig, f: str) -> m.Horizontal
         mode=enum_in(ScalingMode, job_pb2.ScalingMode, msg.mode, f"{f}.mode"),
         source=enum_in(HorizontalSource, job_pb2.HorizontalSource, msg.source, f"{f}.source"),
         statistic=enum_in(HorizontalStatistic, job_pb2.HorizontalStatistic, msg.statistic, f"{f}.statistic"),
-        **{name: getattr(msg, name) for name in HORIZONTAL_PLAIN},
+        **same_named(msg, HORIZONTAL_PLAIN),
     )
 
 
@@ -155,7 +167,7 @@ def _horizontal_out(h: m.HorizontalScaling) -> job_pb2.HorizontalScalingConfig:
         mode=enum_out(job_pb2.ScalingMode, h.mode),
         source=enum_out(job_pb2.HorizontalSource, h.source),
         statistic=enum_out(job_pb2.HorizontalStatistic, h.statistic),
-        **{name: getattr(h, name) for name in HORIZONTAL_PLAIN},
+        **same_named(h, HORIZONTAL_PLAIN),
     )
 
 
@@ -163,11 +175,11 @@ HEALTH_CHECK_PLAIN = ("http_url", "interval_ms", "timeout_ms", "failure_threshol
 
 
 def health_check_in(msg: job_pb2.HealthCheck) -> m.HealthCheck:
-    return m.HealthCheck(command=tuple(msg.command), **{n: getattr(msg, n) for n in HEALTH_CHECK_PLAIN})
+    return m.HealthCheck(command=tuple(msg.command), **same_named(msg, HEALTH_CHECK_PLAIN))
 
 
 def health_check_out(check: m.HealthCheck) -> job_pb2.HealthCheck:
-    return job_pb2.HealthCheck(command=check.command, **{n: getattr(check, n) for n in HEALTH_CHECK_PLAIN})
+    return job_pb2.HealthCheck(command=check.command, **same_named(check, HEALTH_CHECK_PLAIN))
 
 
 def demand_in(msg: job_pb2.SharedDemand) -> m.SharedDemand:
@@ -187,6 +199,9 @@ def demand_out(d: m.SharedDemand) -> job_pb2.SharedDemand:
     return out
 
 
+SIMULATED_PLAIN = ("usage_model", "trace_uri", "seed", "duration_seconds", "startup_seconds")
+
+
 def runtime_in(msg: job_pb2.RuntimeSpec) -> m.Runtime:
     case = msg.WhichOneof("runtime")
     if case == "process":
@@ -196,13 +211,9 @@ def runtime_in(msg: job_pb2.RuntimeSpec) -> m.Runtime:
     if case == "simulated":
         s = msg.simulated
         return m.SimulatedRuntime(
-            s.usage_model,
-            tuple(sorted(s.params.items())),
-            s.trace_uri,
-            s.seed,
-            s.duration_seconds,
-            s.startup_seconds,
-            demand_in(s.demand) if s.HasField("demand") else None,
+            params=tuple(sorted(s.params.items())),
+            demand=demand_in(s.demand) if s.HasField("demand") else None,
+            **same_named(s, SIMULATED_PLAIN),
         )
     return None
 
@@ -215,12 +226,7 @@ def runtime_out(runtime: m.Runtime) -> job_pb2.RuntimeSpec:
         return job_pb2.RuntimeSpec(process=process)
     if isinstance(runtime, m.SimulatedRuntime):
         simulated = job_pb2.SimulatedRuntime(
-            usage_model=runtime.usage_model,
-            params=dict(runtime.params),
-            trace_uri=runtime.trace_uri,
-            seed=runtime.seed,
-            duration_seconds=runtime.duration_seconds,
-            startup_seconds=runtime.startup_seconds,
+            params=dict(runtime.params), **same_named(runtime, SIMULATED_PLAIN)
         )
         if runtime.demand is not None:
             simulated.demand.CopyFrom(demand_out(runtime.demand))
@@ -328,27 +334,22 @@ def payload_digest(request: Message) -> str:
     return hashlib.sha256(payload.SerializeToString(deterministic=True)).hexdigest()[:32]
 
 
+MACHINE_SPEC_PLAIN = ("machine_id", "borglet_address", "rack", "power_domain", "first_port")
+
+
 def machine_spec_in(msg: machine_pb2.MachineSpec, f: str = "spec") -> m.MachineSpec:
     return m.MachineSpec(
-        msg.machine_id,
-        msg.borglet_address,
-        resources_in(msg.capacity, f"{f}.capacity"),
-        tuple(sorted(msg.attributes.items())),
-        msg.rack,
-        msg.power_domain,
-        msg.first_port,
+        capacity=resources_in(msg.capacity, f"{f}.capacity"),
+        attributes=tuple(sorted(msg.attributes.items())),
+        **same_named(msg, MACHINE_SPEC_PLAIN),
     )
 
 
 def machine_spec_out(spec: m.MachineSpec) -> machine_pb2.MachineSpec:
     return machine_pb2.MachineSpec(
-        machine_id=spec.machine_id,
-        borglet_address=spec.borglet_address,
         capacity=resources_out(spec.capacity),
         attributes=dict(spec.attributes),
-        rack=spec.rack,
-        power_domain=spec.power_domain,
-        first_port=spec.first_port,
+        **same_named(spec, MACHINE_SPEC_PLAIN),
     )
 
 
@@ -371,6 +372,21 @@ NO_SOFT = SoftState()
 
 
 # ---------------------------------------------------------------------- statuses
+# What a task's and a job's status hold as their records do (a snapshot stores the statuses).
+TASK_STATUS_PLAIN = (
+    "incarnation",
+    "reason_detail",
+    "machine_id",
+    "restarts",
+    "spec_version",
+    "state_since_ms",
+    "failures",
+    "last_failure",
+    "last_failure_ms",
+)
+JOB_STATUS_PLAIN = ("spec_version", "submitted_ms", "state_since_ms", "fencing_token", "max_disruptions")
+
+
 def task_status_out(
     job: JobRecord, task: TaskRecord, soft: SoftState = NO_SOFT, reservation: Resources | None = None
 ) -> state_pb2.TaskStatus:
@@ -378,25 +394,17 @@ def task_status_out(
     return state_pb2.TaskStatus(
         job_id=job.job_id,
         task_index=task.index,
-        incarnation=task.incarnation,
         state=enum_out(state_pb2.TaskState, task.state),
         reason=task_event_out(task.reason),
-        reason_detail=task.reason_detail,
-        machine_id=task.machine_id,
         limits=resources_out(task.limits),
         reservation=resources_out(reservation if running else None),
         usage=resources_out(soft.task_usage.get(task.key) if running else None),
         ports=task.ports,
-        restarts=task.restarts,
         # Ready only once this incarnation's Borglet said so: a rescheduled task is initialising
         # again (Autopilot §3.3), whatever its previous incarnation last reported.
         ready=task.started and soft.task_ready.get(task.key, False),
-        spec_version=task.spec_version,
-        state_since_ms=task.state_since_ms,
-        failures=task.failures,
         next_restart_ms=task.not_before_ms,
-        last_failure=task.last_failure,
-        last_failure_ms=task.last_failure_ms,
+        **same_named(task, TASK_STATUS_PLAIN),
         avoided_machines=[
             state_pb2.AvoidedMachine(machine_id=m, until_ms=until) for m, until in sorted(task.avoid.items())
         ],
@@ -416,15 +424,11 @@ def job_status_out(
     status = state_pb2.JobStatus(
         job_id=job.job_id,
         spec=job_spec_out(job.spec),
-        spec_version=job.spec_version,
         state=enum_out(state_pb2.JobState, job.state),
         task_counts=state_pb2.TaskCounts(
             pending=counts[TaskState.PENDING], running=counts[TaskState.RUNNING], dead=counts[TaskState.DEAD]
         ),
-        submitted_ms=job.submitted_ms,
-        state_since_ms=job.state_since_ms,
-        fencing_token=job.fencing_token,
-        max_disruptions=job.max_disruptions,
+        **same_named(job, JOB_STATUS_PLAIN),
     )
     if include_tasks:
         reservations = reservations or {}
@@ -463,48 +467,33 @@ def quota_out(state: CellState, user: str, band: PriorityBand) -> state_pb2.Quot
 def leader_out(leader: Leader | None) -> state_pb2.LeaderInfo | None:
     if leader is None:
         return None
-    return state_pb2.LeaderInfo(replica_id=leader.replica_id, address=leader.address, epoch=leader.epoch)
+    return state_pb2.LeaderInfo(**same_named(leader, LEADER_FIELDS))
 
 
 # ---------------------------------------------------------------------- events
 def change_out(change: Change) -> state_pb2.BorgEvent:
     if isinstance(change, TaskChange):
         task = state_pb2.TaskEvent(
-            job_id=change.job_id,
-            task_index=change.task_index,
-            incarnation=change.incarnation,
             kind=task_event_out(change.kind),
             state=enum_out(state_pb2.TaskState, change.state),
-            machine_id=change.machine_id,
-            event_time_ms=change.event_time_ms,
-            log_sequence=change.log_sequence,
-            cause_id=change.cause_id,
-            detail=change.detail,
             limits=resources_out(change.limits),
             usage=resources_out(change.usage),
+            **same_named(change, ("job_id", "task_index", "incarnation", "machine_id", "detail", *LOGGED)),
         )
         return state_pb2.BorgEvent(task=task)
     if isinstance(change, JobChange):
         job = state_pb2.JobEvent(
-            job_id=change.job_id,
             kind=enum_out(state_pb2.JobEventKind, change.kind),
             state=enum_out(state_pb2.JobState, change.state),
-            spec_version=change.spec_version,
-            event_time_ms=change.event_time_ms,
-            log_sequence=change.log_sequence,
-            cause_id=change.cause_id,
+            **same_named(change, ("job_id", "spec_version", *LOGGED)),
         )
         if change.spec is not None:
             job.spec.CopyFrom(job_spec_out(change.spec))
         return state_pb2.BorgEvent(job=job)
     machine = machine_pb2.MachineEvent(
-        machine_id=change.machine_id,
         kind=enum_out(machine_pb2.MachineEventKind, change.kind),
         state=enum_out(machine_pb2.MachineState, change.state),
-        detail=change.detail,
-        event_time_ms=change.event_time_ms,
-        log_sequence=change.log_sequence,
-        cause_id=change.cause_id,
+        **same_named(change, ("machine_id", "detail", *LOGGED)),
     )
     return state_pb2.BorgEvent(machine=machine)
 
@@ -514,17 +503,22 @@ def task_change_out(change: TaskChange) -> state_pb2.TaskEvent:
 
 
 # ---------------------------------------------------------------------- why pending
+PENDING_REPORT_PLAIN = (
+    "job_id",
+    "task_index",
+    "summary",
+    "machines_total",
+    "machines_feasible",
+    "evaluated_at_ms",
+    "next_restart_ms",
+)
+
+
 def pending_report_out(report: PendingReport) -> borgmaster_pb2.WhyPendingResponse:
     response = borgmaster_pb2.WhyPendingResponse(
-        job_id=report.job_id,
-        task_index=report.task_index,
         job_state=enum_out(state_pb2.JobState, report.job_state),
         task_state=enum_out(state_pb2.TaskState, report.task_state),
-        summary=report.summary,
-        machines_total=report.machines_total,
-        machines_feasible=report.machines_feasible,
-        evaluated_at_ms=report.evaluated_at_ms,
-        next_restart_ms=report.next_restart_ms,
+        **same_named(report, PENDING_REPORT_PLAIN),
         avoided_machines=[
             state_pb2.AvoidedMachine(machine_id=m, until_ms=until) for m, until in report.avoided_machines
         ],

@@ -26,6 +26,7 @@ import grpc
 from cellpilot.api.v1 import borglet_pb2, link_shard_pb2, link_shard_pb2_grpc
 from cellpilot.borg.lifecycle import MachineState
 from cellpilot.borg.link_shards import Membership, ReportDigest, must_forward, report_digest
+from cellpilot.platform.grpc_channels import open_channel
 from cellpilot.platform.request_validation import InvalidField
 from cellpilot.platform.store_outage import StoreUnavailable
 from cellpilot_services.borgmaster import convert
@@ -93,12 +94,7 @@ class LinkShard:
         if self._master is None or self._master[0] != address:
             if self._master is not None:
                 asyncio.get_running_loop().create_task(self._master[1].close())
-            channel = (
-                grpc.aio.insecure_channel(address)
-                if self.credentials is None
-                else grpc.aio.secure_channel(address, self.credentials)
-            )
-            self._master = (address, channel)
+            self._master = (address, open_channel(address, self.credentials))
         return self._master[1]
 
     # ------------------------------------------------------------------ the loop

@@ -21,6 +21,7 @@ import grpc
 from opentelemetry import trace
 
 from cellpilot.api.v1 import borgmaster_pb2, borgmaster_pb2_grpc, job_pb2, machine_pb2, state_pb2
+from cellpilot.borg.cell_state import JobRecord, MachineRecord
 from cellpilot.borg.decisions import (
     Command,
     KillJob,
@@ -36,7 +37,12 @@ from cellpilot.borg.pending_reasons import explain
 from cellpilot.borg.rejection import Code, Rejection
 from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.platform import error_reasons
-from cellpilot.platform.request_validation import InvalidField, abort, after_page_token, page_size, page_token
+from cellpilot.platform.request_validation import (
+    abort,
+    first_page,
+    invalid_fields_refused,
+    requested_page,
+)
 from cellpilot.platform.store_outage import StoreUnavailable
 from cellpilot_services.borgmaster import convert, lifetime_convert
 from cellpilot_services.borgmaster.lifetime_keeper import LifetimeKeeper
@@ -154,10 +160,29 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
         )
 
     async def _convert_or_abort(self, context: grpc.aio.ServicerContext, fn: Any, *args: Any) -> Any:
-        try:
+        async with invalid_fields_refused(context):
             return fn(*args)
-        except InvalidField as error:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+
+    async def _written_job(
+        self, context: grpc.aio.ServicerContext, request_id: str, subject: str, job_id: str
+    ) -> JobRecord:
+        """The job ``job_id`` a write just submitted or updated; a reused request id if the log
+        answered the id for another job (``subject``, the one the write recorded)."""
+        job = self.replica.state.jobs.get(job_id) if subject == job_id else None
+        if job is None:
+            await self._reused_request_id(context, request_id)
+        return job
+
+    async def _written_machine(
+        self, context: grpc.aio.ServicerContext, request_id: str, machine_id: str
+    ) -> machine_pb2.Machine:
+        """The machine a write just registered or changed, as the API shows it; a reused
+        request id if the log answered the id for another machine."""
+        state = self.replica.state
+        machine = state.machines.get(machine_id)
+        if machine is None:
+            await self._reused_request_id(context, request_id)
+        return convert.machine_out(state, machine, self.replica.soft)
 
     # ------------------------------------------------------------------ jobs
     async def SubmitJob(  # noqa: N802
@@ -166,9 +191,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
         spec = await self._convert_or_abort(context, convert.job_spec_in, request.spec, "spec")
         command = SubmitJob(request.request_id, spec, payload_digest=convert.payload_digest(request))
         result, seq = await self._write(command, context)
-        job = self.replica.state.jobs.get(result.subject)
-        if job is None or result.subject != f"{spec.user}/{spec.name}":
-            await self._reused_request_id(context, request.request_id)
+        job = await self._written_job(context, request.request_id, result.subject, f"{spec.user}/{spec.name}")
         return borgmaster_pb2.SubmitJobResponse(
             job_id=job.job_id,
             state=convert.enum_out(state_pb2.JobState, job.state),
@@ -192,9 +215,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             payload_digest=convert.payload_digest(request),
         )
         result, seq = await self._write(command, context)
-        job = self.replica.state.jobs.get(result.subject)
-        if job is None or result.subject != request.job_id:
-            await self._reused_request_id(context, request.request_id)
+        job = await self._written_job(context, request.request_id, result.subject, request.job_id)
         return borgmaster_pb2.UpdateJobResponse(job=convert.job_status_out(job), log_sequence=seq)
 
     async def KillJob(  # noqa: N802
@@ -224,32 +245,29 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
         self, request: borgmaster_pb2.ListJobsRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.ListJobsResponse:
         self._name_the_master(context)
-        try:
-            size = page_size(request.page_size, DEFAULT_JOBS_PAGE, MAX_PAGE)
-            after = after_page_token(request.page_token, str)
+        async with invalid_fields_refused(context):
+            size, after = requested_page(request, DEFAULT_JOBS_PAGE, MAX_PAGE, str, "")
             states = {convert.enum_in(JobState, state_pb2.JobState, s, "states") for s in request.states}
             band = convert.enum_in(PriorityBand, job_pb2.PriorityBand, request.band, "band")
-        except InvalidField as error:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        response = borgmaster_pb2.ListJobsResponse()
-        for job_id in sorted(self.replica.state.jobs):
-            if job_id <= after:
-                continue
-            job = self.replica.state.jobs[job_id]
+
+        def listed(job: JobRecord) -> bool:
             spec = job.spec
-            if (
+            return not (
                 (request.user and spec.user != request.user)
                 or not spec.name.startswith(request.name_prefix)
                 or (states and job.state not in states)
                 or (band is not PriorityBand.UNSPECIFIED and spec.effective_band is not band)
                 or (request.autopilot_only and not spec.autopilot.active)
-            ):
-                continue
-            if len(response.jobs) == size:
-                response.next_page_token = page_token(response.jobs[-1].job_id)
-                break
-            response.jobs.append(convert.job_status_out(job))
-        return response
+            )
+
+        jobs = self.replica.state.jobs
+        page, token = first_page(
+            ((job_id, jobs[job_id]) for job_id in sorted(jobs) if job_id > after and listed(jobs[job_id])),
+            size,
+        )
+        return borgmaster_pb2.ListJobsResponse(
+            jobs=[convert.job_status_out(job) for job in page], next_page_token=token
+        )
 
     async def GetTask(  # noqa: N802
         self, request: borgmaster_pb2.GetTaskRequest, context: grpc.aio.ServicerContext
@@ -297,30 +315,33 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
         self, request: borgmaster_pb2.ListMachinesRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.ListMachinesResponse:
         self._name_the_master(context)
-        try:
-            size = page_size(request.page_size, DEFAULT_MACHINES_PAGE, MAX_PAGE)
-            after = after_page_token(request.page_token, str)
+        async with invalid_fields_refused(context):
+            size, after = requested_page(request, DEFAULT_MACHINES_PAGE, MAX_PAGE, str, "")
             states = {
                 convert.enum_in(MachineAvailability, machine_pb2.MachineState, s, "states")
                 for s in request.states
             }
-        except InvalidField as error:
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
+
+        def listed(machine: MachineRecord) -> bool:
+            return not (
+                (states and machine.availability not in states)
+                or (request.rack and machine.spec.rack != request.rack)
+            )
+
         state = self.replica.state
-        response = borgmaster_pb2.ListMachinesResponse()
-        for machine_id in sorted(state.machines):
-            if machine_id <= after:
-                continue
-            machine = state.machines[machine_id]
-            if (states and machine.availability not in states) or (
-                request.rack and machine.spec.rack != request.rack
-            ):
-                continue
-            if len(response.machines) == size:
-                response.next_page_token = page_token(response.machines[-1].spec.machine_id)
-                break
-            response.machines.append(convert.machine_out(state, machine, self.replica.soft))
-        return response
+        machines = state.machines
+        page, token = first_page(
+            (
+                (machine_id, machines[machine_id])
+                for machine_id in sorted(machines)
+                if machine_id > after and listed(machines[machine_id])
+            ),
+            size,
+        )
+        return borgmaster_pb2.ListMachinesResponse(
+            machines=[convert.machine_out(state, machine, self.replica.soft) for machine in page],
+            next_page_token=token,
+        )
 
     async def RegisterMachine(  # noqa: N802
         self, request: borgmaster_pb2.RegisterMachineRequest, context: grpc.aio.ServicerContext
@@ -328,13 +349,8 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
         spec = await self._convert_or_abort(context, convert.machine_spec_in, request.spec, "spec")
         command = RegisterMachine(request.request_id, spec, payload_digest=convert.payload_digest(request))
         _, seq = await self._write(command, context)
-        state = self.replica.state
-        machine = state.machines.get(spec.machine_id)
-        if machine is None:
-            await self._reused_request_id(context, request.request_id)
-        return borgmaster_pb2.RegisterMachineResponse(
-            machine=convert.machine_out(state, machine, self.replica.soft), log_sequence=seq
-        )
+        machine = await self._written_machine(context, request.request_id, spec.machine_id)
+        return borgmaster_pb2.RegisterMachineResponse(machine=machine, log_sequence=seq)
 
     async def SetMachineState(  # noqa: N802
         self, request: borgmaster_pb2.SetMachineStateRequest, context: grpc.aio.ServicerContext
@@ -350,13 +366,8 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             payload_digest=convert.payload_digest(request),
         )
         _, seq = await self._write(command, context)
-        state = self.replica.state
-        machine = state.machines.get(request.machine_id)
-        if machine is None:
-            await self._reused_request_id(context, request.request_id)
-        return borgmaster_pb2.SetMachineStateResponse(
-            machine=convert.machine_out(state, machine, self.replica.soft), log_sequence=seq
-        )
+        machine = await self._written_machine(context, request.request_id, request.machine_id)
+        return borgmaster_pb2.SetMachineStateResponse(machine=machine, log_sequence=seq)
 
     # ------------------------------------------------------------------ quota and leadership
     async def GetQuota(  # noqa: N802

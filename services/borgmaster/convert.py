@@ -9,7 +9,7 @@ contact) alongside the logical state, which is not logged.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, TypeVar
@@ -438,12 +438,25 @@ def job_status_out(
     return status
 
 
-def machine_out(state: CellState, machine: MachineRecord, soft: SoftState = NO_SOFT) -> machine_pb2.Machine:
+def machine_out(
+    state: CellState,
+    machine: MachineRecord,
+    soft: SoftState = NO_SOFT,
+    reservation: Callable[[str, int], Resources | None] | None = None,
+) -> machine_pb2.Machine:
+    """The machine with its allocation (the sum of its tasks' limits) and, given the scheduler's
+    ``reservation`` of each task (the master's soft state, Borg §5.5), what it has reserved: a
+    task without an estimate yet reserves its limits."""
     allocated = [0.0] * 4
-    for _, task in state.tasks_on(machine.machine_id):
-        for i, value in enumerate(task.limits.array()):
-            allocated[i] += float(value)
-    return machine_pb2.Machine(
+    reserved = [0.0] * 4
+    for job, task in state.tasks_on(machine.machine_id):
+        estimate = reservation(job.job_id, task.index) if reservation is not None else None
+        for i, (limit, held) in enumerate(
+            zip(task.limits.array(), (estimate or task.limits).array(), strict=True)
+        ):
+            allocated[i] += float(limit)
+            reserved[i] += float(held)
+    message = machine_pb2.Machine(
         spec=machine_spec_out(machine.spec),
         state=enum_out(machine_pb2.MachineState, machine.availability),
         allocated=resources_out(Resources(*allocated)),
@@ -453,6 +466,9 @@ def machine_out(state: CellState, machine: MachineRecord, soft: SoftState = NO_S
         last_contact_ms=soft.last_contact_ms.get(machine.machine_id, 0),
         state_since_ms=machine.state_since_ms,
     )
+    if reservation is not None:  # soft state: not part of a snapshot
+        message.reserved.CopyFrom(resources_out(Resources(*reserved)))
+    return message
 
 
 def quota_out(state: CellState, user: str, band: PriorityBand) -> state_pb2.Quota:

@@ -121,6 +121,21 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
         if not self.replica.is_leader and (leader := self.replica.leader_address()):
             context.set_trailing_metadata(((error_reasons.LEADER_METADATA_KEY, leader),))
 
+    async def _soft_state_read(self, context: grpc.aio.ServicerContext) -> None:
+        """A read that shows soft state — tasks' usage, reservations and readiness, machines'
+        usage — goes to the master: only the master polls the Borglets (Borg §3.3), so a
+        follower's copy has the replicated state without them, and answering from it would show
+        every task idle. A follower redirects such a read like a write while a master is known;
+        with none known (an election under way) it answers from its warm copy, without them."""
+        if self.replica.is_leader:
+            return
+        leader = self.replica.leader_address()
+        if leader and leader != self.replica.address:
+            await self._no_master_here(
+                context, NotLeader(leader, "a follower: usage and reservations live with the master")
+            )
+        self._name_the_master(context)
+
     async def _write(self, command: Command, context: grpc.aio.ServicerContext) -> tuple[Any, int]:
         cause = command.request_id or f"req-{uuid.uuid4().hex[:12]}"
         with tracer.start_as_current_span(f"Borgmaster.{type(command).__name__}") as span:
@@ -182,7 +197,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
         machine = state.machines.get(machine_id)
         if machine is None:
             await self._reused_request_id(context, request_id)
-        return convert.machine_out(state, machine, self.replica.soft)
+        return convert.machine_out(state, machine, self.replica.soft, self.replica.view.reservation)
 
     # ------------------------------------------------------------------ jobs
     async def SubmitJob(  # noqa: N802
@@ -228,7 +243,10 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
     async def GetJob(  # noqa: N802
         self, request: borgmaster_pb2.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.GetJobResponse:
-        self._name_the_master(context)
+        if request.include_tasks:
+            await self._soft_state_read(context)
+        else:
+            self._name_the_master(context)
         job = self.replica.state.job(request.job_id)
         if job is None:
             await abort(context, grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
@@ -272,7 +290,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
     async def GetTask(  # noqa: N802
         self, request: borgmaster_pb2.GetTaskRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.GetTaskResponse:
-        self._name_the_master(context)
+        await self._soft_state_read(context)
         job = self.replica.state.job(request.job_id)
         task = None if job is None else job.tasks.get(request.task_index)
         if job is None or task is None or request.task_index >= job.spec.task_count:
@@ -314,7 +332,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
     async def ListMachines(  # noqa: N802
         self, request: borgmaster_pb2.ListMachinesRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.ListMachinesResponse:
-        self._name_the_master(context)
+        await self._soft_state_read(context)
         async with invalid_fields_refused(context):
             size, after = requested_page(request, DEFAULT_MACHINES_PAGE, MAX_PAGE, str, "")
             states = {
@@ -339,7 +357,10 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             size,
         )
         return borgmaster_pb2.ListMachinesResponse(
-            machines=[convert.machine_out(state, machine, self.replica.soft) for machine in page],
+            machines=[
+                convert.machine_out(state, machine, self.replica.soft, self.replica.view.reservation)
+                for machine in page
+            ],
             next_page_token=token,
         )
 

@@ -98,6 +98,24 @@ async def test_followers_answer_reads_and_redirect_writes_to_the_master(
             await eventually(follower_has_it, 5, "the follower tails the log")
             read = await follow.GetJob(borgmaster_pb2.GetJobRequest(job_id="alice/web"))
             assert read.job.spec.name == "web"
+            # Reads that show soft state (tasks' usage and reservations, machines' usage) go to
+            # the master, the only replica that polls the Borglets: a follower redirects them.
+            soft_reads = (
+                follow.GetJob(borgmaster_pb2.GetJobRequest(job_id="alice/web", include_tasks=True)),
+                follow.GetTask(borgmaster_pb2.GetTaskRequest(job_id="alice/web", task_index=0)),
+                follow.ListMachines(borgmaster_pb2.ListMachinesRequest()),
+            )
+            for soft_read in soft_reads:
+                with pytest.raises(grpc.aio.AioRpcError) as redirected:
+                    await soft_read
+                assert redirected.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                assert (
+                    dict(redirected.value.trailing_metadata() or ()).get("cellpilot-leader") == leader.address
+                )
+            with_tasks = await lead.GetJob(
+                borgmaster_pb2.GetJobRequest(job_id="alice/web", include_tasks=True)
+            )
+            assert len(with_tasks.job.tasks) == 1
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await follow.SubmitJob(
                     borgmaster_pb2.SubmitJobRequest(request_id="s2", spec=simulated_job("other"))

@@ -18,9 +18,13 @@ from cellpilot.stack import StackEndpoints
 
 
 def _strip(value: Any) -> Any:
-    """Soft state (usage, reservations) is not in the log; everything else must match."""
+    """Soft state (usage, reservations, what machines reserve) is not in the log; the rest must match."""
     if isinstance(value, dict):
-        return {k: _strip(v) for k, v in value.items() if k not in ("reservation", "usage", "lastContactMs")}
+        return {
+            k: _strip(v)
+            for k, v in value.items()
+            if k not in ("reservation", "reserved", "usage", "lastContactMs")
+        }
     if isinstance(value, list):
         return [_strip(v) for v in value]
     return value

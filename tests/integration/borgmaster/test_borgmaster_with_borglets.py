@@ -109,6 +109,17 @@ async def test_submit_schedule_run_and_kill_with_real_borglets(
                 record = agent.machines[agent_index].tasks[(f"{user}/sleeper", 0)]
                 assert record.alive
                 assert not record.simulated, "a real process runs"
+                # Every machine shows what its tasks reserve: the scheduler's reservations
+                # (Borg §5.5), never more than their limits, and nothing on an empty machine.
+                listed = (await client.ListMachines(borgmaster_pb2.ListMachinesRequest())).machines
+                for listed_machine in listed:
+                    reserved, allocated = listed_machine.reserved, listed_machine.allocated
+                    assert (
+                        0 < reserved.cpu_millicores <= allocated.cpu_millicores
+                        or not allocated.cpu_millicores
+                    )
+                    assert reserved.memory_bytes <= allocated.memory_bytes
+                assert sum(m.reserved.cpu_millicores for m in listed) > 0
 
                 await client.KillJob(borgmaster_pb2.KillJobRequest(request_id=f"{user}-k", job_id=job_id))
                 await client.KillJob(

@@ -28,9 +28,12 @@ if _version_not_supported:
 
 
 class BorgmasterStub:
-    """The Borgmaster (Borg §3.1). Every replica answers reads; mutating calls on a replica that
-    is not the elected master fail with FAILED_PRECONDITION and the trailing metadata key
-    "cellpilot-leader" holds the master's address (GetLeader answers it too). While no master
+    """The Borgmaster (Borg §3.1). Every replica answers reads of the replicated state; mutating
+    calls on a replica that is not the elected master fail with FAILED_PRECONDITION and the
+    trailing metadata key "cellpilot-leader" holds the master's address (GetLeader answers it
+    too). So do reads that show the master's soft state (GetJob with include_tasks, GetTask,
+    ListMachines: usage, reservations, readiness), while a master is known; during an election
+    a follower answers them from its copy, without soft state. While no master
     is elected (an election, or the checkpoint store PostgreSQL unreachable) mutating calls
     fail with UNAVAILABLE: retry with the same request_id. Invalid requests fail with
     INVALID_ARGUMENT naming the bad field; submissions over quota with RESOURCE_EXHAUSTED
@@ -135,9 +138,12 @@ class BorgmasterStub:
 
 
 class BorgmasterServicer:
-    """The Borgmaster (Borg §3.1). Every replica answers reads; mutating calls on a replica that
-    is not the elected master fail with FAILED_PRECONDITION and the trailing metadata key
-    "cellpilot-leader" holds the master's address (GetLeader answers it too). While no master
+    """The Borgmaster (Borg §3.1). Every replica answers reads of the replicated state; mutating
+    calls on a replica that is not the elected master fail with FAILED_PRECONDITION and the
+    trailing metadata key "cellpilot-leader" holds the master's address (GetLeader answers it
+    too). So do reads that show the master's soft state (GetJob with include_tasks, GetTask,
+    ListMachines: usage, reservations, readiness), while a master is known; during an election
+    a follower answers them from its copy, without soft state. While no master
     is elected (an election, or the checkpoint store PostgreSQL unreachable) mutating calls
     fail with UNAVAILABLE: retry with the same request_id. Invalid requests fail with
     INVALID_ARGUMENT naming the bad field; submissions over quota with RESOURCE_EXHAUSTED
@@ -358,9 +364,12 @@ def add_BorgmasterServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Borgmaster:
-    """The Borgmaster (Borg §3.1). Every replica answers reads; mutating calls on a replica that
-    is not the elected master fail with FAILED_PRECONDITION and the trailing metadata key
-    "cellpilot-leader" holds the master's address (GetLeader answers it too). While no master
+    """The Borgmaster (Borg §3.1). Every replica answers reads of the replicated state; mutating
+    calls on a replica that is not the elected master fail with FAILED_PRECONDITION and the
+    trailing metadata key "cellpilot-leader" holds the master's address (GetLeader answers it
+    too). So do reads that show the master's soft state (GetJob with include_tasks, GetTask,
+    ListMachines: usage, reservations, readiness), while a master is known; during an election
+    a follower answers them from its copy, without soft state. While no master
     is elected (an election, or the checkpoint store PostgreSQL unreachable) mutating calls
     fail with UNAVAILABLE: retry with the same request_id. Invalid requests fail with
     INVALID_ARGUMENT naming the bad field; submissions over quota with RESOURCE_EXHAUSTED

@@ -29,9 +29,12 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class BorgmasterStub:
-    """The Borgmaster (Borg §3.1). Every replica answers reads; mutating calls on a replica that
-    is not the elected master fail with FAILED_PRECONDITION and the trailing metadata key
-    "cellpilot-leader" holds the master's address (GetLeader answers it too). While no master
+    """The Borgmaster (Borg §3.1). Every replica answers reads of the replicated state; mutating
+    calls on a replica that is not the elected master fail with FAILED_PRECONDITION and the
+    trailing metadata key "cellpilot-leader" holds the master's address (GetLeader answers it
+    too). So do reads that show the master's soft state (GetJob with include_tasks, GetTask,
+    ListMachines: usage, reservations, readiness), while a master is known; during an election
+    a follower answers them from its copy, without soft state. While no master
     is elected (an election, or the checkpoint store PostgreSQL unreachable) mutating calls
     fail with UNAVAILABLE: retry with the same request_id. Invalid requests fail with
     INVALID_ARGUMENT naming the bad field; submissions over quota with RESOURCE_EXHAUSTED
@@ -80,9 +83,12 @@ class BorgmasterStub:
 
 @_typing.type_check_only
 class BorgmasterAsyncStub(BorgmasterStub):
-    """The Borgmaster (Borg §3.1). Every replica answers reads; mutating calls on a replica that
-    is not the elected master fail with FAILED_PRECONDITION and the trailing metadata key
-    "cellpilot-leader" holds the master's address (GetLeader answers it too). While no master
+    """The Borgmaster (Borg §3.1). Every replica answers reads of the replicated state; mutating
+    calls on a replica that is not the elected master fail with FAILED_PRECONDITION and the
+    trailing metadata key "cellpilot-leader" holds the master's address (GetLeader answers it
+    too). So do reads that show the master's soft state (GetJob with include_tasks, GetTask,
+    ListMachines: usage, reservations, readiness), while a master is known; during an election
+    a follower answers them from its copy, without soft state. While no master
     is elected (an election, or the checkpoint store PostgreSQL unreachable) mutating calls
     fail with UNAVAILABLE: retry with the same request_id. Invalid requests fail with
     INVALID_ARGUMENT naming the bad field; submissions over quota with RESOURCE_EXHAUSTED
@@ -127,9 +133,12 @@ class BorgmasterAsyncStub(BorgmasterStub):
     """The placement policy, the lifetime model and LAVA's host states (§4.3)."""
 
 class BorgmasterServicer(metaclass=_abc_1.ABCMeta):
-    """The Borgmaster (Borg §3.1). Every replica answers reads; mutating calls on a replica that
-    is not the elected master fail with FAILED_PRECONDITION and the trailing metadata key
-    "cellpilot-leader" holds the master's address (GetLeader answers it too). While no master
+    """The Borgmaster (Borg §3.1). Every replica answers reads of the replicated state; mutating
+    calls on a replica that is not the elected master fail with FAILED_PRECONDITION and the
+    trailing metadata key "cellpilot-leader" holds the master's address (GetLeader answers it
+    too). So do reads that show the master's soft state (GetJob with include_tasks, GetTask,
+    ListMachines: usage, reservations, readiness), while a master is known; during an election
+    a follower answers them from its copy, without soft state. While no master
     is elected (an election, or the checkpoint store PostgreSQL unreachable) mutating calls
     fail with UNAVAILABLE: retry with the same request_id. Invalid requests fail with
     INVALID_ARGUMENT naming the bad field; submissions over quota with RESOURCE_EXHAUSTED

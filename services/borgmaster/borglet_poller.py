@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from cellpilot.api.v1 import borglet_pb2
 from cellpilot.borg.changes import Change, MachineChange, TaskChange
 from cellpilot.borg.poll_diff import desired_tasks
-from cellpilot_services.borgmaster import convert
+from cellpilot_services.borgmaster import poll_convert
 from cellpilot_services.borgmaster.borglet_fanout import BorgletFanout, PollFailure
 from cellpilot_services.borgmaster.poll_reports import apply_reports
 from cellpilot_services.borgmaster.replica import Replica, now_ms
@@ -112,7 +112,7 @@ class BorgletPoller:
         # Never an older set than the Borglet applied (a standby's copy of the state may lag).
         if reported is None or reported < machine.desired_version or machine_id in self.resend:
             request.desired.CopyFrom(
-                convert.desired_out(machine.desired_version, desired_tasks(state, machine_id))
+                poll_convert.desired_out(machine.desired_version, desired_tasks(state, machine_id))
             )
         return machine.spec.borglet_address, request
 

@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 from google.protobuf.message import Message
 
 from cellpilot.api.v1 import (
-    borglet_pb2,
     borgmaster_pb2,
     job_pb2,
     machine_pb2,
@@ -33,7 +32,6 @@ from cellpilot.borg.changes import (
 )
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
 from cellpilot.borg.pending_reasons import PendingReport
-from cellpilot.borg.poll_diff import MachineReport, ReportedEvent, ReportedTask
 from cellpilot.job_vocabulary import (
     AppClass,
     ConstraintKind,
@@ -564,62 +562,3 @@ def pending_report_out(report: PendingReport) -> borgmaster_pb2.WhyPendingRespon
     if report.fitting_limits is not None:
         response.fitting_limits.CopyFrom(resources_out(report.fitting_limits))
     return response
-
-
-# ---------------------------------------------------------------------- Borglet polls
-def desired_out(version: int, tasks: Iterable[tuple[JobRecord, TaskRecord]]) -> borglet_pb2.DesiredTasks:
-    desired = borglet_pb2.DesiredTasks(version=version)
-    for job, task in tasks:
-        desired.tasks.append(
-            borglet_pb2.TaskAssignment(
-                job_id=job.job_id,
-                task_index=task.index,
-                incarnation=task.incarnation,
-                priority=job.spec.priority,
-                band=enum_out(job_pb2.PriorityBand, job.spec.effective_band),
-                # The kind the Borglet enforces: soft for Autopilot-managed memory (§4.1).
-                spec=task_spec_out(job.spec.task, task.limits, job.spec.effective_memory_limit_kind),
-                ports=task.ports,
-                spec_version=task.spec_version,
-                app_class=enum_out(job_pb2.AppClass, job.spec.app_class),
-            )
-        )
-    return desired
-
-
-def report_in(response: borglet_pb2.PollResponse) -> MachineReport:
-    f = "poll"
-    tasks = []
-    for t in response.tasks:
-        state = enum_in(TaskState, state_pb2.TaskState, t.state, f)
-        exit_reason = None
-        if state is TaskState.DEAD and t.exit_reason:
-            exit_reason = task_event_in(t.exit_reason, TaskState.PENDING, f)
-        usage = resources_in(t.usage, f) if t.HasField("usage") else None
-        tasks.append(
-            ReportedTask(
-                t.job_id,
-                t.task_index,
-                t.incarnation,
-                state,
-                exit_reason,
-                t.exit_code,
-                usage,
-                t.ready,
-                t.started_ms,
-                float(max(t.cpu_unmet_millicores, 0)),
-            )
-        )
-    events = []
-    for e in response.events:
-        ev = e.event
-        usage = resources_in(ev.usage, f) if ev.HasField("usage") else None
-        kind = task_event_in(ev.kind, TaskState.PENDING, f)
-        events.append(
-            ReportedEvent(
-                e.sequence, ev.job_id, ev.task_index, ev.incarnation, kind, ev.detail, usage, ev.event_time_ms
-            )
-        )
-    return MachineReport(
-        response.machine_id, response.event_time_ms, response.desired_version, tuple(tasks), tuple(events)
-    )

@@ -29,7 +29,7 @@ from cellpilot.borg.link_shards import Membership, ReportDigest, must_forward, r
 from cellpilot.platform.grpc_channels import open_channel
 from cellpilot.platform.request_validation import InvalidField
 from cellpilot.platform.store_outage import StoreUnavailable
-from cellpilot_services.borgmaster import convert
+from cellpilot_services.borgmaster import poll_convert
 from cellpilot_services.borgmaster.borglet_poller import BorgletPoller
 from cellpilot_services.borgmaster.link_shard_master import ShardRegistry
 from cellpilot_services.borgmaster.poll_reports import apply_reports
@@ -169,7 +169,7 @@ class LinkShard:
         for response in answered:
             machine_id = response.machine_id
             try:
-                report = convert.report_in(response)
+                report = poll_convert.report_in(response)
             except InvalidField:
                 out.append((response, None))  # the master says what is wrong with it
                 continue

@@ -19,7 +19,7 @@ from cellpilot.borg.mutations import Mutation
 from cellpilot.borg.poll_diff import diff_report, machines_down
 from cellpilot.platform.request_validation import InvalidField
 from cellpilot.schedule import Resources
-from cellpilot_services.borgmaster import convert
+from cellpilot_services.borgmaster import convert, poll_convert
 from cellpilot_services.borgmaster.replica import NotLeader, Replica, now_ms
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ async def apply_reports(
         diffs = []
         for response in responses:
             try:
-                report = convert.report_in(response)
+                report = poll_convert.report_in(response)
             except InvalidField as error:
                 log.warning(
                     "malformed poll response", extra={"machine_id": response.machine_id, "error": str(error)}

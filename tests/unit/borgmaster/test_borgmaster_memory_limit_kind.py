@@ -13,7 +13,8 @@ from cellpilot.borg.records import JobRecord, TaskRecord
 from cellpilot.job_vocabulary import MemoryLimitKind, ScalingMode
 from cellpilot.schedule import Resources
 from cellpilot.units import GIB
-from cellpilot_services.borgmaster.convert import desired_out, job_spec_out
+from cellpilot_services.borgmaster.convert import job_spec_out
+from cellpilot_services.borgmaster.poll_convert import desired_out
 
 
 def job_spec(autopilot: AutopilotConfig) -> JobSpec:

@@ -82,6 +82,20 @@ async def eventually(check: Callable[[], Awaitable[T | None]], within: float = 1
         await asyncio.sleep(0.05)
 
 
+async def retried_write(call: Callable[[], Awaitable[T]], within: float = 15.0) -> T:
+    """A write made as borgmaster.proto tells clients to: retried with the same request_id while
+    the replica answers UNAVAILABLE. With the harness's short lease a loaded machine can make
+    even a lone master miss a renewal, step down and take over again a moment later."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return await call()
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.1)
+
+
 async def leader_of(masters: list[Borgmaster], within: float = 10.0) -> Borgmaster:
     async def find() -> Borgmaster | None:
         leaders = [m for m in masters if m.replica.is_leader]

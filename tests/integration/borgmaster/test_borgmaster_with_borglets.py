@@ -19,6 +19,7 @@ from borgmaster_harness import (
     grant,
     leader_of,
     replicas,
+    retried_write,
     simulated_job,
     stub,
 )
@@ -181,9 +182,8 @@ async def test_oom_kills_with_real_processes_are_events(
 
                 async def submit(name: str, profile: str, limit: int, priority: int, hard: bool) -> str:
                     spec = _process_job(name, user, profile, limit, priority, hard)
-                    response = await client.SubmitJob(
-                        borgmaster_pb2.SubmitJobRequest(request_id=f"{user}-{name}", spec=spec)
-                    )
+                    request = borgmaster_pb2.SubmitJobRequest(request_id=f"{user}-{name}", spec=spec)
+                    response = await retried_write(lambda: client.SubmitJob(request))
                     return str(response.job_id)
 
                 leaky = await submit("leaky", "1s:20MiB:0,60s:300MiB:0", 100 * MIB, 9, hard=True)

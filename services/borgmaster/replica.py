@@ -391,7 +391,9 @@ class Replica:
             return
         self.is_leader = False
         log.warning(
-            "stepping down", extra={"replica_id": self.replica_id, "epoch": self.epoch, "reason": reason}
+            "stepping down: %s",
+            reason,
+            extra={"replica_id": self.replica_id, "epoch": self.epoch, "reason": reason},
         )
         current = asyncio.current_task()
         for task in self._leader_tasks:

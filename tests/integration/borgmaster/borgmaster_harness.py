@@ -28,8 +28,11 @@ from cellpilot_services.borgmaster.settings import BorgmasterSettings
 GIB = 1 << 30
 T = TypeVar("T")
 FAST = {
-    "lease_s": 1.5,
-    "renew_interval_s": 0.4,
+    # Short enough for quick elections, long enough that a loaded CI machine (two test workers,
+    # the stores and the Borglets on two cores) stalling an event loop for a second or two does
+    # not make a healthy master miss its renewal and step down mid-test.
+    "lease_s": 3.0,
+    "renew_interval_s": 0.5,
     "election_interval_s": 0.25,
     "tail_interval_s": 0.1,
     "schedule_interval_s": 0.1,

@@ -6,6 +6,7 @@ VENV        ?= .venv
 PY          := $(VENV)/bin/python
 STACK_DIR   ?= .cellpilot/stack
 BENCH       ?=
+BENCH_SIZE  ?= full
 PYTEST_ARGS ?=
 # The suite runs in this many worker processes (pytest-xdist), each with its own embedded stack;
 # tests that need `cellpilot run`'s fixed ports share one worker (xdist_group "fixed-ports").
@@ -14,7 +15,7 @@ XDIST        := -n $(TEST_WORKERS) --dist loadgroup
 CHAOS_ARGS  ?=
 
 .PHONY: help install proto proto-check lint format typecheck importlint check test test-unit \
-        test-integration test-containers browser bench chaos run stop stack-up stack-down stack-status images lock clean
+        test-integration test-containers browser broker bench chaos run stop stack-up stack-down stack-status images lock clean
 
 help:
 	@echo "make install          create $(VENV) and install pinned dependencies (requirements.lock)"
@@ -22,8 +23,9 @@ help:
 	@echo "make stop             stop everything make run started"
 	@echo "make test             lint, type-check, generated-code check, unit and integration tests"
 	@echo "make browser          install Chromium (the dashboard browser tests) when it is missing"
+	@echo "make broker           build the durable broker (Tansu with SQLite storage) once, into ~/.cache/cellpilot"
 	@echo "make test-containers  the compose stack's tests (needs Docker)"
-	@echo "make bench [BENCH=prefix]  run benchmarks, write bench-results.json"
+	@echo "make bench [BENCH=prefix] [BENCH_SIZE=smoke]  run benchmarks, write bench-results.json"
 	@echo "make chaos            one chaos run: faults in turn under make run's system, invariants as figures"
 	@echo "make proto            regenerate libs/cellpilot/api from proto/"
 	@echo "make images           build every image docker-compose.yml needs, with no registry"
@@ -64,33 +66,39 @@ check: proto-check lint typecheck importlint
 browser:
 	@infra/scripts/ensure_chromium.sh
 
-test: check browser
+# The durable broker (Tansu with its SQLite storage engine and SCRAM users), built once into
+# ~/.cache/cellpilot and reused; without cargo, one line and a warning: the stack falls back to the
+# in-memory broker (cellpilot.stack.broker_build).
+broker: install
+	$(PY) -c "import sys; from cellpilot.stack.broker_build import main; sys.exit(main())"
+
+test: check browser broker
 	$(VENV)/bin/pytest $(XDIST) $(PYTEST_ARGS)
 
 test-unit: install
 	$(VENV)/bin/pytest tests/unit $(XDIST) $(PYTEST_ARGS)
 
-test-integration: install browser
+test-integration: install browser broker
 	$(VENV)/bin/pytest tests/integration $(XDIST) $(PYTEST_ARGS)
 
 test-containers: install
 	$(VENV)/bin/pytest tests/containers -m containers $(PYTEST_ARGS)
 
 bench: install
-	$(PY) -m bench.run --prefix '$(BENCH)'
+	$(PY) -m bench.run --prefix '$(BENCH)' --size '$(BENCH_SIZE)'
 
 # Kills and restarts every kind of process while the demo runs; prints CHAOS lines, writes
 # chaos-results.json, exits 1 if an invariant failed (python -m cellpilot.chaos --help).
 chaos: install
 	$(PY) -m cellpilot.chaos --out chaos-results.json $(CHAOS_ARGS)
 
-run: install
+run: install broker
 	$(VENV)/bin/cellpilot run --data-dir $(STACK_DIR)
 
 stop: install
 	$(VENV)/bin/cellpilot stop --data-dir $(STACK_DIR)
 
-stack-up: install
+stack-up: install broker
 	$(VENV)/bin/cellpilot stack up --data-dir $(STACK_DIR)
 
 stack-down: install

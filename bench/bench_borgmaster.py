@@ -33,16 +33,18 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from bench.borgmaster_processes import (
+    RETRIED,
     BenchEndpoints,
     Replica,
+    SchedulerProcess,
     admin_channel,
     database,
     elected_leader,
@@ -51,18 +53,15 @@ from bench.borgmaster_processes import (
     polling_master,
     tls_env,
 )
-from bench.harness import Report
+from bench.harness import FULL, SMOKE, Report, embedded_stack, sized
 from cellpilot.api.v1 import (
     borglet_pb2,
     borglet_pb2_grpc,
     borgmaster_pb2,
     borgmaster_pb2_grpc,
-    checkpoint_pb2,
 )
-from cellpilot.platform.postgres import create_engine
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.security.tls import SecuritySettings
-from cellpilot.stack import Stack, StackConfig
 from cellpilot.stack.config import free_port
 
 FIGURES = [
@@ -78,52 +77,70 @@ FIGURES = [
     "borgmaster.raw_poll_fanout_1000_machines_s",
     "borgmaster.poll_cycle_vs_raw_fanout",
 ]
-SUBMITS = 2_000
-RAW_APPENDS = 1_000
-IN_FLIGHT = 64
-MACHINES = 1_000
-TASKS = 2_000
+
+
+@dataclass(frozen=True)
+class Size:
+    submits: int  # jobs timed per submit figure (after ``warm_submits``)
+    warm_submits: int
+    raw_appends: int
+    in_flight: int
+    trials: int  # per kind of takeover
+    machines: int  # of the poll cycle's fleet
+    tasks: int
+
+
+SIZES = {
+    FULL: Size(
+        submits=2_000,
+        warm_submits=200,
+        raw_appends=1_000,
+        in_flight=64,
+        trials=3,
+        machines=1_000,
+        tasks=2_000,
+    ),
+    SMOKE: Size(submits=40, warm_submits=8, raw_appends=20, in_flight=8, trials=1, machines=10, tasks=20),
+}
+TASKS_PER_FLEET_JOB = 40
 
 
 # ---------------------------------------------------------------------- submit throughput
 async def _raw_append_rate(endpoints: BenchEndpoints, count: int) -> float:
-    from cellpilot_services.borgmaster.checkpoint_log import CheckpointLog
-    from cellpilot_services.borgmaster.leader_lease import LeaderLease
+    from cellpilot.borg.lifecycle import JobState
+    from cellpilot.borg.mutations import JobSubmitted, to_records
+    from cellpilot.borg_wire.specs import job_spec_in
+    from cellpilot.checkpoint_store import PostgresCheckpointStore
 
     url = await database(endpoints)
     # As the Borgmaster's own account, which is what appends to the log.
-    engine = create_engine(
+    store = PostgresCheckpointStore.connect(
         PlatformSettings(postgres_url=url, certs_dir=Path(endpoints.certs_dir)).postgres_url_for("borgmaster")
     )
     try:
-        leader_lease = LeaderLease(engine, "bench", "bench:1", 60)
-        lease = await leader_lease.try_acquire()
-        assert lease is not None
-        log = CheckpointLog(engine)
+        lease = store.lease("bench", "bench:1", 60)
+        term = await lease.try_acquire()
+        assert term is not None
+        specs = [job_spec_in(job_spec(f"raw-{i}")) for i in range(count)]
         records = [
-            checkpoint_pb2.CheckpointRecord(
-                sequence=i + 1,
-                epoch=lease.epoch,
-                request_id=f"raw-{i}",
-                job_submitted=checkpoint_pb2.JobSubmitted(job_id=f"bench/raw-{i}", spec=job_spec(f"raw-{i}")),
-            ).SerializeToString()
-            for i in range(count)
+            to_records(i + 1, term.token, 1_000, [JobSubmitted(s.job_id, s, JobState.PENDING)], f"raw-{i}")
+            for i, s in enumerate(specs)
         ]
         started = time.perf_counter()
-        for i, record in enumerate(records):
-            await log.append(lease.epoch, i + 1, [("job_submitted", record)])
+        for batch in records:
+            await store.append(term.token, batch)
         rate = count / (time.perf_counter() - started)
-        await leader_lease.release(lease.epoch)  # nobody need wait the 60 s lease out
+        await lease.release()  # nobody need wait the 60 s lease out
         return rate
     finally:
-        await engine.dispose()
+        await store.close()
 
 
 async def _submit_rate(
-    endpoints: BenchEndpoints, log_dir: Path, security: SecuritySettings, count: int, batch_max: int = 0
+    endpoints: BenchEndpoints, log_dir: Path, security: SecuritySettings, size: Size, batch_max: int = 0
 ) -> float:
-    """SubmitJob rate with ``IN_FLIGHT`` concurrent clients (``batch_max``: the group-commit cap,
-    0 for the default)."""
+    """SubmitJob rate with ``size.in_flight`` concurrent clients (``batch_max``: the group-commit
+    cap, 0 for the default)."""
     url = await database(endpoints)
     env = {"CELLPILOT_BORGMASTER_COMMIT_BATCH_MAX": str(batch_max)} if batch_max else {}
     replica = Replica(url, endpoints, 0, log_dir, security, **env)
@@ -133,30 +150,22 @@ async def _submit_rate(
         await elected_leader({replica.address: channel}, replicas=[replica])
         stub = borgmaster_pb2_grpc.BorgmasterStub(channel)
         await grant(stub)
-        gate = asyncio.Semaphore(IN_FLIGHT)
+        gate = asyncio.Semaphore(size.in_flight)
 
         async def submit(name: str) -> None:
             async with gate:
                 await stub.SubmitJob(borgmaster_pb2.SubmitJobRequest(request_id=name, spec=job_spec(name)))
 
-        await asyncio.gather(*(submit(f"warm-{i}") for i in range(200)))
+        await asyncio.gather(*(submit(f"warm-{i}") for i in range(size.warm_submits)))
         started = time.perf_counter()
-        await asyncio.gather(*(submit(f"job-{i}") for i in range(count)))
-        return count / (time.perf_counter() - started)
+        await asyncio.gather(*(submit(f"job-{i}") for i in range(size.submits)))
+        return size.submits / (time.perf_counter() - started)
     finally:
         await channel.close()
         replica.stop()
 
 
 # ---------------------------------------------------------------------- failover
-# What a client retries while there is no master: a refused write on a follower, a dead replica.
-RETRIED = (
-    grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-)
-
-
 async def _first_write(channels: dict[str, grpc.aio.Channel], skip: str, label: str) -> None:
     """Submits to every replica but ``skip`` until one accepts."""
     n = 0
@@ -178,7 +187,7 @@ async def _first_write(channels: dict[str, grpc.aio.Channel], skip: str, label: 
 
 
 async def _takeover_trials(
-    endpoints: BenchEndpoints, log_dir: Path, security: SecuritySettings, trials: int = 3
+    endpoints: BenchEndpoints, log_dir: Path, security: SecuritySettings, trials: int
 ) -> tuple[list[float], list[float]]:
     """Seconds from the master's end to the first accepted write: SIGKILL, then SIGTERM.
 
@@ -229,7 +238,7 @@ def _start_fleet(env: dict[str, str], log_dir: Path) -> subprocess.Popen[bytes]:
 
 
 async def _poll_cycle(
-    endpoints: BenchEndpoints, log_dir: Path, security: SecuritySettings
+    endpoints: BenchEndpoints, log_dir: Path, security: SecuritySettings, size: Size
 ) -> tuple[float, float]:
     url = await database(endpoints)
     master = polling_master(url, endpoints, security, poll_timeout_s=30)
@@ -239,34 +248,40 @@ async def _poll_cycle(
         **os.environ,
         "CELLPILOT_STACK_ENV": str(log_dir / "none.env"),
         "CELLPILOT_LOG_LEVEL": "WARNING",
-        "CELLPILOT_BORGLET_FLEET_SIZE": str(MACHINES),
+        # The stack's Borglet certificate, whatever identity this process's environment names
+        # (a test session exports its own): borglet-r0 covers the fleet's machine-r0-* names.
+        "CELLPILOT_BORGLET_IDENTITY": "borglet-r0",
+        "CELLPILOT_BORGLET_FLEET_SIZE": str(size.machines),
         "CELLPILOT_BORGLET_LISTEN_ADDRESS": fleet_address,
         "CELLPILOT_BORGLET_BORGMASTER_ADDRESSES": master.address,
         "CELLPILOT_BORGLET_PUBLISH_SAMPLES": "false",
         "CELLPILOT_BORGLET_CGROUP_ROOT": "none",
         **tls_env(security),
     }
+    scheduler = SchedulerProcess(url, endpoints, [master.address], log_dir, security)
+    scheduler.start()  # places the tasks the cycles poll (Borg §3.4: beside the master)
     fleet = _start_fleet(env, log_dir)
     # The Polls of the raw fan-out are made as the Borgmaster makes them (its certificate).
     channel = grpc.aio.secure_channel(fleet_address, security.channel_credentials("borgmaster"))
     try:
         replica = master.replica
         deadline = time.monotonic() + 120
-        while not (replica.is_leader and len(replica.state.machines) == MACHINES):
+        while not (replica.is_leader and len(replica.state.machines) == size.machines):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {len(replica.state.machines)} machines registered")
             await asyncio.sleep(0.2)
         async with admin_channel(master.address, security) as master_channel:
             stub = borgmaster_pb2_grpc.BorgmasterStub(master_channel)
             await grant(stub)
-            for j in range(TASKS // 40):
+            per_job = min(TASKS_PER_FLEET_JOB, size.tasks)
+            for j in range(size.tasks // per_job):
                 await stub.SubmitJob(
-                    borgmaster_pb2.SubmitJobRequest(request_id=f"fleet-{j}", spec=job_spec(f"f{j}", 40))
+                    borgmaster_pb2.SubmitJobRequest(request_id=f"fleet-{j}", spec=job_spec(f"f{j}", per_job))
                 )
         deadline = time.monotonic() + 180
-        while (running := sum(1 for _, t in replica.state.iter_tasks() if t.started)) < TASKS:
+        while (running := sum(1 for _, t in replica.state.iter_tasks() if t.started)) < size.tasks:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"only {running} of {TASKS} tasks reported running")
+                raise TimeoutError(f"only {running} of {size.tasks} tasks reported running")
             await master.poller.cycle(sorted(replica.state.machines))
         machines = sorted(replica.state.machines)
         cycles = []
@@ -281,8 +296,8 @@ async def _poll_cycle(
                 return await borglet.PollMachines(borglet_pb2.PollMachinesRequest(polls=polls), timeout=30)
 
         # The same transport as the cycle: the fleet's machines in PollMachines batches.
-        size = master.settings.poll_batch_max
-        batches = [machines[i : i + size] for i in range(0, len(machines), size)]
+        batch = master.settings.poll_batch_max
+        batches = [machines[i : i + batch] for i in range(0, len(machines), batch)]
         raw = []
         for _ in range(3):
             started = time.perf_counter()
@@ -291,6 +306,7 @@ async def _poll_cycle(
         return statistics.median(cycles), statistics.median(raw)
     finally:
         await channel.close()
+        scheduler.stop()
         await master.stop()
         fleet.send_signal(signal.SIGTERM)
         try:
@@ -299,39 +315,31 @@ async def _poll_cycle(
             fleet.kill()
 
 
-def run(report: Report) -> None:
-    with tempfile.TemporaryDirectory(prefix="bench-borgmaster-") as tmp:
-        base = Path(tmp)
-        stack = Stack(StackConfig(base / "stack"))
-        endpoints = BenchEndpoints.of(stack, stack.up())
-        try:
-            raw = asyncio.run(_raw_append_rate(endpoints, RAW_APPENDS))
-            security = SecuritySettings(tls_mode="mtls", certs_dir=stack.config.certs_dir)
-            one_txn = asyncio.run(_submit_rate(endpoints, base, security, SUBMITS, batch_max=1))
-            submitted = asyncio.run(_submit_rate(endpoints, base, security, SUBMITS))
-            where = f"gRPC SubmitJob, {IN_FLIGHT} in flight, log in PostgreSQL"
-            report("borgmaster.submit_jobs_per_s", submitted, f"jobs/s ({where}, group commit)")
-            report(
-                "borgmaster.submit_one_txn_per_request_jobs_per_s",
-                one_txn,
-                f"jobs/s ({where}, commit_batch_max=1)",
-            )
-            report("borgmaster.submit_group_commit_vs_one_txn", submitted / one_txn, "x")
-            report(
-                "borgmaster.raw_append_records_per_s", raw, "records/s (CheckpointLog.append, same records)"
-            )
-            report("borgmaster.submit_vs_raw_append", submitted / raw, "x")
-            killed, stopped = asyncio.run(_takeover_trials(endpoints, base, security))
-            failover, handover = statistics.mean(killed), statistics.mean(stopped)
-            report(
-                "borgmaster.failover_s", failover, "s (SIGKILL master -> first accepted write; Borg ~10 s)"
-            )
-            report("borgmaster.graceful_handover_s", handover, "s (master SIGTERM, lease released -> write)")
-            report("borgmaster.failover_vs_graceful_handover", failover / handover, "x")
-            cycle, fanout = asyncio.run(_poll_cycle(endpoints, base, security))
-            where = f"{MACHINES} machines in one Borglet fleet-mode process, {TASKS} tasks"
-            report("borgmaster.poll_cycle_1000_machines_s", cycle, f"s ({where}: poll, diff, commit)")
-            report("borgmaster.raw_poll_fanout_1000_machines_s", fanout, f"s ({where}: the polls alone)")
-            report("borgmaster.poll_cycle_vs_raw_fanout", cycle / fanout, "x")
-        finally:
-            stack.down()
+def run(report: Report, size: str = FULL) -> None:
+    params = sized(SIZES, size)
+    with embedded_stack("bench-borgmaster-") as (stack, base):
+        endpoints = BenchEndpoints.of(stack, stack.endpoints)
+        raw = asyncio.run(_raw_append_rate(endpoints, params.raw_appends))
+        security = SecuritySettings(tls_mode="mtls", certs_dir=stack.config.certs_dir)
+        one_txn = asyncio.run(_submit_rate(endpoints, base, security, params, batch_max=1))
+        submitted = asyncio.run(_submit_rate(endpoints, base, security, params))
+        where = f"gRPC SubmitJob, {params.in_flight} in flight, log in PostgreSQL"
+        report("borgmaster.submit_jobs_per_s", submitted, f"jobs/s ({where}, group commit)")
+        report(
+            "borgmaster.submit_one_txn_per_request_jobs_per_s",
+            one_txn,
+            f"jobs/s ({where}, commit_batch_max=1)",
+        )
+        report("borgmaster.submit_group_commit_vs_one_txn", submitted / one_txn, "x")
+        report("borgmaster.raw_append_records_per_s", raw, "records/s (CheckpointLog.append, same records)")
+        report("borgmaster.submit_vs_raw_append", submitted / raw, "x")
+        killed, stopped = asyncio.run(_takeover_trials(endpoints, base, security, params.trials))
+        failover, handover = statistics.mean(killed), statistics.mean(stopped)
+        report("borgmaster.failover_s", failover, "s (SIGKILL master -> first accepted write; Borg ~10 s)")
+        report("borgmaster.graceful_handover_s", handover, "s (master SIGTERM, lease released -> write)")
+        report("borgmaster.failover_vs_graceful_handover", failover / handover, "x")
+        cycle, fanout = asyncio.run(_poll_cycle(endpoints, base, security, params))
+        where = f"{params.machines} machines in one Borglet fleet-mode process, {params.tasks} tasks"
+        report("borgmaster.poll_cycle_1000_machines_s", cycle, f"s ({where}: poll, diff, commit)")
+        report("borgmaster.raw_poll_fanout_1000_machines_s", fanout, f"s ({where}: the polls alone)")
+        report("borgmaster.poll_cycle_vs_raw_fanout", cycle / fanout, "x")

@@ -1,6 +1,6 @@
 """Crash loops and the checkpoint log: what restart backoff (Borg §4) saves.
 
-N jobs (300 by default) of one task each whose tasks die at once when they start (an OOM at
+N jobs (300 at full size) of one task each whose tasks die at once when they start (an OOM at
 their first sample), on 50 machines, driven through the Borgmaster's decision core in event
 time for 60 s: every 250 ms a scheduling pass, then every machine's Borglet reports its
 tasks OOM-killed and the master commits the diff — as fast as the real service can notice a
@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from bench.harness import Report
+from bench.harness import FULL, SMOKE, Report, sized
 from cellpilot.borg.cell_state import CellState
 from cellpilot.borg.decisions import Accepted, SubmitJob, handle
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
@@ -44,6 +44,16 @@ FIGURES = [
 ]
 T0_MS = 1_700_000_000_000
 NO_BACKOFF = RestartPolicy(initial_delay_ms=0, max_delay_ms=0, crash_threshold=1_000_000)
+
+
+@dataclass(frozen=True)
+class Size:
+    jobs: int
+    seconds: float  # of event time
+    machines: int
+
+
+SIZES = {FULL: Size(jobs=300, seconds=60.0, machines=50), SMOKE: Size(jobs=20, seconds=5.0, machines=5)}
 
 
 @dataclass(frozen=True)
@@ -147,9 +157,13 @@ def crash_loop(
     return CrashLoop(master.state.last_sequence - first, seconds, max(incarnations), jobs)
 
 
-def run(report: Report, jobs: int = 300, seconds: float = 60.0) -> None:
-    with_backoff = crash_loop(RestartPolicy(), jobs, seconds)
-    without = crash_loop(NO_BACKOFF, jobs, seconds)
+def run(report: Report, size: str = FULL) -> None:
+    measure(report, sized(SIZES, size))
+
+
+def measure(report: Report, size: Size) -> None:
+    with_backoff = crash_loop(RestartPolicy(), size.jobs, size.seconds, size.machines)
+    without = crash_loop(NO_BACKOFF, size.jobs, size.seconds, size.machines)
     report("borgmaster.crashloop.log_records_per_s", with_backoff.records_per_s, "records/s")
     report("borgmaster.crashloop.no_backoff_log_records_per_s", without.records_per_s, "records/s")
     report("borgmaster.crashloop.vs_no_backoff", with_backoff.records_per_s / without.records_per_s, "ratio")
@@ -159,14 +173,15 @@ def run(report: Report, jobs: int = 300, seconds: float = 60.0) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--jobs", type=int, default=300)
-    parser.add_argument("--seconds", type=float, default=60.0)
+    full = SIZES[FULL]
+    parser.add_argument("--jobs", type=int, default=full.jobs)
+    parser.add_argument("--seconds", type=float, default=full.seconds)
     args = parser.parse_args()
 
     def report(name: str, value: float, unit: str) -> None:
         print(f"BENCH {name} {value:.6g} {unit}", flush=True)
 
-    run(report, args.jobs, args.seconds)
+    measure(report, Size(args.jobs, args.seconds, full.machines))
 
 
 if __name__ == "__main__":

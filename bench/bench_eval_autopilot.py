@@ -18,18 +18,19 @@ Baselines measured in the same run, on the same synthetic jobs:
   ``eval.autopilot.ratio_to_manual_vpa`` says what the two Autopilot deciders (the worker's
   candidates, the master's selection and bounds) and the bound cost on top of it.
 
-Times are process CPU seconds (the figure is per core), the best of two runs.
+Times are process CPU seconds (the figure is per core), the best of two runs (48 jobs of 1 warm-up
+and 1 measured day; 8 for the job-by-job baseline).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from bench.harness import Report
+from bench.harness import FULL, SMOKE, Report, sized
 from cellpilot.evaluate.autopilot_deciders import STANDARD_RECOMMENDERS, RecommenderSpec
 from cellpilot.evaluate.autopilot_metrics import JobDays
 from cellpilot.evaluate.autopilot_replay import ReplayConfig, StudyResult, run_study
@@ -45,9 +46,20 @@ FIGURES = [
     "eval.autopilot.study_500x16_projected_s_on_2_cores",
 ]
 
-JOBS = 48
-PER_JOB_JOBS = 8
-DAYS = 2  # 1 warm-up + 1 measured
+
+@dataclass(frozen=True)
+class Size:
+    jobs: int
+    per_job_jobs: int  # the job-by-job baseline's subset
+    days: int  # warm-up included
+    warmup_days: int
+    repeats: int  # best of
+
+
+SIZES = {
+    FULL: Size(jobs=48, per_job_jobs=8, days=2, warmup_days=1, repeats=2),
+    SMOKE: Size(jobs=4, per_job_jobs=2, days=1, warmup_days=0, repeats=1),
+}
 SEED = 20200427
 STUDY_JOB_DAYS = 500 * 16  # the issue's study: 500 jobs, 14 measured + 2 warm-up days
 
@@ -71,9 +83,11 @@ def _same_rows(a: JobDays, b: JobDays) -> bool:
     )
 
 
-def run(report: Report) -> None:
+def run(report: Report, size: str = FULL) -> None:
+    params = sized(SIZES, size)
+    jobs, per_job_jobs, repeats = params.jobs, params.per_job_jobs, params.repeats
     specs = tuple(STANDARD_RECOMMENDERS.values())
-    config = ReplayConfig(warmup_days=1)
+    config = ReplayConfig(warmup_days=params.warmup_days)
     alone = replace(config, cell=CellModel(pool_jobs=1))
 
     def study(
@@ -82,20 +96,21 @@ def run(report: Report) -> None:
         chosen: tuple[RecommenderSpec, ...] = specs,
         cfg: ReplayConfig = config,
     ) -> Callable[[], StudyResult]:
-        workload = AutopilotWorkloadConfig(jobs=jobs, days=DAYS, seed=SEED)
+        workload = AutopilotWorkloadConfig(jobs=jobs, days=params.days, seed=SEED)
         return lambda: run_study(workload, chosen, cfg, max_chunk_jobs=chunk_jobs)
 
-    seconds, batched = _cpu_best_of(2, study(JOBS, 64))
+    seconds, batched = _cpu_best_of(repeats, study(jobs, 64))
     unchanged = tuple(STANDARD_RECOMMENDERS[n] for n in ("manual-hard", "manual-soft", "vpa"))
-    base_seconds, _ = _cpu_best_of(2, study(JOBS, 64, unchanged))
-    per_job_seconds, per_job = _cpu_best_of(2, study(PER_JOB_JOBS, 1, cfg=alone))
-    subset = study(PER_JOB_JOBS, 64, cfg=alone)()
+    base_seconds, _ = _cpu_best_of(repeats, study(jobs, 64, unchanged))
+    per_job_seconds, per_job = _cpu_best_of(repeats, study(per_job_jobs, 1, cfg=alone))
+    subset = study(per_job_jobs, 64, cfg=alone)()
     for spec in specs:
         if not _same_rows(subset.rows[spec.name], per_job.rows[spec.name]):
             raise AssertionError(f"{spec.name}: batched and job-by-job replays disagree")
-    rate = JOBS * DAYS / seconds
-    per_job_rate = PER_JOB_JOBS * DAYS / per_job_seconds
-    base_rate = JOBS * DAYS / base_seconds
+    days = params.days
+    rate = jobs * days / seconds
+    per_job_rate = per_job_jobs * days / per_job_seconds
+    base_rate = jobs * days / base_seconds
     report("eval.autopilot.job_days_per_s", rate, "job-days/s/core")
     report("eval.autopilot.manual_vpa_job_days_per_s", base_rate, "job-days/s/core")
     report("eval.autopilot.ratio_to_manual_vpa", rate / base_rate, "x")

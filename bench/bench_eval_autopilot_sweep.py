@@ -11,7 +11,7 @@ per-configuration results of both are checked to be equal before anything is rep
 Figures:
 
 * ``eval.autopilot.sweep_configs_per_s``: configurations per CPU-second over the tuning
-  population (12 jobs x 2 days, 8 configurations: two variants x two w_u x two w_dL);
+  population (12 jobs x 2 days, 8 configurations: both eq. 8 modes x two w_u x two w_dL);
 * ``eval.autopilot.sweep_speedup_vs_one_study_per_config``: the ratio to the baseline;
 * ``eval.autopilot.sweep_small_s``: the whole small sweep (tuning and report populations,
   the choice), CPU seconds.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from bench.harness import Report
+from bench.harness import FULL, SMOKE, Report, sized
 from cellpilot.evaluate.autopilot_deciders import STANDARD_RECOMMENDERS
 from cellpilot.evaluate.autopilot_replay import run_study
 from cellpilot.evaluate.autopilot_tuning import TuningGrid, TuningSetup, run_sweep
@@ -35,20 +35,29 @@ FIGURES = [
 ]
 
 GRID = TuningGrid(
-    variants=("as-written", "normalised"),
-    cost_decay=(0.01,),
+    eq8=("as-written", "previous-limit"),
+    model_grids=("full",),
     w_underrun=(0.002, 0.01),
-    w_limit_change=(0.003, 0.3),
+    limit_change_ratios=(1.0, 100.0),
 )
-SETUP = TuningSetup(jobs=12, days=1, warmup_days=1, tune_seeds=(11,), report_seeds=(12,), grid=GRID)
+SMOKE_GRID = TuningGrid(
+    eq8=("as-written",), model_grids=("full",), w_underrun=(0.002,), limit_change_ratios=(1.0,)
+)
+SIZES = {
+    FULL: TuningSetup(jobs=12, days=1, warmup_days=1, train_seeds=(11,), held_out_seeds=(12,), grid=GRID),
+    SMOKE: TuningSetup(
+        jobs=2, days=1, warmup_days=0, train_seeds=(11,), held_out_seeds=(12,), grid=SMOKE_GRID
+    ),
+}
 
 
-def run(report: Report) -> None:
-    configs = [config for _, _, config in GRID.configs(EnsembleConfig())]
+def run(report: Report, size: str = FULL) -> None:
+    setup = sized(SIZES, size)
+    configs = [point.config for point in setup.grid.points(EnsembleConfig())]
     ml, window = STANDARD_RECOMMENDERS["ml"], STANDARD_RECOMMENDERS["moving-window"]
     specs = [replace(ml, name=f"ml-{i}", ml=c) for i, c in enumerate(configs)]
-    workload = SETUP.workload(SETUP.tune_seeds[0])
-    replay = replace(SETUP.replay, warmup_days=SETUP.warmup_days)
+    workload = setup.workload(setup.train_seeds[0])
+    replay = replace(setup.replay, warmup_days=setup.warmup_days)
 
     start = time.process_time()
     together = run_study(workload, [window, *specs], replay)
@@ -63,7 +72,7 @@ def run(report: Report) -> None:
             raise AssertionError(f"{spec.name}: the batched sweep and its own study disagree")
 
     start = time.process_time()
-    run_sweep(SETUP)
+    run_sweep(setup)
     whole = time.process_time() - start
 
     report("eval.autopilot.sweep_configs_per_s", len(configs) / batched, "configs/s/core")

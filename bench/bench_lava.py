@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from bench.harness import Report, best_of, stopwatch
+from bench.harness import FULL, SMOKE, Report, best_of, sized, stopwatch
 from cellpilot.lifetimes.distribution_model import DistributionModel
 from cellpilot.lifetimes.features import vm_features
 from cellpilot.lifetimes.model import LifetimeModel, TrainingParams
@@ -57,23 +58,36 @@ FIGURES = [
     "lava.repredict.batched_speedup_vs_booster",
 ]
 
-QUERIES = 10_000
-SINGLE_CALLS = 5_000
-BOOSTER_CALLS = 1_000
+
+@dataclass(frozen=True)
+class Size:
+    days: float  # of the synthetic VM trace the models train on
+    hosts: int
+    queries: int
+    single_calls: int
+    booster_calls: int
 
 
-def _median_call_us(calls: int, call: Callable[[int], object]) -> float:
+SIZES = {
+    FULL: Size(days=7.0, hosts=100, queries=10_000, single_calls=5_000, booster_calls=1_000),
+    SMOKE: Size(days=1.0, hosts=10, queries=500, single_calls=200, booster_calls=50),
+}
+
+
+def _median_call_us(calls: int, queries: int, call: Callable[[int], object]) -> float:
     """Median wall time of ``call(query index)`` in microseconds."""
     timings = np.empty(calls)
     for i in range(calls):
         start = time.perf_counter_ns()
-        call(i % QUERIES)
+        call(i % queries)
         timings[i] = time.perf_counter_ns() - start
     return float(np.median(timings)) / 1000.0
 
 
-def run(report: Report) -> None:
-    config = VmTraceConfig(days=7.0, hosts=100)
+def run(report: Report, size: str = FULL) -> None:
+    params = sized(SIZES, size)
+    queries_n = params.queries
+    config = VmTraceConfig(days=params.days, hosts=params.hosts)
     history = generate_vm_trace(np.random.default_rng(1), config)
     history = history.subset(history.created >= 0)
     with stopwatch() as elapsed:
@@ -82,9 +96,9 @@ def run(report: Report) -> None:
 
     queries = generate_vm_trace(np.random.default_rng(2), config)
     rng = np.random.default_rng(3)
-    rows = rng.choice(len(queries), size=QUERIES, replace=len(queries) < QUERIES)
+    rows = rng.choice(len(queries), size=queries_n, replace=len(queries) < queries_n)
     features = vm_features(queries)[rows]
-    uptime = rng.random(QUERIES) * queries.lifetime[rows]
+    uptime = rng.random(queries_n) * queries.lifetime[rows]
     uptime_h = uptime / HOUR
     print(
         f"median query uptime {np.median(uptime_h):.2f} h; fast single-row path: {model.has_fast_single_row}"
@@ -99,9 +113,9 @@ def run(report: Report) -> None:
     for i in range(200):  # warm up both paths
         one(i)
         booster_one(i)
-    single = _median_call_us(SINGLE_CALLS, one)
-    booster = _median_call_us(BOOSTER_CALLS, booster_one)
-    batched = best_of(5, lambda: model.predict_remaining(features, uptime)) / QUERIES * 1e6
+    single = _median_call_us(params.single_calls, queries_n, one)
+    booster = _median_call_us(params.booster_calls, queries_n, booster_one)
+    batched = best_of(5, lambda: model.predict_remaining(features, uptime)) / queries_n * 1e6
     check = model.predict_remaining(features[:50], uptime[:50])
     assert np.allclose([one(i) for i in range(50)], check)  # both paths give the same answers
 
@@ -109,11 +123,15 @@ def run(report: Report) -> None:
         dist_model = DistributionModel.train(vm_features(history), history.lifetime)
     print(f"distribution model: {dist_model.num_trees} trees, trained in {elapsed():.1f} s", flush=True)
     kept = dist_model.predict_distribution(features)  # what the scheduler keeps per VM
-    dist_batched = best_of(5, lambda: dist_model.predict_distribution(features)) / QUERIES * 1e6
+    dist_batched = best_of(5, lambda: dist_model.predict_distribution(features)) / queries_n * 1e6
     for i in range(200):
         dist_model.predict_probs_one(features[i])
-    dist_single = _median_call_us(SINGLE_CALLS, lambda i: dist_model.predict_probs_one(features[i]))
-    repredict = best_of(5, lambda: kept.take(np.arange(QUERIES)).expected_remaining(uptime)) / QUERIES * 1e6
+    dist_single = _median_call_us(
+        params.single_calls, queries_n, lambda i: dist_model.predict_probs_one(features[i])
+    )
+    repredict = (
+        best_of(5, lambda: kept.take(np.arange(queries_n)).expected_remaining(uptime)) / queries_n * 1e6
+    )
     assert np.allclose(dist_model.predict_probs_one(features[0]), kept.probs[0])
 
     report("lava.repredict.single_us", single, "us")
@@ -127,7 +145,7 @@ def run(report: Report) -> None:
     print(
         f"one VM: {single:.1f} us through LightGBM's single-row C entry point, {booster:.1f} us through "
         "Booster.predict, whose fixed per-call cost (argument checks, conversions, setup) dominates; "
-        f"a batch of {QUERIES} costs {batched:.2f} us per VM (paper: 9 us median, §3)."
+        f"a batch of {queries_n} costs {batched:.2f} us per VM (paper: 9 us median, §3)."
     )
     print(
         f"distribution model: {dist_single:.1f} us for one VM at creation, {dist_batched:.2f} us per VM "

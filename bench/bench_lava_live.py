@@ -15,8 +15,9 @@ states after it.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
-from bench.harness import Report
+from bench.harness import FULL, SMOKE, Report, sized
 from cellpilot.borg.cell_state import CellState
 from cellpilot.borg.decisions import Accepted, Command, KillJob, RegisterMachine, SetQuota, SubmitJob, handle
 from cellpilot.borg.lifetime_tracker import LifetimeTracker
@@ -26,11 +27,27 @@ from cellpilot.borg.scheduling_view import SchedulingView
 from cellpilot.borg.task_lifetimes import LifetimeHistory, TrainedModel, train_lifetime_model
 from cellpilot.job_vocabulary import AppClass, PriorityBand
 from cellpilot.schedule import Resources, SchedulerConfig, default_profile
+from cellpilot.schedule.lifetime_aware.policies import BASELINE, placement_policy
 from cellpilot.units import GIB
 
 FIGURES = ["lava.live.best_fit_pass_s", "lava.live.lava_pass_s", "lava.live.pass_vs_best_fit"]
-MACHINES, RUNNING_JOBS, PENDING_JOBS, TASKS_PER_JOB = 500, 200, 200, 10
 HOUR_MS = 3_600_000
+
+
+@dataclass(frozen=True)
+class Size:
+    machines: int
+    running_jobs: int
+    pending_jobs: int
+    tasks_per_job: int
+    repeats: int  # best of
+
+
+SIZES = {
+    FULL: Size(machines=500, running_jobs=200, pending_jobs=200, tasks_per_job=10, repeats=3),
+    # The history still needs the model's minimum of 100 runs: 3 rounds x 10 shapes x 4 tasks.
+    SMOKE: Size(machines=40, running_jobs=10, pending_jobs=10, tasks_per_job=4, repeats=1),
+}
 
 
 class _Log:
@@ -56,21 +73,22 @@ class _Log:
         self.commit(plan.mutations)
 
 
-def _job(name: str, shape: int) -> JobSpec:
+def _job(name: str, shape: int, tasks: int) -> JobSpec:
     limits = Resources(250 * (shape + 1), (shape % 4 + 1) * GIB / 2, 0, 0)
     return JobSpec(
         name,
         "bench",
         4,
         TaskSpec(limits, runtime=SimulatedRuntime("steady")),
-        TASKS_PER_JOB,
+        tasks,
         app_class=AppClass.BATCH,
     )
 
 
-def _cell() -> tuple[_Log, TrainedModel]:
+def _cell(size: Size) -> tuple[_Log, TrainedModel]:
     log = _Log()
-    for i in range(MACHINES):
+    tasks = size.tasks_per_job
+    for i in range(size.machines):
         spec = MachineSpec(
             f"m{i:03d}", "127.0.0.1:1", Resources(32_000, 128 * GIB, 1000 * GIB, 100), first_port=20000
         )
@@ -78,7 +96,7 @@ def _cell() -> tuple[_Log, TrainedModel]:
     log.run(SetQuota("", "bench", PriorityBand.BATCH, Resources(1e9, 1e15, 1e15, 1e6)))
     for r in range(3):  # history: shape s lives (s + 1) hours
         for shape in range(10):
-            log.run(SubmitJob("", _job(f"past-{r}-{shape}", shape)))
+            log.run(SubmitJob("", _job(f"past-{r}-{shape}", shape, tasks)))
         log.schedule()
         for shape in range(10):
             log.now_ms += HOUR_MS
@@ -88,15 +106,15 @@ def _cell() -> tuple[_Log, TrainedModel]:
     trained = train_lifetime_model(history, min_runs=100)
     assert isinstance(trained, TrainedModel)
     log.commit([LifetimeModelTrained(trained.model.to_json(), trained.runs, log.now_ms)])
-    for j in range(RUNNING_JOBS):
-        log.run(SubmitJob("", _job(f"running-{j}", j % 10)))
+    for j in range(size.running_jobs):
+        log.run(SubmitJob("", _job(f"running-{j}", j % 10, tasks)))
     log.schedule()
-    for j in range(PENDING_JOBS):
-        log.run(SubmitJob("", _job(f"pending-{j}", j % 10)))
+    for j in range(size.pending_jobs):
+        log.run(SubmitJob("", _job(f"pending-{j}", j % 10, tasks)))
     return log, trained
 
 
-def _pass(log: _Log, placement: str) -> float:
+def _pass(log: _Log, placement: str, pending_tasks: int) -> float:
     state = CellState()
     state.apply_all(log.records)
     tracker = LifetimeTracker()
@@ -104,23 +122,26 @@ def _pass(log: _Log, placement: str) -> float:
     view.rebuild(state)
     now = log.now_ms / 1000
     tracker.sync(state, view.cell, now)  # loading the model and the running tasks: not per pass
+    lifetime_aware = placement_policy(placement).needs_lifetimes  # the master's work around the pass
     start = time.perf_counter()
-    if placement == "lava":
+    if lifetime_aware:
         tracker.sync(state, view.cell, now)
         tracker.expect_pending(state, view.cell, log.now_ms)
     plan = view.plan(state, log.now_ms)
-    if placement == "lava":
+    if lifetime_aware:
         tracker.sync(state, view.cell, now)
         tracker.changes(state)
     elapsed = time.perf_counter() - start
-    assert plan.placed == PENDING_JOBS * TASKS_PER_JOB, plan
+    assert plan.placed == pending_tasks, plan
     return elapsed
 
 
-def run(report: Report) -> None:
-    log, _ = _cell()
-    baseline = min(_pass(log, "best-fit") for _ in range(3))
-    lava = min(_pass(log, "lava") for _ in range(3))
+def run(report: Report, size: str = FULL) -> None:
+    params = sized(SIZES, size)
+    log, _ = _cell(params)
+    pending = params.pending_jobs * params.tasks_per_job
+    baseline = min(_pass(log, BASELINE, pending) for _ in range(params.repeats))
+    lava = min(_pass(log, "lava", pending) for _ in range(params.repeats))
     report("lava.live.best_fit_pass_s", baseline, "s")
     report("lava.live.lava_pass_s", lava, "s")
     report("lava.live.pass_vs_best_fit", lava / baseline, "x")

@@ -22,11 +22,12 @@ per-decay-rate smoothed histograms of ``ml_ensemble`` avoid (``speedup_vs_litera
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from bench.harness import Report, best_of
+from bench.harness import FULL, SMOKE, Report, best_of, sized
 from cellpilot.autopilot.candidates import (
     WINDOW_KINDS,
     WINDOW_STATISTICS,
@@ -35,8 +36,8 @@ from cellpilot.autopilot.candidates import (
     initial_candidate_state,
     update_candidates,
 )
+from cellpilot.autopilot.recommender_registry import BUILTIN_RECOMMENDERS
 from cellpilot.autopilot.vertical_targets import bound_limits, chosen_values
-from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS
 from cellpilot.recommend.ml_ensemble import (
     EnsembleConfig,
     EnsembleState,
@@ -61,16 +62,25 @@ FIGURES = [
     "recommend.ml.state_mb",
 ]
 
-JOBS = 10_000
-WINDOW_LOOP_JOBS = 1_000
-ML_LOOP_JOBS = 300
+
+@dataclass(frozen=True)
+class Size:
+    jobs: int
+    window_loop_jobs: int  # the per-job loops are timed on this many of the jobs
+    ml_loop_jobs: int
+
+
+SIZES = {
+    FULL: Size(jobs=10_000, window_loop_jobs=1_000, ml_loop_jobs=300),
+    SMOKE: Size(jobs=200, window_loop_jobs=50, ml_loop_jobs=100),
+}
 FIVE_MIN = 300_000
 B = CPU_SCHEME.boundaries
 FloatArray = npt.NDArray[np.float64]
 
 
 def cpu_histograms(rng: np.random.Generator, levels: npt.NDArray[np.intp], steps: int) -> list[FloatArray]:
-    """Per step a (JOBS, K) matrix: 300 one-second samples per job spread around its level."""
+    """Per step a (jobs, K) matrix: 300 one-second samples per job spread around its level."""
     out = []
     for _ in range(steps):
         idx = np.clip(levels[:, None] + rng.integers(-12, 13, size=(levels.size, 300)), 0, B.size - 1)
@@ -223,29 +233,32 @@ def _check(batch: FloatArray, loop: list[float], what: str) -> None:
         raise AssertionError(f"{what}: the per-job loop disagrees with the batched update")
 
 
-def run(report: Report) -> None:
+def run(report: Report, size: str = FULL) -> None:
+    params = sized(SIZES, size)
     rng = np.random.default_rng(20200427)
-    levels = rng.integers(60, 340, size=JOBS)
+    levels = rng.integers(60, 340, size=params.jobs)
     histograms = cpu_histograms(rng, levels, steps=4)
-    times = [np.full(JOBS, (step + 1) * FIVE_MIN) for step in range(len(histograms))]
-    _bench_window(report, rng, levels, histograms, times)
-    _bench_ml(report, histograms, times)
+    times = [np.full(params.jobs, (step + 1) * FIVE_MIN) for step in range(len(histograms))]
+    _bench_window(report, params, rng, levels, histograms, times)
+    _bench_ml(report, params, histograms, times)
 
 
 def _bench_window(
     report: Report,
+    size: Size,
     rng: np.random.Generator,
     levels: npt.NDArray[np.intp],
     histograms: list[FloatArray],
     times: list[npt.NDArray[np.int64]],
 ) -> None:
     """Moving window with mixed policies and user bounds across the jobs."""
+    jobs, loop_jobs = size.jobs, size.window_loop_jobs
     config = CandidateConfig.for_resource(Resource.CPU)
     config = CandidateConfig(config.resource, config.scheme, config.window, config.margin, with_ml=False)
-    column = rng.integers(0, len(WINDOW_KINDS), size=JOBS)
+    column = rng.integers(0, len(WINDOW_KINDS), size=jobs)
     statistic = np.asarray([WINDOW_STATISTICS[BUILTIN_RECOMMENDERS[c]] for c in column], dtype=np.int8)
-    upper = np.where(rng.random(JOBS) < 0.2, B[levels], np.inf)
-    state: CandidateState = initial_candidate_state(config, JOBS)
+    upper = np.where(rng.random(jobs) < 0.2, B[levels], np.inf)
+    state: CandidateState = initial_candidate_state(config, jobs)
     for step in range(3):  # warm up: a history to decay, a ring to fill
         state, _ = update_candidates(config, state, histograms[step], times[step])
     last, last_t = histograms[3], times[3]
@@ -263,35 +276,38 @@ def _bench_window(
             window_loop_update(
                 j, est, rings[column[j]], last[j], int(last_t[j]), int(statistic[j]), float(upper[j])
             )
-            for j in range(WINDOW_LOOP_JOBS)
+            for j in range(loop_jobs)
         ]
 
     loop_seconds = best_of(3, loop)
-    _check(batched()[:WINDOW_LOOP_JOBS], loop(), "moving window")
-    rate, loop_rate = JOBS / seconds, WINDOW_LOOP_JOBS / loop_seconds
+    _check(batched()[:loop_jobs], loop(), "moving window")
+    rate, loop_rate = jobs / seconds, loop_jobs / loop_seconds
     report("recommend.window.job_updates_per_s", rate, "job-updates/s")
     report("recommend.window.loop_job_updates_per_s", loop_rate, "job-updates/s")
     report("recommend.window.speedup_vs_loop", rate / loop_rate, "x")
 
 
-def _bench_ml(report: Report, histograms: list[FloatArray], times: list[npt.NDArray[np.int64]]) -> None:
+def _bench_ml(
+    report: Report, size: Size, histograms: list[FloatArray], times: list[npt.NDArray[np.int64]]
+) -> None:
     """ML ensemble with the default grid (100 models) over the 400 CPU buckets."""
+    jobs, loop_jobs = size.jobs, size.ml_loop_jobs
     config = EnsembleConfig()
-    state: EnsembleState = initial_ensemble_state(JOBS, B.size, config)
+    state: EnsembleState = initial_ensemble_state(jobs, B.size, config)
     for step in range(3):
         state, _ = update_ensemble(config, B, state, histograms[step], times[step])
     last, last_t = histograms[3], times[3]
     seconds = best_of(3, lambda: update_ensemble(config, B, state, last, last_t))
     _, batch = update_ensemble(config, B, state, last, last_t)
     ens = state
-    subset = range(ML_LOOP_JOBS)
+    subset = range(loop_jobs)
 
     def loop() -> list[float]:
         return [ml_loop_update(j, ens, last[j], config) for j in subset]
 
     loop_seconds = best_of(3, loop)
-    _check(batch.limit[:ML_LOOP_JOBS], loop(), "ML")
-    rate, loop_rate = JOBS / seconds, ML_LOOP_JOBS / loop_seconds
+    _check(batch.limit[:loop_jobs], loop(), "ML")
+    rate, loop_rate = jobs / seconds, loop_jobs / loop_seconds
     report("recommend.ml.job_updates_per_s", rate, "job-updates/s")
     report("recommend.ml.loop_job_updates_per_s", loop_rate, "job-updates/s")
     report("recommend.ml.speedup_vs_loop", rate / loop_rate, "x")
@@ -304,10 +320,10 @@ def _bench_ml(report: Report, histograms: list[FloatArray], times: list[npt.NDAr
 
     literal_seconds = best_of(3, literal_loop)
     # Sums in a different order may break an exact tie differently in a rare job.
-    agree = np.isclose(np.asarray(literal_loop()), batch.limit[:ML_LOOP_JOBS], rtol=1e-9)
+    agree = np.isclose(np.asarray(literal_loop()), batch.limit[:loop_jobs], rtol=1e-9)
     if agree.mean() < 0.99:
         raise AssertionError("ML: the literal per-model loop disagrees with the batched update")
-    literal_rate = ML_LOOP_JOBS / literal_seconds
+    literal_rate = loop_jobs / literal_seconds
     report("recommend.ml.literal_loop_job_updates_per_s", literal_rate, "job-updates/s")
     report("recommend.ml.speedup_vs_literal_loop", rate / literal_rate, "x")
     report("recommend.ml.models", config.grid.models, "models")

@@ -23,12 +23,13 @@ from __future__ import annotations
 import time
 import tracemalloc
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 
-from bench.harness import Report, stopwatch
-from cellpilot.schedule import Cell, Scheduler, SchedulerConfig, TaskSpec, default_profile, pending_order
-from cellpilot.schedule.model import MachineSpec
+from bench.harness import FULL, SMOKE, Report, sized, stopwatch
+from cellpilot.schedule import Cell, PlacementTask, Scheduler, SchedulerConfig, default_profile, pending_order
+from cellpilot.schedule.model import CellMachine
 from cellpilot.workloads.cell_workload import generate_jobs, generate_machines, workload_tasks
 
 FIGURES = [
@@ -41,22 +42,38 @@ FIGURES = [
     "schedule.cell10k.state_mib",
 ]
 
-MACHINES = 10_000
-TASKS = 100_000
 FILL = 0.7
-NAIVE_SAMPLE = 1_000
-ONLINE_TASKS = 20_000
-NAIVE_ONLINE_TASKS = 1_000
 
 
-def new_cell(machines: list[MachineSpec]) -> Cell:
-    cell = Cell(machine_hint=len(machines), task_hint=TASKS + ONLINE_TASKS)
+@dataclass(frozen=True)
+class Size:
+    machines: int
+    tasks: int
+    naive_sample: int  # tasks of the from-scratch pass the naive scheduler places
+    online_tasks: int
+    naive_online_tasks: int
+
+
+SIZES = {
+    FULL: Size(
+        machines=10_000, tasks=100_000, naive_sample=1_000, online_tasks=20_000, naive_online_tasks=1_000
+    ),
+    SMOKE: Size(machines=200, tasks=2_000, naive_sample=100, online_tasks=400, naive_online_tasks=100),
+}
+
+
+def new_cell(machines: list[CellMachine], task_hint: int) -> Cell:
+    cell = Cell(machine_hint=len(machines), task_hint=task_hint)
     cell.add_machines(machines)
     return cell
 
 
 def online_stream(
-    cell: Cell, scheduler: Scheduler, arrivals: list[list[TaskSpec]], rng: np.random.Generator, start: float
+    cell: Cell,
+    scheduler: Scheduler,
+    arrivals: list[list[PlacementTask]],
+    rng: np.random.Generator,
+    start: float,
 ) -> tuple[int, float]:
     """Schedules each arriving job while a random running job exits; returns (placed, seconds).
 
@@ -66,7 +83,7 @@ def online_stream(
     for task_id in cell.task_handle:
         running[task_id.rsplit("/", 1)[0]].append(task_id)
     names = list(running)
-    pending: list[TaskSpec] = []
+    pending: list[PlacementTask] = []
     placed = 0
     with stopwatch() as elapsed:
         for i, tasks in enumerate(arrivals):
@@ -87,15 +104,15 @@ def online_stream(
     return placed, elapsed()
 
 
-def replay(machines: list[MachineSpec], placements: list[tuple[TaskSpec, int]]) -> Cell:
-    cell = new_cell(machines)
+def replay(machines: list[CellMachine], placements: list[tuple[PlacementTask, int]], task_hint: int) -> Cell:
+    cell = new_cell(machines, task_hint)
     for task, machine in placements:
         cell.bind(task, machine, now=0.0)
     return cell
 
 
-def jobs_of(tasks: list[TaskSpec], limit: int) -> list[list[TaskSpec]]:
-    by_job: dict[str, list[TaskSpec]] = defaultdict(list)
+def jobs_of(tasks: list[PlacementTask], limit: int) -> list[list[PlacementTask]]:
+    by_job: dict[str, list[PlacementTask]] = defaultdict(list)
     for t in tasks:
         by_job[t.job].append(t)
     out, total = [], 0
@@ -107,21 +124,23 @@ def jobs_of(tasks: list[TaskSpec], limit: int) -> list[list[TaskSpec]]:
     return out
 
 
-def run(report: Report) -> None:
+def run(report: Report, size: str = FULL) -> None:
+    params = sized(SIZES, size)
+    hint = params.tasks + params.online_tasks
     rng = np.random.default_rng(2024)
-    machines = generate_machines(MACHINES, rng)
-    tasks = workload_tasks(generate_jobs(machines, TASKS, rng, FILL))
+    machines = generate_machines(params.machines, rng)
+    tasks = workload_tasks(generate_jobs(machines, params.tasks, rng, FILL))
     # Arriving jobs come from the same generator, sized like the from-scratch workload's jobs.
     arriving_jobs = generate_jobs(
-        machines, ONLINE_TASKS, np.random.default_rng(7), FILL * ONLINE_TASKS / TASKS
+        machines, params.online_tasks, np.random.default_rng(7), FILL * params.online_tasks / params.tasks
     )
     arriving = [
-        TaskSpec("online-" + t.job, t.index, t.user, t.shape, t.reservation)
+        PlacementTask("online-" + t.job, t.index, t.user, t.shape, t.reservation)
         for t in workload_tasks(arriving_jobs)
     ]
 
     # From scratch, all §3.4 techniques on.
-    cell = new_cell(machines)
+    cell = new_cell(machines, hint)
     fast = Scheduler(default_profile(), SchedulerConfig(), np.random.default_rng(1))
     start = time.perf_counter()
     result = fast.schedule(cell, tasks, now=0.0)
@@ -136,9 +155,9 @@ def run(report: Report) -> None:
     # Naive: a fixed sample of the same pass, extrapolated per placement.
     ordered = pending_order(tasks)
     half = len(ordered) // 2
-    sample = ordered[half : half + NAIVE_SAMPLE]
+    sample = ordered[half : half + params.naive_sample]
     where = {t.task_id: m for t, m in placements}
-    naive_cell = new_cell(machines)
+    naive_cell = new_cell(machines, hint)
     for t in ordered[:half]:
         if t.task_id in where:
             naive_cell.bind(t, where[t.task_id], now=0.0)
@@ -151,17 +170,21 @@ def run(report: Report) -> None:
         f"naive: {len(sample)} tasks of the pass (after the first {half}) in {elapsed():.2f} s, "
         f"{len(naive_result.placements)} placed; extrapolated to {len(tasks)} tasks: {naive_total:.0f} s"
     )
-    report("schedule.cell10k.naive_from_scratch_s", naive_total, "s (extrapolated from a 1000-task sample)")
+    report(
+        "schedule.cell10k.naive_from_scratch_s",
+        naive_total,
+        f"s (extrapolated from a {len(sample)}-task sample)",
+    )
     report("schedule.cell10k.speedup_vs_naive", naive_total / from_scratch, "x")
 
     # Online arrivals of mixed-size jobs on the loaded cell: best of two identical runs, each on
     # a fresh copy of the from-scratch state (rebuilt by replaying its placements).
     del cell, naive_cell
-    arrivals = jobs_of(arriving, ONLINE_TASKS)
+    arrivals = jobs_of(arriving, params.online_tasks)
     best = float("inf")
     placed = 0
     for _ in range(2):
-        loaded = replay(machines, placements)
+        loaded = replay(machines, placements, hint)
         online = Scheduler(default_profile(), SchedulerConfig(), np.random.default_rng(1))
         placed, seconds = online_stream(loaded, online, arrivals, np.random.default_rng(3), start=1.0)
         best = min(best, seconds)
@@ -170,8 +193,8 @@ def run(report: Report) -> None:
         f"online: {len(arrivals)} jobs, {placed} tasks placed in {best:.2f} s (best of 2; job exits included)"
     )
     report("schedule.cell10k.online_placements_per_s", rate, "placements/s")
-    naive_arrivals = jobs_of(arriving, NAIVE_ONLINE_TASKS)
-    loaded = replay(machines, placements)
+    naive_arrivals = jobs_of(arriving, params.naive_online_tasks)
+    loaded = replay(machines, placements, hint)
     naive_placed, naive_seconds = online_stream(
         loaded, naive, naive_arrivals, np.random.default_rng(3), start=1.0
     )
@@ -183,11 +206,11 @@ def run(report: Report) -> None:
 
     # Memory of the cell state: tracemalloc peak while building it with all placements bound.
     tracemalloc.start()
-    traced = replay(machines, placements)
+    traced = replay(machines, placements, hint)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     print(
-        f"cell state: {len(placements)} tasks on {MACHINES} machines; numpy arrays "
+        f"cell state: {len(placements)} tasks on {params.machines} machines; numpy arrays "
         f"{traced.nbytes() / 2**20:.1f} MiB (nbytes sum); the tracemalloc peak below also counts "
         "the Python objects (specs, dicts, sets)"
     )

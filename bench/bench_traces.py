@@ -1,6 +1,6 @@
 """Trace ingest: the columnar (DuckDB) Google 2011 reader against the former row-by-row reader.
 
-A generated ``task_usage`` of ``ROWS`` rows (about 12 000 tasks of 2 000 jobs, each task
+A generated ``task_usage`` of 3 000 000 rows at full size (about 12 000 tasks of 2 000 jobs, each task
 running for a stretch of up to two days; 2 % of its windows split in two part-window rows,
 as when a task restarts) plus a ``task_events`` table (a submit per task, some updates),
 written as gzip CSV shards in the 2011 v2.1 column order into a temporary directory. Both
@@ -33,12 +33,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 import duckdb
 import numpy as np
 
-from bench.harness import Report
+from bench.harness import FULL, SMOKE, Report, sized
 from cellpilot.workloads.google_traces import (
     TASK_EVENTS_COLUMNS,
     TASK_USAGE_COLUMNS,
@@ -58,27 +59,40 @@ FIGURES = [
     "traces.google2011.parquet_speedup_vs_rowwise",
 ]
 
-ROWS = 3_000_000
-JOBS = 2_000
-SHARDS = 8
 SPLIT_SHARE = 0.02
 
 
-def _task_layout(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per task: job id, task index, first window, windows (summing to about ``ROWS``)."""
-    tasks_per_job = rng.integers(1, 12, JOBS)
-    job = np.repeat(6_250_000_000 + np.arange(JOBS) * 7, tasks_per_job)
+@dataclass(frozen=True)
+class Size:
+    rows: int  # of task_usage
+    jobs: int
+    shards: int
+    repeats: int  # the columnar readers' best of
+
+
+SIZES = {
+    FULL: Size(rows=3_000_000, jobs=2_000, shards=8, repeats=2),
+    SMOKE: Size(rows=20_000, jobs=50, shards=2, repeats=1),
+}
+
+
+def _task_layout(
+    rng: np.random.Generator, size: Size
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per task: job id, task index, first window, windows (summing to about ``size.rows``)."""
+    tasks_per_job = rng.integers(1, 12, size.jobs)
+    job = np.repeat(6_250_000_000 + np.arange(size.jobs) * 7, tasks_per_job)
     index = np.concatenate([np.arange(n) for n in tasks_per_job])
     length = rng.integers(24, 576, job.size)
-    length = np.maximum(1, (length * (ROWS * (1 - SPLIT_SHARE / 2)) / length.sum()).astype(np.int64))
+    length = np.maximum(1, (length * (size.rows * (1 - SPLIT_SHARE / 2)) / length.sum()).astype(np.int64))
     first = rng.integers(0, 8 * 288 - 576, job.size)
     return job, index, first, length
 
 
-def write_trace(root: Path, seed: int = 0) -> int:
+def write_trace(root: Path, size: Size, seed: int = 0) -> int:
     """Writes the trace's shards; returns the number of ``task_usage`` rows."""
     rng = np.random.default_rng(seed)
-    job, index, first, length = _task_layout(rng)
+    job, index, first, length = _task_layout(rng, size)
     task = np.repeat(np.arange(job.size), length)
     window = np.repeat(first, length) + (np.arange(task.size) - np.repeat(np.cumsum(length) - length, length))
     start = TRACE_START_US + window * WINDOW_US
@@ -131,15 +145,15 @@ def write_trace(root: Path, seed: int = 0) -> int:
         "machine_id": np.zeros(at.size, dtype=np.int64),
         "event_type": np.where(np.arange(at.size) < tasks, 0, 8),
         "user": np.full(at.size, "user"),
-        "scheduling_class": rng.integers(0, 4, JOBS)[(job[who] - 6_250_000_000) // 7],
-        "priority": rng.integers(0, 12, JOBS)[(job[who] - 6_250_000_000) // 7],
+        "scheduling_class": rng.integers(0, 4, size.jobs)[(job[who] - 6_250_000_000) // 7],
+        "priority": rng.integers(0, 12, size.jobs)[(job[who] - 6_250_000_000) // 7],
         "cpu_request": np.round(request * 2.0, 6),
         "memory_request": np.round(request * 1.5, 6),
         "disk_space_request": np.zeros(at.size),
         "different_machines_restriction": np.zeros(at.size, dtype=np.int64),
     }
     assert tuple(events) == TASK_EVENTS_COLUMNS
-    for table, data, shards in (("task_usage", usage, SHARDS), ("task_events", events, 1)):
+    for table, data, shards in (("task_usage", usage, size.shards), ("task_events", events, 1)):
         folder = root / table
         folder.mkdir(parents=True)
         rows = len(next(iter(data.values())))
@@ -212,8 +226,19 @@ def _measure(reader: str, root: Path, repeats: int = 1) -> Reading:
         queue = context.Queue()
         process = context.Process(target=_read, args=(reader, str(root), queue))
         process.start()
-        readings.append(queue.get())
-        process.join()
+        try:
+            while True:
+                try:
+                    readings.append(queue.get(timeout=1.0))
+                    break
+                except Empty:
+                    if not process.is_alive():  # died without a reading: say so, never wait forever
+                        raise RuntimeError(f"the {reader} reader exited with {process.exitcode}") from None
+            process.join()
+        finally:
+            if process.is_alive():
+                process.kill()
+                process.join()
     return min(readings, key=lambda r: r.seconds)
 
 
@@ -229,16 +254,20 @@ def _to_parquet(source: Path, target: Path) -> None:
             con.close()
 
 
-def run(report: Report) -> None:
+def run(report: Report, size: str = FULL) -> None:
+    params = sized(SIZES, size)
     with tempfile.TemporaryDirectory(prefix="cellpilot-bench-traces-") as folder:
         root = Path(folder) / "csv"
-        rows = write_trace(root)
-        size = sum(p.stat().st_size for p in root.rglob("*.gz")) / 2**20
-        print(f"generated task_usage: {rows} rows in {SHARDS} gzip CSV shards ({size:.0f} MiB with events)")
-        columnar = _measure("columnar", root, repeats=2)
+        rows = write_trace(root, params)
+        mib = sum(p.stat().st_size for p in root.rglob("*.gz")) / 2**20
+        print(
+            f"generated task_usage: {rows} rows in {params.shards} gzip CSV shards "
+            f"({mib:.0f} MiB with events)"
+        )
+        columnar = _measure("columnar", root, repeats=params.repeats)
         rowwise = _measure("rowwise", root)
         _to_parquet(root, Path(folder) / "parquet")
-        parquet = _measure("columnar", Path(folder) / "parquet", repeats=2)
+        parquet = _measure("columnar", Path(folder) / "parquet", repeats=params.repeats)
     if not columnar.digest == rowwise.digest == parquet.digest:
         raise AssertionError(f"the readers disagree: {columnar.digest}, {rowwise.digest}, {parquet.digest}")
     report("traces.google2011.task_usage_rows_per_s", rows / columnar.seconds, "rows/s")

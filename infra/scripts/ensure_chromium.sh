@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The browser `make test` needs: the dashboard's page tests drive a headless Chromium over the
-# DevTools protocol (tests/integration/dashboard/headless_chromium.py).
+# The browser `make test` needs: the dashboard's page tests drive the system's headless Chromium
+# with Playwright (tests/integration/dashboard/chromium_page.py), which downloads no browser of
+# its own: this script is how a fresh machine gets one.
 #
 # When no Chromium is on PATH, installs it with the system's package manager (Debian and Ubuntu:
 # apt-get install chromium; Fedora: dnf; Alpine: apk), through sudo when not root. When that is

@@ -104,7 +104,9 @@ class ScalingMode(StrEnum):
 
 class RecommenderKind(StrEnum):
     """Which recommender sizes a resource (Autopilot §3.2): AUTO (the §3.2.2 policy table), a
-    built-in one (:data:`BUILTIN_RECOMMENDERS`) or a registered custom one (§5.4)."""
+    built-in one (registered with its estimator in
+    :data:`cellpilot.autopilot.recommender_registry.BUILTIN_REGISTRY`, which orders their
+    output columns) or a registered custom one (§5.4)."""
 
     UNSPECIFIED = auto()
     AUTO = auto()
@@ -116,19 +118,6 @@ class RecommenderKind(StrEnum):
     MOVING_WINDOW_P60_HALF_MAX = auto()
     ML = auto()
     CUSTOM = auto()
-
-
-# The recommenders every recommender worker runs (the six moving windows of §3.2.2 and the ML
-# recommender of §3.2.3), in the order of their output columns.
-BUILTIN_RECOMMENDERS: tuple[RecommenderKind, ...] = (
-    RecommenderKind.MOVING_WINDOW_MAX,
-    RecommenderKind.MOVING_WINDOW_AVG,
-    RecommenderKind.MOVING_WINDOW_P90,
-    RecommenderKind.MOVING_WINDOW_P95,
-    RecommenderKind.MOVING_WINDOW_P98,
-    RecommenderKind.MOVING_WINDOW_P60_HALF_MAX,
-    RecommenderKind.ML,
-)
 
 
 class HorizontalSource(StrEnum):

@@ -124,7 +124,8 @@ class Actuator:
             # jobs and release their hold (cellpilot.security.policy).
             **settings.security.client_options("actuator"),
         )
-        self.producer = kafka.MessageProducer(settings.platform.kafka_bootstrap, client_id=self.replica_id)
+        self.access = settings.stream_access()
+        self.producer = kafka.MessageProducer(self.access, client_id=self.replica_id)
         self.guard = ActuationGuard()
         self.per_job = KeyedBuckets(settings.per_job_rate_per_s, settings.per_job_burst)
         self.cell = TokenBucket(settings.global_rate_per_s, settings.global_burst)
@@ -141,9 +142,7 @@ class Actuator:
     async def start(self) -> str:
         known = {t.name: t for t in TOPICS}
         topic = self.settings.actuations_topic
-        await kafka.ensure_topics(
-            self.settings.platform.kafka_bootstrap, [known.get(topic) or Topic(topic, 3, "job id", "")]
-        )
+        await kafka.ensure_topics(self.access, [known.get(topic) or Topic(topic, 3, "job id", "")])
         await self.producer.start()
         port = await self.server.start()
         self.address = f"{self.settings.listen_host}:{port}"
@@ -185,7 +184,7 @@ class Actuator:
         offsets, highest = await self.results.load()
         self.guard.accept_token(highest)
         consumer = AssignedConsumer(
-            self.settings.platform.kafka_bootstrap,
+            self.access,
             [self.settings.actuations_topic],
             client_id=self.replica_id,
             log_check_interval_s=self.settings.platform.log_check_interval_s,

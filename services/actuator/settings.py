@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from cellpilot.platform.redis_keys import ACTUATOR_PREFIX
 from cellpilot.platform.settings import BORGMASTER_ADDRESSES, AddressList, MeteredReplicaSettings
 
 
@@ -21,7 +22,7 @@ class ActuatorSettings(MeteredReplicaSettings):
     borgmaster_addresses: AddressList = Field(default_factory=lambda: list(BORGMASTER_ADDRESSES))
 
     actuations_topic: str = "actuations"
-    redis_prefix: str = "cellpilot:actuator"
+    redis_prefix: str = ACTUATOR_PREFIX
     max_poll_records: int = Field(default=200, ge=1)
     result_ttl_s: int = Field(default=7 * 24 * 3600, ge=1)  # how long a settled key is remembered
 

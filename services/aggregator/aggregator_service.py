@@ -34,6 +34,7 @@ from cellpilot.platform.partition_owner import AssignmentChange, OwnedPartition,
 from cellpilot.platform.postgres import apply_migrations
 from cellpilot.platform.service import run_until_stopped
 from cellpilot.platform.store_outage import POSTGRES, StoreOutageInterceptor
+from cellpilot.platform.stream_access import StreamAccess
 from cellpilot.platform.telemetry import Telemetry
 from cellpilot_services.aggregator import convert
 from cellpilot_services.aggregator.history_store import FencedError, HistoryStore, PartitionProgress
@@ -58,8 +59,15 @@ class WindowsPartition(OwnedPartition):
 
 
 class Aggregator:
-    def __init__(self, settings: AggregatorSettings, telemetry: Telemetry | None = None) -> None:
+    def __init__(
+        self,
+        settings: AggregatorSettings,
+        telemetry: Telemetry | None = None,
+        access: StreamAccess | None = None,
+    ) -> None:
         self.settings = settings
+        # The service's own stream access (given here only by a benchmark's unsigned baseline).
+        self.access = access or settings.stream_access()
         self.telemetry = telemetry
         self.replica_id = settings.resolved_replica_id
         self.config = WindowingConfig(settings.window_ms, settings.out_of_orderness_ms, settings.grace_ms)
@@ -88,10 +96,10 @@ class Aggregator:
             await apply_migrations(platform.postgres_url_for("aggregator"))
         self.store = await HistoryStore.connect(platform.postgres_url_for("aggregator"))
         await self.store.ensure_partitions(self.settings.samples_topic, self.settings.sample_partitions)
-        self.producer = kafka.MessageProducer(platform.kafka_bootstrap, client_id=self.replica_id)
+        self.producer = kafka.MessageProducer(self.access, client_id=self.replica_id)
         await self.producer.start()
         self.consumer = MessageConsumer(
-            platform.kafka_bootstrap,
+            self.access,
             [self.settings.samples_topic],
             group_id=self.settings.consumer_group,
             client_id=self.replica_id,
@@ -197,6 +205,11 @@ class Aggregator:
                 continue  # already in the checkpoint we resumed from
             try:
                 batch = record.decode(usage_pb2.UsageSampleBatch)
+                if batch.machine_id != record.key:
+                    # The key is the machine the writer was checked against (its certificate
+                    # names the machines it may write for): a batch for another is refused.
+                    reason = f"a batch for machine {batch.machine_id!r} under the key {record.key!r}"
+                    raise kafka.PoisonRecordError(record, reason)
             except kafka.PoisonRecordError as error:
                 poison.append(error)
                 owned.fence.mark(record)

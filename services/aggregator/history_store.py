@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from sqlalchemy import make_url
 
+from cellpilot.platform.postgres import asyncpg_dsn
 from cellpilot_services.aggregator.convert import (
     JOB_HISTOGRAM_COLUMNS,
     JOB_HISTOGRAM_TYPES,
@@ -31,11 +31,6 @@ class FencedError(Exception):
 
 JOB_STAGE_LOCK = 0x41675374  # advisory lock: one replica sums job windows at a time
 OUTBOX_LOCK = 0x4167504F  # and one publishes them
-
-
-def asyncpg_dsn(url: str) -> str:
-    """A SQLAlchemy URL (``postgresql+asyncpg://...``) as a plain libpq DSN for asyncpg."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def _unnest_insert(table: str, columns: Sequence[str], types: Sequence[str]) -> str:

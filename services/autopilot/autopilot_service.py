@@ -47,7 +47,9 @@ class AutopilotMaster:
         self.settings = settings
         self.replica_id = settings.resolved_replica_id
         self.redis = connect_redis(settings.platform.redis_url_for("autopilot"))
-        leases = RedisLeaseStore(self.redis, settings.redis_prefix)
+        leases = RedisLeaseStore(
+            self.redis, settings.redis_prefix, settings.min_token_replicas, settings.token_replica_timeout_s
+        )
         self.lock = leader_lock(leases, self.replica_id, "", settings.lock_ttl_s)
         self.store = StateStore(self.redis, settings.redis_prefix, leases.lock_key)
         self.client = CellpilotClient(
@@ -55,8 +57,11 @@ class AutopilotMaster:
             policy=BORGMASTER_POLICY,
             **settings.security.client_options("autopilot"),
         )
-        self.producer = MessageProducer(settings.platform.kafka_bootstrap, client_id=self.replica_id)
-        replica = AutopilotReplica(settings, self.store, self.lock, self.client.borgmaster, self.producer)
+        self.access = settings.stream_access()
+        self.producer = MessageProducer(self.access, client_id=self.replica_id)
+        replica = AutopilotReplica(
+            settings, self.store, self.lock, self.client.borgmaster, self.producer, self.access
+        )
         self.loop = DecisionLoop(replica, metrics)
         self.servicer = AutopilotServicer(replica)
         self.server = GrpcServer(
@@ -79,7 +84,7 @@ class AutopilotMaster:
 
     async def start(self) -> str:
         await ensure_topics(
-            self.settings.platform.kafka_bootstrap,
+            self.access,
             topics_for(self.settings.recommendations_topic, self.settings.actuations_topic),
         )
         await self.producer.start()

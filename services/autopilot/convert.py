@@ -1,6 +1,7 @@
 """Wire types <-> the core's dataclasses for the Autopilot master (docs/architecture.md rule 2).
 
-Recommendations and horizontal signals in, ``JobStatus`` in as a :class:`JobView`,
+Recommendations and horizontal signals in as :class:`Candidate` and :class:`HorizontalInput`
+(and out again, as the master stores them in Redis), ``JobStatus`` in as a :class:`JobView`,
 decisions out as ``JobRecommendations`` (what the API shows) and ``Actuation`` (what the
 actuator applies). Bad API input raises :class:`InvalidField` naming the field.
 """
@@ -8,7 +9,7 @@ actuator applies). Bad API input raises :class:`InvalidField` naming the field.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from cellpilot.api.v1 import (
     actuation_pb2,
@@ -25,6 +26,7 @@ from cellpilot.autopilot.decisions import (
     JobDecision,
     JobMemory,
     JobView,
+    MlModelChoice,
     SentTarget,
     VerticalOutcome,
 )
@@ -39,9 +41,9 @@ from cellpilot.job_vocabulary import (
     ScalingMode,
 )
 from cellpilot.platform.request_validation import InvalidField
+from cellpilot.platform.wire_enums import UnknownWireValueError, WireEnum
 from cellpilot.recommend.horizontal import HorizontalReason
 from cellpilot.usage.buckets import Resource
-from cellpilot_services.wire_enums import UnknownWireValueError, WireEnum
 
 RESOURCES = (Resource.CPU, Resource.MEMORY)
 _RESOURCE_OUT = {Resource.CPU: resources_pb2.RESOURCE_CPU, Resource.MEMORY: resources_pb2.RESOURCE_MEMORY}
@@ -69,6 +71,7 @@ _CLAMP_OUT = {
     ClampReason.LAST_HOUR_MAX: recommendation_pb2.CLAMP_REASON_LAST_HOUR_MAX,
     ClampReason.MACHINE_SIZE: recommendation_pb2.CLAMP_REASON_MACHINE_SIZE,
 }
+_CLAMP_IN = {wire: core for core, wire in _CLAMP_OUT.items()}
 _STABILISER_OUT = {
     HorizontalReason.NONE: recommendation_pb2.STABILISER_NONE,
     HorizontalReason.DEFERRED_DOWNSCALING: recommendation_pb2.STABILISER_DEFERRED_DOWNSCALING,
@@ -127,7 +130,8 @@ def resource_out(resource: Resource) -> resources_pb2.Resource.ValueType:
 
 
 def candidate_in(rec: recommendation_pb2.Recommendation) -> Candidate | None:
-    """A recommender's output as the core sees it (None for what the core cannot use)."""
+    """A recommender's output as the core keeps it (None for what the core cannot use: no CPU or
+    memory resource, an unusable or AUTO recommender)."""
     resource = _RESOURCE_IN.get(rec.resource)
     if resource is None:
         return None
@@ -137,6 +141,8 @@ def candidate_in(rec: recommendation_pb2.Recommendation) -> Candidate | None:
         return None
     if ref.kind is RecommenderKind.AUTO:
         return None
+    explanation = rec.explanation
+    ml = explanation.ml_model
     return Candidate(
         ref=ref,
         resource=resource,
@@ -145,26 +151,73 @@ def candidate_in(rec: recommendation_pb2.Recommendation) -> Candidate | None:
         margin=float(rec.margin),
         window_end_ms=rec.window_end_ms,
         recommendation_id=rec.recommendation_id,
-        raised_by_window_max=rec.explanation.clamped_by == recommendation_pb2.CLAMP_REASON_LAST_HOUR_MAX,
-        statistic=rec.explanation.statistic,
-        note=rec.explanation.note,
+        statistic=explanation.statistic,
+        note=explanation.note,
+        clamped_by=_CLAMP_IN.get(explanation.clamped_by),
+        unclamped_value=explanation.unclamped_value,
+        ml_model=(
+            MlModelChoice(ml.model_index, ml.decay_rate, ml.safety_margin, ml.cost)
+            if explanation.HasField("ml_model")
+            else None
+        ),
+        job_id=rec.job_id,
+        history_start_ms=rec.history_start_ms,
     )
 
 
-def candidate_key(rec: recommendation_pb2.Recommendation) -> str | None:
-    """The field a recommendation is stored under: ``<resource>|<recommender label>``."""
-    candidate = candidate_in(rec)
-    return None if candidate is None else f"{candidate.resource.value}|{candidate.ref.label}"
+def candidate_out(candidate: Candidate) -> recommendation_pb2.Recommendation:
+    """The ``Recommendation`` a candidate was read from (:func:`candidate_in`), field for field."""
+    out = recommendation_pb2.Recommendation(
+        recommendation_id=candidate.recommendation_id,
+        job_id=candidate.job_id,
+        resource=_RESOURCE_OUT[candidate.resource],
+        recommender=ref_out(candidate.ref),
+        value=0 if math.isnan(candidate.value) else round(candidate.value),
+        raw_value=round(candidate.raw_value),
+        margin=round(candidate.margin),
+        window_end_ms=candidate.window_end_ms,
+        history_start_ms=candidate.history_start_ms,
+    )
+    explanation = recommendation_pb2.Explanation(
+        statistic=candidate.statistic,
+        clamped_by=(
+            recommendation_pb2.CLAMP_REASON_UNSPECIFIED
+            if candidate.clamped_by is None
+            else _CLAMP_OUT[candidate.clamped_by]
+        ),
+        unclamped_value=candidate.unclamped_value,
+        note=candidate.note,
+    )
+    ml = candidate.ml_model
+    if ml is not None:
+        explanation.ml_model.CopyFrom(
+            recommendation_pb2.MlModelChoice(
+                model_index=ml.model_index,
+                decay_rate=ml.decay_rate,
+                safety_margin=ml.safety_margin,
+                cost=ml.cost,
+            )
+        )
+    if explanation.ByteSize():
+        out.explanation.CopyFrom(explanation)
+    return out
 
 
-def horizontal_label(rec: recommendation_pb2.HorizontalRecommendation) -> str:
-    if rec.recommender.kind == job_pb2.RECOMMENDER_KIND_CUSTOM:
-        return f"custom:{rec.recommender.custom_name}"
-    return "builtin"
+def candidates_in(rs: recommendation_pb2.RecommendationSet) -> list[Candidate]:
+    """The set's vertical recommendations the core can use (none of another job)."""
+    found = []
+    for rec in rs.vertical:
+        candidate = candidate_in(rec)
+        if candidate is not None and (not rec.job_id or rec.job_id == rs.job_id):
+            found.append(candidate)
+    return found
 
 
-def horizontal_input_in(rec: recommendation_pb2.HorizontalRecommendation) -> HorizontalInput:
+def horizontal_input_in(rec: recommendation_pb2.HorizontalRecommendation) -> HorizontalInput | None:
+    """A horizontal signal as the core keeps it (None for a custom one that names no recommender)."""
     custom = rec.recommender.kind == job_pb2.RECOMMENDER_KIND_CUSTOM
+    if custom and not rec.recommender.custom_name:
+        return None
     return HorizontalInput(
         window_end_ms=rec.window_end_ms,
         recommendation_id=rec.recommendation_id,
@@ -174,19 +227,31 @@ def horizontal_input_in(rec: recommendation_pb2.HorizontalRecommendation) -> Hor
     )
 
 
-def horizontal_signal(
-    config: HorizontalConfig, inputs: Sequence[recommendation_pb2.HorizontalRecommendation]
-) -> HorizontalInput | None:
-    """The input the job's horizontal source reads: the built-in CPU signal or its target-size recommender."""
-    want = (
-        "builtin"
-        if config.source is HorizontalSource.CPU_UTILIZATION
-        else f"custom:{config.target_size_recommender}"
+def horizontal_input_out(signal: HorizontalInput, job_id: str) -> recommendation_pb2.HorizontalRecommendation:
+    """The fields of a ``HorizontalRecommendation`` the master reads (:func:`horizontal_input_in`)."""
+    recommender = (
+        job_pb2.RecommenderRef(kind=job_pb2.RECOMMENDER_KIND_CUSTOM, custom_name=signal.producer)
+        if signal.producer
+        else job_pb2.RecommenderRef(kind=job_pb2.RECOMMENDER_KIND_AUTO)
     )
-    matching = [r for r in inputs if horizontal_label(r) == want]
-    if not matching:
-        return None
-    return horizontal_input_in(max(matching, key=lambda r: r.window_end_ms))
+    return recommendation_pb2.HorizontalRecommendation(
+        recommendation_id=signal.recommendation_id,
+        job_id=job_id,
+        recommender=recommender,
+        raw_task_count=signal.raw_task_count or 0.0,
+        usage_statistic=signal.usage_statistic or 0.0,
+        window_end_ms=signal.window_end_ms,
+    )
+
+
+def horizontal_inputs_in(rs: recommendation_pb2.RecommendationSet) -> list[HorizontalInput]:
+    """The set's horizontal signals the core can use (none of another job)."""
+    found = []
+    for rec in rs.horizontal:
+        signal = horizontal_input_in(rec)
+        if signal is not None and (not rec.job_id or rec.job_id == rs.job_id):
+            found.append(signal)
+    return found
 
 
 # ---------------------------------------------------------------------- configuration
@@ -333,14 +398,12 @@ def _sent_fields(sent: SentTarget | None) -> tuple[str, int]:
     return ("", 0) if sent is None else (sent.key, sent.event_ms)
 
 
-def _chosen_out(
-    outcome: VerticalOutcome, job_id: str, protos: Mapping[str, recommendation_pb2.Recommendation]
-) -> recommendation_pb2.Recommendation | None:
+def _chosen_out(outcome: VerticalOutcome, job_id: str) -> recommendation_pb2.Recommendation | None:
     if outcome.value is None:
         return None
     chosen = recommendation_pb2.Recommendation()
     if outcome.chosen is not None:
-        chosen.CopyFrom(protos[f"{outcome.resource.value}|{outcome.chosen.ref.label}"])
+        chosen.CopyFrom(candidate_out(outcome.chosen))
         unclamped = chosen.value
     else:
         chosen.job_id = job_id
@@ -361,12 +424,10 @@ def _chosen_out(
 
 
 def job_recommendations_out(
-    decision: JobDecision,
-    memory: JobMemory,
-    protos: Mapping[str, recommendation_pb2.Recommendation],
-    held: bool,
-    updated_ms: int,
+    decision: JobDecision, memory: JobMemory, held: bool, updated_ms: int
 ) -> autopilot_pb2.JobRecommendations:
+    """What the API shows of a job's decision: per resource the chosen candidate after the
+    master's bounds (with its explanation), what was last sent, the horizontal decision."""
     out = autopilot_pb2.JobRecommendations(job_id=decision.job_id, held=held, updated_ms=updated_ms)
     for v in decision.vertical:
         key, at = _sent_fields(memory.sent(v.resource))
@@ -378,7 +439,7 @@ def job_recommendations_out(
             last_actuated_ms=at,
         )
         entry.selected.CopyFrom(ref_out(v.selected))
-        chosen = _chosen_out(v, decision.job_id, protos)
+        chosen = _chosen_out(v, decision.job_id)
         if chosen is not None:
             entry.chosen.CopyFrom(chosen)
     h = decision.horizontal

@@ -2,8 +2,9 @@
 job, publish actuations, persist the state — one batch of ``recommendations`` at a time.
 
 Read -> convert -> call the core (:func:`cellpilot.autopilot.decisions.decide`) -> convert
--> write. Per batch, for every job it touches: the latest output of each recommender is
-merged into the stored ones, the job is observed at the Borgmaster (spec, limits, state),
+-> write. Per batch, for every job it touches: the latest output of each recommender
+(converted to the core's :class:`~cellpilot.autopilot.job_inputs.JobInputs`) replaces the
+stored one of the same recommender, the job is observed at the Borgmaster (spec, limits, state),
 the core decides, an ``Actuation`` carrying the lease's fencing token is published when
 something is to change, and the job's view (what the API shows, dry-run jobs included) and
 decision memory are stored together with the consumed offsets in one fenced Redis write.
@@ -17,13 +18,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from opentelemetry import trace
 
 from cellpilot.api.v1 import actuation_pb2, autopilot_pb2, borgmaster_pb2, recommendation_pb2, state_pb2
 from cellpilot.autopilot.decisions import (
-    Candidate,
     DecisionPolicy,
     JobMemory,
     decide,
@@ -31,6 +31,7 @@ from cellpilot.autopilot.decisions import (
     idempotency_key,
     remember_sent,
 )
+from cellpilot.autopilot.job_inputs import JobInputs
 from cellpilot.client.errors import CellpilotError, NotFoundError
 from cellpilot.platform import kafka
 from cellpilot.platform.kafka_consumers import AssignedConsumer
@@ -38,7 +39,6 @@ from cellpilot.platform.leadership import Leadership
 from cellpilot.platform.metrics import CellpilotMetrics
 from cellpilot.platform.redis_client import FencedWrites
 from cellpilot.platform.request_validation import InvalidField
-from cellpilot.usage.buckets import Resource
 from cellpilot_services.autopilot import convert
 from cellpilot_services.autopilot.replica import AutopilotReplica
 from cellpilot_services.autopilot.settings import AutopilotSettings
@@ -57,14 +57,6 @@ class TermEnded:
 
 
 FENCED_WRITE_REFUSED = TermEnded("the fenced state write was refused")
-
-
-@dataclass
-class JobInputs:
-    """The newest output of each recommender for one job in one batch."""
-
-    vertical: dict[str, recommendation_pb2.Recommendation] = field(default_factory=dict)
-    horizontal: dict[str, recommendation_pb2.HorizontalRecommendation] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -87,25 +79,16 @@ def policy_of(settings: AutopilotSettings) -> DecisionPolicy:
 
 
 def collect_inputs(sets: Sequence[recommendation_pb2.RecommendationSet]) -> dict[str, JobInputs]:
+    """Per job, the newest output of each recommender in ``sets``."""
     inputs: dict[str, JobInputs] = {}
     for rs in sets:
         if not rs.job_id:
             continue
         job = inputs.setdefault(rs.job_id, JobInputs())
-        for rec in rs.vertical:
-            key = convert.candidate_key(rec)
-            if key is None or (rec.job_id and rec.job_id != rs.job_id):
-                continue
-            previous = job.vertical.get(key)
-            if previous is None or rec.window_end_ms >= previous.window_end_ms:
-                job.vertical[key] = rec
-        for hrec in rs.horizontal:
-            if hrec.job_id and hrec.job_id != rs.job_id:
-                continue
-            label = convert.horizontal_label(hrec)
-            previous_h = job.horizontal.get(label)
-            if previous_h is None or hrec.window_end_ms >= previous_h.window_end_ms:
-                job.horizontal[label] = hrec
+        for candidate in convert.candidates_in(rs):
+            job.offer_vertical(candidate)
+        for signal in convert.horizontal_inputs_in(rs):
+            job.offer_horizontal(signal)
     return inputs
 
 
@@ -130,7 +113,7 @@ class DecisionLoop:
         self.held_since.clear()
         offsets = await self.replica.store.offsets()
         consumer = AssignedConsumer(
-            self.replica.settings.platform.kafka_bootstrap,
+            self.replica.access,
             [self.replica.settings.recommendations_topic],
             client_id=f"{self.replica.lock.replica_id}-decisions",
             log_check_interval_s=self.replica.settings.platform.log_check_interval_s,
@@ -180,10 +163,7 @@ class DecisionLoop:
         inputs = collect_inputs(sets)
         writes = FencedWrites()
         for job_id, job in inputs.items():
-            for key, rec in job.vertical.items():
-                writes.hset(self.replica.store.candidates_key(job_id), key, rec.SerializeToString())
-            for label, hrec in job.horizontal.items():
-                writes.hset(self.replica.store.horizontal_key(job_id), label, hrec.SerializeToString())
+            self.replica.store.put_inputs(writes, job_id, job)
         outcomes = await self._decide_all(list(inputs), inputs, {}, leadership)
         if ended := await self._publish_and_store(outcomes, writes, leadership):
             return ended
@@ -225,13 +205,8 @@ class DecisionLoop:
         registered: list[str],
         leadership: Leadership,
     ) -> JobOutcome | None:
-        stored_v = {convert.candidate_key(r): r for r in await self.replica.store.candidates(job_id)}
-        protos = {k: r for k, r in {**stored_v, **new.vertical}.items() if k is not None}
-        hstored = {convert.horizontal_label(r): r for r in await self.replica.store.horizontal_inputs(job_id)}
-        horizontals = list({**hstored, **new.horizontal}.values())
-        newest = max(
-            [r.window_end_ms for r in protos.values()] + [r.window_end_ms for r in horizontals] + [0]
-        )
+        known = (await self.replica.store.inputs(job_id)).updated_with(new)
+        newest = known.newest_window_ms
         try:
             if status is None:
                 status = await self._observe(job_id)
@@ -253,18 +228,13 @@ class DecisionLoop:
             since = self.held_since.setdefault(job_id, time.monotonic())
             held_for_ms = int((time.monotonic() - since) * 1000)
             ready = hold_release_ready(
-                job, bool(protos or horizontals), held_for_ms, int(self.replica.settings.hold_grace_s * 1000)
+                job, bool(known), held_for_ms, int(self.replica.settings.hold_grace_s * 1000)
             )
             job = replace(job, held=ready)
-        candidates: dict[Resource, dict[str, Candidate]] = {r: {} for r in convert.RESOURCES}
-        for rec in protos.values():
-            candidate = convert.candidate_in(rec)
-            if candidate is not None:
-                candidates[candidate.resource][candidate.ref.label] = candidate
-        signal = convert.horizontal_signal(job.horizontal, horizontals)
+        signal = known.signal(job.horizontal)
         memory = self.memories.get(job_id) or await self.replica.store.memory(job_id) or JobMemory()
         now_ms = newest or int(time.time() * 1000)
-        decision, memory = decide(job, candidates, signal, memory, self.policy, now_ms, registered)
+        decision, memory = decide(job, known.candidates(), signal, memory, self.policy, now_ms, registered)
         actuation = None
         if decision.actuate:
             key = idempotency_key(decision, leadership.token)
@@ -272,7 +242,7 @@ class DecisionLoop:
                 decision, key, leadership.token, leadership.holder, status.spec_version
             )
             memory = remember_sent(memory, decision, key)
-        view = convert.job_recommendations_out(decision, memory, protos, held, now_ms)
+        view = convert.job_recommendations_out(decision, memory, held, now_ms)
         return JobOutcome(job_id, view, memory, actuation)
 
     async def _publish_and_store(
@@ -302,11 +272,7 @@ class DecisionLoop:
             writes.hset(self.replica.store.view_key, outcome.job_id, outcome.view.SerializeToString())
             if outcome.memory is not None:
                 self.memories[outcome.job_id] = outcome.memory
-                writes.hset(
-                    self.replica.store.memory_key,
-                    outcome.job_id,
-                    self.replica.store.memory_bytes(outcome.memory),
-                )
+                self.replica.store.put_memory(writes, outcome.job_id, outcome.memory)
         return None
 
     # ------------------------------------------------------------------ held jobs

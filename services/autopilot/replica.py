@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from cellpilot.client.async_client import BorgmasterClient
 from cellpilot.platform.kafka import MessageProducer
 from cellpilot.platform.leadership import LeaderLease
+from cellpilot.platform.stream_access import StreamAccess
 from cellpilot_services.autopilot.settings import AutopilotSettings
 from cellpilot_services.autopilot.state_store import StateStore
 
@@ -24,3 +25,4 @@ class AutopilotReplica:
     lock: LeaderLease  # the election (Redis lock with a fencing token)
     borgmaster: BorgmasterClient  # as this service; the API changes jobs as its caller
     producer: MessageProducer  # recommendations (custom recommenders) and actuations
+    access: StreamAccess  # the service's stream access (the decision loop's consumer)

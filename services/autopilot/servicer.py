@@ -21,11 +21,11 @@ from contextlib import asynccontextmanager
 import grpc
 
 from cellpilot.api.v1 import autopilot_pb2, autopilot_pb2_grpc, job_pb2, recommendation_pb2, resources_pb2
-from cellpilot.autopilot.candidates import STATISTIC_NAMES
+from cellpilot.autopilot.recommender_registry import BUILTIN_REGISTRY
 from cellpilot.autopilot.selection import RecommenderRef
 from cellpilot.client.async_client import BorgmasterClient
 from cellpilot.client.errors import CellpilotError
-from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS, RecommenderKind
+from cellpilot.job_vocabulary import RecommenderKind
 from cellpilot.platform.error_reasons import LEADER_METADATA_KEY, NO_MASTER, reason_metadata
 from cellpilot.platform.redis_client import FencedWrites
 from cellpilot.platform.request_validation import abort, invalid_fields_refused, page_token, requested_page
@@ -37,9 +37,6 @@ log = logging.getLogger(__name__)
 DEFAULT_PAGE = 100
 MAX_PAGE = 5_000
 NAME_PATTERN = re.compile(r"^[a-z0-9_.-]+$")
-BUILTIN_DESCRIPTIONS = {
-    RecommenderKind.ML: "ensemble of arg-min models, eqs. 4-9 (Autopilot §3.2.3)",
-}
 
 
 class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
@@ -99,9 +96,10 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
 
     # ------------------------------------------------------------------ recommendations
     async def _with_candidates(self, view: autopilot_pb2.JobRecommendations) -> None:
-        candidates = await self.replica.store.candidates(view.job_id)
+        inputs = await self.replica.store.inputs(view.job_id)
         by_resource: dict[int, list[recommendation_pb2.Recommendation]] = {}
-        for rec in candidates:
+        for candidate in inputs.vertical.values():
+            rec = convert.candidate_out(candidate)
             by_resource.setdefault(rec.resource, []).append(rec)
         present = {v.resource for v in view.vertical}
         for resource in (resources_pb2.RESOURCE_CPU, resources_pb2.RESOURCE_MEMORY):
@@ -263,11 +261,10 @@ class AutopilotServicer(autopilot_pb2_grpc.AutopilotServicer):
         self, request: autopilot_pb2.ListRecommendersRequest, context: grpc.aio.ServicerContext
     ) -> autopilot_pb2.ListRecommendersResponse:
         response = autopilot_pb2.ListRecommendersResponse()
-        for kind in BUILTIN_RECOMMENDERS:
-            description = BUILTIN_DESCRIPTIONS.get(kind) or f"moving window {STATISTIC_NAMES[kind]} (§3.2.2)"
+        for registration in BUILTIN_REGISTRY.registrations:
             response.recommenders.add(
-                ref=convert.ref_out(RecommenderRef.builtin(kind)),
-                description=description,
+                ref=convert.ref_out(RecommenderRef.builtin(RecommenderKind(registration.kind))),
+                description=registration.description,
                 resources=[resources_pb2.RESOURCE_CPU, resources_pb2.RESOURCE_MEMORY],
             )
         custom = await self.replica.store.recommenders()

@@ -11,6 +11,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from cellpilot.autopilot.selection import AutoMl
+from cellpilot.platform.redis_keys import AUTOPILOT_PREFIX
 from cellpilot.platform.settings import BORGMASTER_ADDRESSES, AddressList, MeteredReplicaSettings
 from cellpilot.units import GIB
 
@@ -25,9 +26,14 @@ class AutopilotSettings(MeteredReplicaSettings):
     borgmaster_addresses: AddressList = Field(default_factory=lambda: list(BORGMASTER_ADDRESSES))
 
     # Election (docs/architecture.md rule 7): a Redis lock whose every acquisition INCRs a fencing token.
-    redis_prefix: str = "cellpilot:autopilot"
+    redis_prefix: str = AUTOPILOT_PREFIX
     lock_ttl_s: float = Field(default=3.0, gt=0)
     renew_interval_s: float = Field(default=1.0, gt=0)
+    # A new term's token must be on this many Redis replicas (WAIT) before it is used, so a
+    # Sentinel failover can never hand out the same token again (leader_lock): 0 for the
+    # embedded stack's single server, 1 where Redis has a replica (compose's Sentinel setup).
+    min_token_replicas: int = Field(default=0, ge=0)
+    token_replica_timeout_s: float = Field(default=1.0, gt=0)
 
     recommendations_topic: str = "recommendations"
     actuations_topic: str = "actuations"

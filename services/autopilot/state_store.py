@@ -4,12 +4,19 @@ elected leader continues where the last one stopped.
 Keys (``<p>`` is the configured prefix):
 
 * ``<p>:cand:<job>``: hash ``<resource>|<recommender label>`` -> latest ``Recommendation``;
-* ``<p>:horiz:<job>``: hash ``<recommender label>`` -> latest ``HorizontalRecommendation``;
+* ``<p>:horiz:<job>``: hash ``builtin`` or ``custom:<name>`` -> latest ``HorizontalRecommendation``
+  (the fields the master reads: id, job, recommender, r_S or n_r, window end);
 * ``<p>:view``: hash job -> the latest ``JobRecommendations`` (what Get/List answer);
 * ``<p>:memory``: hash job -> the decision memory (:mod:`cellpilot.autopilot.job_memory_codec`);
 * ``<p>:recommenders``: hash name -> ``RecommenderInfo`` of a registered custom recommender;
 * ``<p>:offsets``: hash ``<topic>/<partition>`` -> position in ``recommendations``: the next
   offset to apply and the last applied record's fingerprint (``LogPosition.encode``).
+
+The master holds them as the core's types — a job's recommender outputs as a
+:class:`~cellpilot.autopilot.job_inputs.JobInputs`, its memory as a
+:class:`~cellpilot.autopilot.decisions.JobMemory` — converted here, on the way in and out, by
+``convert`` (docs/architecture.md rule 2). The view stays the API's message: it is what every
+replica answers with.
 
 Every write of the leader goes through one Lua script that first checks the lock still
 holds the leader's token, and applies the whole batch (state and consumed offsets)
@@ -27,9 +34,11 @@ from google.protobuf.message import Message
 
 from cellpilot.api.v1 import autopilot_pb2, recommendation_pb2
 from cellpilot.autopilot.decisions import JobMemory
+from cellpilot.autopilot.job_inputs import JobInputs
 from cellpilot.autopilot.job_memory_codec import decode_memory, encode_memory
 from cellpilot.platform.kafka import AppliedOffsets
 from cellpilot.platform.redis_client import FencedWrites, reply_bytes, reply_text, write_fenced
+from cellpilot_services.autopilot import convert
 
 M = TypeVar("M", bound=Message)
 
@@ -65,6 +74,19 @@ class StateStore:
         """
         return await write_fenced(self.redis, self.lock_key, lock_value, writes, chunk)
 
+    def put_inputs(self, writes: FencedWrites, job_id: str, inputs: JobInputs) -> None:
+        """Store (replace) the outputs in ``inputs``, each under its key."""
+        for key, candidate in inputs.vertical.items():
+            writes.hset(
+                self.candidates_key(job_id), key, convert.candidate_out(candidate).SerializeToString()
+            )
+        for label, signal in inputs.horizontal.items():
+            message = convert.horizontal_input_out(signal, job_id)
+            writes.hset(self.horizontal_key(job_id), label, message.SerializeToString())
+
+    def put_memory(self, writes: FencedWrites, job_id: str, memory: JobMemory) -> None:
+        writes.hset(self.memory_key, job_id, encode_memory(memory))
+
     def put_offsets(self, writes: FencedWrites, offsets: AppliedOffsets) -> None:
         for name, position in offsets.to_mapping().items():
             writes.hset(self.offsets_key, name, position.encode())
@@ -78,20 +100,20 @@ class StateStore:
         raw = await self.redis.hget(self.memory_key, job_id)
         return None if raw is None else decode_memory(reply_bytes(raw))
 
-    def memory_bytes(self, memory: JobMemory) -> bytes:
-        return encode_memory(memory)
-
     async def _hash_values(self, key: str, kind: type[M]) -> list[M]:
         """The messages of a hash, in the order of their fields."""
         raw = await self.redis.hgetall(key)
         return [_parsed(kind, value) for _, value in sorted(raw.items())]
 
-    async def candidates(self, job_id: str) -> list[recommendation_pb2.Recommendation]:
-        return await self._hash_values(self.candidates_key(job_id), recommendation_pb2.Recommendation)
-
-    async def horizontal_inputs(self, job_id: str) -> list[recommendation_pb2.HorizontalRecommendation]:
-        return await self._hash_values(
+    async def inputs(self, job_id: str) -> JobInputs:
+        """The stored outputs of the job's recommenders (what the core cannot use is left out)."""
+        vertical = await self._hash_values(self.candidates_key(job_id), recommendation_pb2.Recommendation)
+        horizontal = await self._hash_values(
             self.horizontal_key(job_id), recommendation_pb2.HorizontalRecommendation
+        )
+        return JobInputs.of(
+            (c for c in map(convert.candidate_in, vertical) if c is not None),
+            (h for h in map(convert.horizontal_input_in, horizontal) if h is not None),
         )
 
     async def has_candidates(self, job_id: str) -> bool:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from cellpilot.api.v1 import borglet_pb2_grpc
 from cellpilot.borg.cgroup_v2 import CgroupDecision
+from cellpilot.borglet.hosted_task import Limits
 from cellpilot.borglet.machine_agent import MachineAgent, MachineProfile
-from cellpilot.borglet.task_record import Limits
 from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
 from cellpilot.platform.kafka import MessageProducer
 from cellpilot.platform.service import run_until_stopped
@@ -95,9 +95,10 @@ class Borglet:
         ]
         self.publisher: SamplePublisher | None = None
         if settings.publish_samples:
-            bootstrap = settings.platform.kafka_bootstrap
+            # Signed as this Borglet's identity, whose certificate names the machines it hosts.
+            access = settings.stream_access()
             self.publisher = SamplePublisher(
-                lambda: MessageProducer(bootstrap, client_id=f"borglet-{settings.replica_index}"),
+                lambda: MessageProducer(access, client_id=f"borglet-{settings.replica_index}"),
                 [p.machine_id for p in self.profiles],
                 first_sequence,
                 interval_s=settings.publish_interval_s,

@@ -18,18 +18,18 @@ from cellpilot.borg.health_checks import resolve, validate_health_check
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
 from cellpilot.borg.model import HealthCheck, SharedDemand
 from cellpilot.borg.validation import demand_in
-from cellpilot.borglet.machine_agent import MachineProfile
-from cellpilot.borglet.task_record import (
+from cellpilot.borglet.hosted_task import (
     BorgletEvent,
+    HostedTask,
     Limits,
-    Phase,
     ProcessPlan,
     SimulatedPlan,
     TaskKey,
     TaskPlan,
-    TaskRecord,
     UnrunnablePlan,
 )
+from cellpilot.borglet.machine_agent import MachineProfile
+from cellpilot.borglet.task_lifecycle import Phase
 from cellpilot.platform.request_validation import InvalidField
 from cellpilot.world.job_demand import DemandError, JobDemand
 from cellpilot.world.step import WorldStep, WorldTasks
@@ -249,7 +249,7 @@ def desired_plans(desired: borglet_pb2.DesiredTasks, defaults: RuntimeDefaults) 
     return DesiredPlans(tuple(plans), tuple(skipped))
 
 
-def task_report(record: TaskRecord, now_ms: int) -> borglet_pb2.TaskReport:
+def task_report(record: HostedTask, now_ms: int) -> borglet_pb2.TaskReport:
     plan = record.plan
     report = borglet_pb2.TaskReport(
         job_id=plan.job_id,
@@ -273,7 +273,7 @@ def task_report(record: TaskRecord, now_ms: int) -> borglet_pb2.TaskReport:
     return report
 
 
-def task_ready(record: TaskRecord, now_ms: int) -> bool:
+def task_ready(record: HostedTask, now_ms: int) -> bool:
     """Ready (Autopilot §3.3: no longer initialising): a simulated task after its start-up period;
     a process after its first passing health check (Borg §2.6), or once running if it has none."""
     if record.phase is not Phase.RUNNING:
@@ -311,7 +311,7 @@ def poll_response(
     machine_id: str,
     now_ms: int,
     desired_version: int,
-    records: Iterable[TaskRecord],
+    records: Iterable[HostedTask],
     events: Iterable[BorgletEvent],
     capacity: Limits,
     memory_pressure: bool,

@@ -28,24 +28,17 @@ from opentelemetry import trace
 from cellpilot.borg.lifecycle import TaskEvent
 from cellpilot.borglet.desired_set import diff_desired
 from cellpilot.borglet.fleet_ticks import JobRouting, MachineShape, build_table, run_ticks
-from cellpilot.borglet.machine_agent import MachineAgent
-from cellpilot.borglet.step_outcomes import (
-    KILL_EXIT_CODE,
-    KILL_REASON_TEXT,
-    TaskEnding,
-    latest_usage,
-    task_endings,
-)
-from cellpilot.borglet.task_record import (
+from cellpilot.borglet.hosted_task import (
+    HostedTask,
     Limits,
-    Phase,
     ProcessPlan,
     SimulatedPlan,
     TaskPlan,
-    TaskRecord,
     UnrunnablePlan,
 )
-from cellpilot.world.enforcement import KillReason
+from cellpilot.borglet.machine_agent import MachineAgent
+from cellpilot.borglet.step_outcomes import TaskEnding, latest_usage, process_exit, task_endings
+from cellpilot.borglet.task_lifecycle import Effect, Phase, PhaseEvent, PhaseStep
 from cellpilot.world.step import MeasuredUsage, WorldStep, WorldTasks
 from cellpilot_services.borglet.convert import SampleChunk
 from cellpilot_services.borglet.event_clock import EventClock
@@ -73,7 +66,7 @@ class FleetOptions:
 @dataclass(frozen=True)
 class _Snapshot:
     table: WorldTasks
-    rows: tuple[TaskRecord, ...]
+    rows: tuple[HostedTask, ...]
     identities: tuple[tuple[str, int, int], ...]
     process_rows: tuple[int, ...]
 
@@ -104,7 +97,7 @@ class Fleet:
         # to ask, this Borglet's own ready tasks share each job's demand.
         self.routing: Mapping[str, JobRouting] | None = None
         self._snapshot: _Snapshot | None = None
-        self._checked: list[tuple[MachineAgent, TaskRecord]] | None = None
+        self._checked: list[tuple[MachineAgent, HostedTask]] | None = None
         self._watchers: set[asyncio.Task[None]] = set()
         self.last_second = clock.now_ms() // 1000
         self.steps = 0
@@ -115,16 +108,16 @@ class Fleet:
         self._snapshot = None
         self._checked = None
 
-    def checked_tasks(self) -> list[tuple[MachineAgent, TaskRecord]]:
+    def checked_tasks(self) -> list[tuple[MachineAgent, HostedTask]]:
         """Running process tasks that declare a health check (Borg §2.6), kept until tasks change."""
         if self._checked is None:
             self._checked = [
-                (machine, record)
+                (machine, task)
                 for machine in self.machine_list
-                for record in machine.tasks.values()
-                if record.phase is Phase.RUNNING
-                and isinstance(record.plan.runtime, ProcessPlan)
-                and record.plan.runtime.health_check is not None
+                for task in machine.tasks.values()
+                if task.phase is Phase.RUNNING
+                and isinstance(task.plan.runtime, ProcessPlan)
+                and task.plan.runtime.health_check is not None
             ]
         return self._checked
 
@@ -136,15 +129,15 @@ class Fleet:
     def demand_jobs(self) -> set[str]:
         """Jobs with a shared demand that have a running task here."""
         return {
-            record.plan.job_id
+            task.plan.job_id
             for machine in self.machine_list
-            for record in machine.tasks.values()
-            if record.phase is Phase.RUNNING
-            and isinstance(record.plan.runtime, SimulatedPlan)
-            and record.plan.runtime.demand is not None
+            for task in machine.tasks.values()
+            if task.phase is Phase.RUNNING
+            and isinstance(task.plan.runtime, SimulatedPlan)
+            and task.plan.runtime.demand is not None
         }
 
-    async def start_task(self, machine: MachineAgent, plan: TaskPlan, cause_id: str) -> TaskRecord:
+    async def start_task(self, machine: MachineAgent, plan: TaskPlan, cause_id: str) -> HostedTask:
         """Start a task (a no-op for an incarnation already known here)."""
         existing = machine.tasks.get(plan.key)
         if existing is not None:
@@ -164,42 +157,59 @@ class Fleet:
                     cause_id,
                     f"replaced by incarnation {plan.incarnation}",
                 )
-        now = self.clock.now_ms()
-        record = TaskRecord(machine.machine_id, plan, Phase.STARTING, started_ms=now)
-        machine.tasks[plan.key] = record
+        task = HostedTask(machine.machine_id, plan, Phase.STARTING, started_ms=self.clock.now_ms())
+        machine.tasks[plan.key] = task
         machine.packages.update(plan.package_ids)
         if isinstance(plan.runtime, UnrunnablePlan):
-            self._fail(machine, record, plan.runtime.reason, cause_id)
-            return record
-        if record.simulated:
-            self._running(machine, record, cause_id, "simulated")
-            return record
+            self._fail(machine, task, plan.runtime.reason, cause_id)
+            return task
+        if task.simulated:
+            self._advance(machine, task, PhaseEvent.started(cause_id, task.started_ms, "simulated"))
+            return task
         try:
-            handle = await self.runner.spawn(record)
+            handle = await self.runner.spawn(task)
         except Exception as error:  # command not found, permission denied, a bad environment...
-            self._fail(machine, record, f"could not start: {_describe(error)}", cause_id)
-            return record
-        record.process = handle
-        if record.stop_kind is not None:  # stopped while it was starting
-            record.phase = Phase.STOPPING
-            self.runner.signal(handle, signal.SIGKILL)
-        else:
-            self._running(machine, record, cause_id, f"pid {handle.pid}")
-        watcher = asyncio.create_task(self._watch(machine, record, handle))
+            self._fail(machine, task, f"could not start: {_describe(error)}", cause_id)
+            return task
+        task.process = handle
+        self._advance(machine, task, PhaseEvent.started(cause_id, task.started_ms, f"pid {handle.pid}"))
+        watcher = asyncio.create_task(self._watch(machine, task, handle))
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
-        return record
+        return task
+
+    def _advance(self, machine: MachineAgent, task: HostedTask, event: PhaseEvent) -> PhaseStep:
+        """Apply a lifecycle event (:meth:`MachineAgent.advance`) and send the signals it asks for."""
+        step = machine.advance(task, event)
+        if not step.allowed:
+            log.warning(
+                "task event ignored",
+                extra={"cause_id": event.cause_id, "task": task.plan.name, "reason": step.reason},
+            )
+            return step
+        self._changed()
+        for effect in step.process_effects:
+            handle = task.process
+            assert isinstance(handle, ProcessHandle), f"{effect.value} needs the task's process"
+            if effect is Effect.TERMINATE and event.grace_seconds > 0:
+                self.runner.signal(handle, signal.SIGTERM)
+                killer = asyncio.create_task(self._kill_after(handle, event.grace_seconds))
+                self._watchers.add(killer)
+                killer.add_done_callback(self._watchers.discard)
+            else:  # KILL, or TERMINATE with no grace period
+                self.runner.signal(handle, signal.SIGKILL)
+        return step
 
     def _fail(
         self,
         machine: MachineAgent,
-        record: TaskRecord,
+        task: HostedTask,
         detail: str,
         cause_id: str,
         at_ms: int | None = None,
     ) -> None:
         """The task failed here (not the machine): report it FAILED; kill its process if it has one."""
-        plan = record.plan
+        plan = task.plan
         log.warning(
             "task failed on its machine",
             extra={
@@ -211,121 +221,48 @@ class Fleet:
                 "reason": detail,
             },
         )
-        if isinstance(record.process, ProcessHandle) and record.phase is not Phase.DEAD:
-            self._kill_now(record, TaskEvent.FAILED, detail, cause_id, at_ms or self.clock.now_ms())
-            return
-        self._exited(machine, record, TaskEvent.FAILED, -1, detail, cause_id, at_ms)
+        at_ms = at_ms or self.clock.now_ms()
+        self._advance(machine, task, PhaseEvent.kill(TaskEvent.FAILED, -1, detail, cause_id, at_ms))
 
-    def fail_task(self, machine: MachineAgent, record: TaskRecord, detail: str, cause_id: str) -> None:
+    def fail_task(self, machine: MachineAgent, task: HostedTask, detail: str, cause_id: str) -> None:
         """The task failed on its machine (e.g. its health checks): kill it, report it FAILED."""
-        if record.phase is Phase.RUNNING:
-            self._fail(machine, record, detail, cause_id)
-
-    def _kill_now(self, record: TaskRecord, kind: TaskEvent, detail: str, cause: str, at_ms: int) -> None:
-        """SIGKILL a process task; its watcher reports the exit as ``kind``."""
-        assert isinstance(record.process, ProcessHandle)
-        record.stop_kind, record.stop_detail, record.stop_cause = kind, detail, cause
-        record.extra["stop_ms"] = at_ms
-        record.phase = Phase.STOPPING
-        self._changed()
-        self.runner.signal(record.process, signal.SIGKILL)
+        if task.phase is Phase.RUNNING:
+            self._fail(machine, task, detail, cause_id)
 
     def _start_failed(self, machine: MachineAgent, plan: TaskPlan, detail: str, cause_id: str) -> None:
         """Starting failed outside the runtime's own error handling: record the task as failed."""
-        record = machine.tasks.get(plan.key)
-        if record is None or record.plan.incarnation != plan.incarnation:
-            record = TaskRecord(machine.machine_id, plan, Phase.STARTING, started_ms=self.clock.now_ms())
-            machine.tasks[plan.key] = record
-        self._fail(machine, record, detail, cause_id)
+        task = machine.tasks.get(plan.key)
+        if task is None or task.plan.incarnation != plan.incarnation:
+            task = HostedTask(machine.machine_id, plan, Phase.STARTING, started_ms=self.clock.now_ms())
+            machine.tasks[plan.key] = task
+        self._fail(machine, task, detail, cause_id)
 
-    def _running(self, machine: MachineAgent, record: TaskRecord, cause_id: str, detail: str) -> None:
-        record.phase = Phase.RUNNING
-        machine.record_event(record, TaskEvent.RUNNING, record.started_ms, cause_id, detail)
-        self._changed()
-
-    def _exited(
-        self,
-        machine: MachineAgent,
-        record: TaskRecord,
-        kind: TaskEvent,
-        exit_code: int,
-        detail: str,
-        cause_id: str,
-        at_ms: int | None = None,
-    ) -> None:
-        if record.phase is Phase.DEAD:
-            return
-        record.phase = Phase.DEAD
-        record.exit_kind = kind
-        record.exit_code = exit_code
-        record.exit_detail = detail
-        record.exit_ms = at_ms if at_ms is not None else self.clock.now_ms()
-        event = machine.record_event(record, kind, record.exit_ms, cause_id, detail)
-        record.exit_sequence = event.sequence
-        self._changed()
-
-    async def _watch(self, machine: MachineAgent, record: TaskRecord, handle: ProcessHandle) -> None:
+    async def _watch(self, machine: MachineAgent, task: HostedTask, handle: ProcessHandle) -> None:
         code = await self.runner.wait(handle)
-        if record.stop_kind is not None:
-            kind, detail, cause = record.stop_kind, record.stop_detail, record.stop_cause
-        elif code != 0 and handle.oom_kills > 0:
-            record.memory_bytes = max(record.memory_bytes, handle.memory_peak)  # the memory at the kill
-            detail = self._kernel_oom_detail(record, handle)
-            kind, cause = TaskEvent.OOM, f"oom:{record.machine_id}:{record.plan.name}:kernel"
-        elif code == 0:
-            kind, detail, cause = TaskEvent.FINISHED, "exit code 0", f"exit:{record.plan.name}"
-        else:
-            kind, detail, cause = TaskEvent.FAILED, f"exit code {code}", f"exit:{record.plan.name}"
-        self._exited(machine, record, kind, code, detail, cause, record.extra.get("stop_ms"))
-
-    @staticmethod
-    def _kernel_oom_detail(record: TaskRecord, handle: ProcessHandle) -> str:
-        """The kernel OOM-killed the task in its cgroup (Borg §6.2: the Borglet "handles
-        Out-of-Memory (OOM) events from the kernel"); say at which limit, with the kill count."""
-        limit = record.plan.limits.memory_bytes
-        counted = f"cgroup memory.events oom_kill {handle.oom_kills}"
-        if record.plan.hard_memory_limit and limit > 0:
-            return (
-                f"{KILL_REASON_TEXT[KillReason.HARD_LIMIT]}: killed by the kernel at memory.max {limit} B "
-                f"(peak {handle.memory_peak} B; {counted})"
-            )
-        reason = KILL_REASON_TEXT[KillReason.MACHINE_OUT_OF_MEMORY]
-        return f"{reason}: killed by the kernel's OOM killer ({counted})"
+        exited = process_exit(task, code, handle.oom_kills, handle.memory_peak, self.clock.now_ms())
+        self._advance(machine, task, exited)
 
     async def stop_task(
         self,
         machine: MachineAgent,
-        record: TaskRecord,
+        task: HostedTask,
         kind: TaskEvent,
         grace_seconds: float,
         cause_id: str,
         detail: str = "",
     ) -> None:
-        """Kill a task: SIGTERM, then SIGKILL after the grace period (Borg §2.3), or SIGKILL now."""
-        if not record.alive:
-            return
-        handle = record.process
-        if record.stop_kind is None:
-            record.stop_kind = kind
-            record.stop_detail = detail or f"stopped by the master ({kind.value})"
-            record.stop_cause = cause_id
-            record.extra["stop_ms"] = self.clock.now_ms()
-        if record.simulated:
-            self._exited(machine, record, record.stop_kind, KILL_EXIT_CODE, record.stop_detail, cause_id)
-            return
-        if record.phase is Phase.STARTING or handle is None:
-            return  # start_task kills it once spawned
-        record.phase = Phase.STOPPING
-        self._changed()
-        if grace_seconds > 0:
-            self.runner.signal(handle, signal.SIGTERM)
-            task = asyncio.create_task(self._kill_after(handle, grace_seconds))
-            self._watchers.add(task)
-            task.add_done_callback(self._watchers.discard)
-            return
-        self.runner.signal(handle, signal.SIGKILL)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(handle.exited.wait(), timeout=self.options.stop_wait_s)
+        """Stop a task: SIGTERM, then SIGKILL after the grace period (Borg §2.3), or SIGKILL now
+        and wait a little for the exit; a task still being spawned is killed once it is."""
+        stop = PhaseEvent.stop(kind, grace_seconds, cause_id, self.clock.now_ms(), detail)
+        step = self._advance(machine, task, stop)
+        handle = task.process
+        if (
+            Effect.TERMINATE in step.process_effects
+            and grace_seconds <= 0
+            and isinstance(handle, ProcessHandle)
+        ):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(handle.exited.wait(), timeout=self.options.stop_wait_s)
 
     async def _kill_after(self, handle: ProcessHandle, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -334,18 +271,18 @@ class Fleet:
             self.runner.signal(handle, signal.SIGKILL)
 
     def update_task(
-        self, record: TaskRecord, limits: Limits, hard_memory_limit: bool, priority: int, spec_version: int
+        self, task: HostedTask, limits: Limits, hard_memory_limit: bool, priority: int, spec_version: int
     ) -> None:
         """Change limits, limit kind and priority in place (Borg §2.3: no restart needed)."""
-        record.plan = replace(
-            record.plan,
+        task.plan = replace(
+            task.plan,
             priority=priority,
             limits=limits,
             hard_memory_limit=hard_memory_limit,
             spec_version=spec_version,
         )
-        if isinstance(record.process, ProcessHandle):
-            self.runner.update_limits(record.process, limits, hard_memory_limit)
+        if isinstance(task.process, ProcessHandle):
+            self.runner.update_limits(task.process, limits, hard_memory_limit)
         self._changed()
 
     async def apply_desired(
@@ -354,11 +291,11 @@ class Fleet:
         """Converge on the master's desired set: kill duplicates, start the missing, update in place."""
         changes = diff_desired(machine.known_tasks(), plans)
         for known in changes.kill:
-            record = machine.tasks[known.key]
+            task = machine.tasks[known.key]
             try:
                 await self.stop_task(
                     machine,
-                    record,
+                    task,
                     TaskEvent.KILLED,
                     0,
                     cause_id,
@@ -367,17 +304,15 @@ class Fleet:
             except Exception as error:
                 log.warning(
                     "could not kill a task",
-                    extra={"cause_id": cause_id, "machine_id": machine.machine_id, "task": record.plan.name,
+                    extra={"cause_id": cause_id, "machine_id": machine.machine_id, "task": task.plan.name,
                            "error": _describe(error)},
                 )  # fmt: skip
         for plan in changes.update:
-            record = machine.tasks[plan.key]
+            task = machine.tasks[plan.key]
             try:
-                self.update_task(
-                    record, plan.limits, plan.hard_memory_limit, plan.priority, plan.spec_version
-                )
+                self.update_task(task, plan.limits, plan.hard_memory_limit, plan.priority, plan.spec_version)
             except Exception as error:
-                self._fail(machine, record, f"could not update in place: {_describe(error)}", cause_id)
+                self._fail(machine, task, f"could not update in place: {_describe(error)}", cause_id)
         machine.desired = {plan.key: plan.incarnation for plan in plans}
         machine.desired_version = version
         for plan in changes.start:
@@ -396,12 +331,12 @@ class Fleet:
     def _table(self) -> _Snapshot:
         if self._snapshot is not None:
             return self._snapshot
-        rows: list[TaskRecord] = []
+        rows: list[HostedTask] = []
         machine_index: list[int] = []
         for machine in self.machine_list:
-            for record in machine.tasks.values():
-                if record.phase is Phase.RUNNING:
-                    rows.append(record)
+            for task in machine.tasks.values():
+                if task.phase is Phase.RUNNING:
+                    rows.append(task)
                     machine_index.append(machine.index)
         table = build_table(rows, machine_index, self._shape, self.routing)
         identities = tuple((r.plan.job_id, r.plan.task_index, r.plan.incarnation) for r in rows)
@@ -422,13 +357,13 @@ class Fleet:
 
     def meter_processes(self) -> None:
         for machine in self.machine_list:
-            for record in list(machine.tasks.values()):
-                if record.phase is Phase.RUNNING and isinstance(record.process, ProcessHandle):
+            for task in list(machine.tasks.values()):
+                if task.phase is Phase.RUNNING and isinstance(task.process, ProcessHandle):
                     try:
-                        self.runner.meter(record.process)
+                        self.runner.meter(task.process)
                     except Exception as error:  # this task's metering, not the machine's
-                        cause = f"meter:{record.plan.name}"
-                        self._fail(machine, record, f"metering failed: {_describe(error)}", cause)
+                        cause = f"meter:{task.plan.name}"
+                        self._fail(machine, task, f"metering failed: {_describe(error)}", cause)
 
     async def step(self) -> int:
         """Process the event-seconds elapsed since the last step; returns how many."""
@@ -452,50 +387,28 @@ class Fleet:
 
     def _apply(self, snapshot: _Snapshot, result: WorldStep) -> None:
         for usage in latest_usage(result):
-            record = snapshot.rows[usage.row]
-            record.cpu_millicores = usage.cpu_millicores
-            record.memory_bytes = usage.memory_bytes
-            record.cpu_throttled = usage.cpu_throttled
-            record.cpu_unmet_millicores = usage.cpu_unmet_millicores
+            task = snapshot.rows[usage.row]
+            task.cpu_millicores = usage.cpu_millicores
+            task.memory_bytes = usage.memory_bytes
+            task.cpu_throttled = usage.cpu_throttled
+            task.cpu_unmet_millicores = usage.cpu_unmet_millicores
         for ending in task_endings(snapshot.rows, result, self.last_second):
-            record = snapshot.rows[ending.row]
-            if record.phase is not Phase.RUNNING:  # already ended earlier in this step
+            task = snapshot.rows[ending.row]
+            if task.phase is not Phase.RUNNING:  # already ended earlier in this step
                 continue
-            machine = self.machines[record.machine_id]
+            machine = self.machines[task.machine_id]
             if ending.event is TaskEvent.FAILED:
-                self._fail(machine, record, ending.detail, ending.cause_id, ending.at_ms)
+                self._fail(machine, task, ending.detail, ending.cause_id, ending.at_ms)
             elif ending.event is TaskEvent.OOM:
-                assert ending.memory_bytes is not None
-                record.memory_bytes = ending.memory_bytes
-                attributes = {
-                    "cellpilot.cause_id": ending.cause_id,
-                    "cellpilot.machine_id": record.machine_id,
-                }
+                attributes = {"cellpilot.cause_id": ending.cause_id, "cellpilot.machine_id": task.machine_id}
                 with tracer.start_as_current_span("borglet oom kill", attributes=attributes):
-                    self._oom_kill(machine, record, ending)
+                    self._advance(machine, task, _oom_kill(ending))
             else:
-                self._exited(
-                    machine,
-                    record,
-                    ending.event,
-                    ending.exit_code,
-                    ending.detail,
-                    ending.cause_id,
-                    ending.at_ms,
-                )
+                self._advance(machine, task, _ended(ending))
         for machine in self.machine_list:
             machine.memory_pressure = bool(result.memory_pressure[machine.index])
         if self.publisher is not None:
             self.publisher.add(SampleChunk(snapshot.table, snapshot.identities, result))
-
-    def _oom_kill(self, machine: MachineAgent, record: TaskRecord, kill: TaskEnding) -> None:
-        """Kill a task for memory (Autopilot §2.3): at once if simulated; SIGKILL to a process."""
-        if record.simulated:
-            self._exited(
-                machine, record, TaskEvent.OOM, kill.exit_code, kill.detail, kill.cause_id, kill.at_ms
-            )
-        elif isinstance(record.process, ProcessHandle):
-            self._kill_now(record, TaskEvent.OOM, kill.detail, kill.cause_id, kill.at_ms)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Step through event time until ``stop``: meter processes, sample, enforce, publish."""
@@ -522,14 +435,28 @@ class Fleet:
         """Stop watching tasks; kill the processes this Borglet started if asked to."""
         if kill_tasks:
             for machine in self.machine_list:
-                for record in list(machine.tasks.values()):
-                    if record.alive and not record.simulated:
+                for task in list(machine.tasks.values()):
+                    if task.alive and not task.simulated:
                         await self.stop_task(
-                            machine, record, TaskEvent.KILLED, 0, "borglet-shutdown", "Borglet stopped"
+                            machine, task, TaskEvent.KILLED, 0, "borglet-shutdown", "Borglet stopped"
                         )
         for watcher in list(self._watchers):
             watcher.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)
+
+
+def _oom_kill(ending: TaskEnding) -> PhaseEvent:
+    """The world model's memory enforcement kills the task (Autopilot §2.3): at once if simulated,
+    SIGKILL to a process."""
+    assert ending.memory_bytes is not None
+    return PhaseEvent.kill(
+        TaskEvent.OOM, ending.exit_code, ending.detail, ending.cause_id, ending.at_ms, ending.memory_bytes
+    )
+
+
+def _ended(ending: TaskEnding) -> PhaseEvent:
+    """A simulated task ran its duration."""
+    return PhaseEvent.exited(ending.event, ending.exit_code, ending.detail, ending.cause_id, ending.at_ms)
 
 
 def _describe(error: BaseException) -> str:

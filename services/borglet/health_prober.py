@@ -21,16 +21,17 @@ import time
 from urllib.parse import urlsplit
 
 from cellpilot.borg.health_checks import ResolvedCheck, record_check
+from cellpilot.borglet.hosted_task import HostedTask, ProcessPlan
 from cellpilot.borglet.machine_agent import MachineAgent
-from cellpilot.borglet.task_record import Phase, ProcessPlan, TaskRecord
+from cellpilot.borglet.task_lifecycle import Phase
 from cellpilot_services.borglet.fleet import Fleet
 from cellpilot_services.borglet.process_runtime import ProcessHandle, ProcessRunner
 
 log = logging.getLogger(__name__)
 
 TICK_S = 0.1  # how often due checks are looked for
-_NEXT = "health_next_check"  # TaskRecord.extra: monotonic time the next check is due
-_RUNNING = "health_probe"  # TaskRecord.extra: the probe in flight
+_NEXT = "health_next_check"  # HostedTask.extra: monotonic time the next check is due
+_RUNNING = "health_probe"  # HostedTask.extra: the probe in flight
 
 
 async def http_check(url: str, timeout_s: float) -> tuple[bool, str]:
@@ -70,7 +71,7 @@ class HealthProber:
         self.probes: set[asyncio.Task[None]] = set()
         self.checks = 0
 
-    def _due(self, now: float) -> list[tuple[MachineAgent, TaskRecord, ResolvedCheck]]:
+    def _due(self, now: float) -> list[tuple[MachineAgent, HostedTask, ResolvedCheck]]:
         due = []
         for machine, record in self.fleet.checked_tasks():
             runtime = record.plan.runtime
@@ -88,7 +89,7 @@ class HealthProber:
                 due.append((machine, record, check))
         return due
 
-    async def probe(self, machine: MachineAgent, record: TaskRecord, check: ResolvedCheck) -> None:
+    async def probe(self, machine: MachineAgent, record: HostedTask, check: ResolvedCheck) -> None:
         """One check of one task, and what follows from it."""
         started = time.monotonic()
         try:

@@ -32,7 +32,7 @@ from typing import IO
 import psutil
 
 from cellpilot.borg.cgroup_v2 import CgroupUsage
-from cellpilot.borglet.task_record import Limits, ProcessPlan, TaskRecord
+from cellpilot.borglet.hosted_task import HostedTask, Limits, ProcessPlan
 from cellpilot.platform.system_accounts import RunAs
 from cellpilot_services.borglet import task_launcher
 from cellpilot_services.borglet.task_cgroups import TaskCgroups
@@ -95,17 +95,17 @@ class ProcessRunner:
         self.cgroups = cgroups
         self.account = account or RunAs()
 
-    def log_path(self, record: TaskRecord) -> Path:
+    def log_path(self, record: HostedTask) -> Path:
         working_dir = self.working_dir(record)
         return working_dir.parent / f"{working_dir.name}.log"
 
-    def working_dir(self, record: TaskRecord) -> Path:
+    def working_dir(self, record: HostedTask) -> Path:
         plan = record.plan
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{plan.job_id}.{plan.task_index}.{plan.incarnation}")
         return self.work_dir / record.machine_id / safe
 
     @staticmethod
-    def identity_env(record: TaskRecord) -> dict[str, str]:
+    def identity_env(record: HostedTask) -> dict[str, str]:
         plan = record.plan
         return {
             "CELLPILOT_TASK_JOB_ID": plan.job_id,
@@ -115,7 +115,7 @@ class ProcessRunner:
             "CELLPILOT_MACHINE_ID": record.machine_id,
         }
 
-    async def spawn(self, record: TaskRecord) -> ProcessHandle:
+    async def spawn(self, record: HostedTask) -> ProcessHandle:
         """Start the task's command as the task account, in a new session, its own working
         directory and (where the host allows) its own cgroup; raises (OSError, ValueError) if it cannot."""
         plan = record.plan
@@ -235,7 +235,7 @@ class ProcessRunner:
         return cpu, rss
 
     async def run_check(
-        self, record: TaskRecord, argv: tuple[str, ...], timeout_s: float
+        self, record: HostedTask, argv: tuple[str, ...], timeout_s: float
     ) -> tuple[bool, str]:
         """A health check command (Borg §2.6) run as the task: its account, working directory,
         environment and cgroup; output to its log. (passed, what happened)."""

@@ -20,8 +20,9 @@ import grpc
 from opentelemetry import trace
 
 from cellpilot.api.v1 import borglet_pb2, borglet_pb2_grpc
+from cellpilot.borglet.hosted_task import HostedTask
 from cellpilot.borglet.machine_agent import MachineAgent
-from cellpilot.borglet.task_record import Phase, TaskRecord
+from cellpilot.borglet.task_lifecycle import Phase
 from cellpilot.platform.request_validation import abort, invalid_fields_refused
 from cellpilot_services.borglet import convert
 from cellpilot_services.borglet.convert import RuntimeDefaults
@@ -76,7 +77,7 @@ class BorgletServicer(borglet_pb2_grpc.BorgletServicer):
                 await abort(context, admitted.code, admitted.message)
             yield admitted
 
-    def _report(self, record: TaskRecord) -> borglet_pb2.TaskReport:
+    def _report(self, record: HostedTask) -> borglet_pb2.TaskReport:
         return convert.task_report(record, self.fleet.clock.now_ms())
 
     async def Poll(  # noqa: N802
@@ -163,7 +164,7 @@ class BorgletServicer(borglet_pb2_grpc.BorgletServicer):
 
     async def _task(
         self, machine: MachineAgent, job_id: str, task_index: int, incarnation: int, context: Any
-    ) -> TaskRecord:
+    ) -> HostedTask:
         record = machine.tasks.get((job_id, task_index))
         if record is None:
             await abort(

@@ -108,6 +108,9 @@ class BorgletSettings(ServiceSettings):
     def resolved_identity(self) -> str:
         return self.identity or f"borglet-r{self.replica_index}"
 
+    def stream_identity(self) -> str:
+        return self.resolved_identity()
+
     def resolved_machine_ids(self) -> list[str]:
         if self.machine_ids:
             return list(self.machine_ids)

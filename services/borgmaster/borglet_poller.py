@@ -16,12 +16,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from cellpilot.api.v1 import borglet_pb2
 from cellpilot.borg.changes import Change, MachineChange, TaskChange
 from cellpilot.borg.poll_diff import desired_tasks
-from cellpilot_services.borgmaster import poll_convert
+from cellpilot.borg_wire import borglet_polls
 from cellpilot_services.borgmaster.borglet_fanout import BorgletFanout, PollFailure
 from cellpilot_services.borgmaster.poll_reports import apply_reports
 from cellpilot_services.borgmaster.replica import Replica, now_ms
@@ -29,6 +30,9 @@ from cellpilot_services.borgmaster.settings import BorgmasterSettings
 
 log = logging.getLogger(__name__)
 
+# Machines handled between two yields of the event loop while building polls or reading their
+# reports: a 10 000-machine cell's CPU work is cut into slices, so the lease keeps being renewed.
+YIELD_EVERY = 100
 _LOGGED_MISSES = frozenset({0, 1, 4, 9, 99})  # failed polls in a row already counted, when logged
 
 
@@ -112,7 +116,7 @@ class BorgletPoller:
         # Never an older set than the Borglet applied (a standby's copy of the state may lag).
         if reported is None or reported < machine.desired_version or machine_id in self.resend:
             request.desired.CopyFrom(
-                poll_convert.desired_out(machine.desired_version, desired_tasks(state, machine_id))
+                borglet_polls.desired_out(machine.desired_version, desired_tasks(state, machine_id))
             )
         return machine.spec.borglet_address, request
 
@@ -121,7 +125,13 @@ class BorgletPoller:
     ) -> tuple[list[borglet_pb2.PollResponse], list[str]]:
         """Polls the machines concurrently (for the master of ``epoch``); returns the reports
         and the machines that answered after missing polls. Counts the misses."""
-        requests = {m: req for m in machine_ids if (req := self._request(m, epoch)) is not None}
+        requests: dict[str, tuple[str, borglet_pb2.PollRequest]] = {}
+        for i, machine_id in enumerate(machine_ids):
+            if i and i % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # a large share must not hold the loop (the lease renews on it)
+            request = self._request(machine_id, epoch)
+            if request is not None:
+                requests[machine_id] = request
         outcomes = await self.fanout.poll(requests)
         answered: list[borglet_pb2.PollResponse] = []
         again: list[str] = []
@@ -155,7 +165,7 @@ class BorgletPoller:
         if count_misses:
             self.missed[machine_id] = self.missed.get(machine_id, 0) + 1
 
-    def acknowledge(self, responses: list[borglet_pb2.PollResponse], resend: set[str]) -> None:
+    def acknowledge(self, responses: list[borglet_pb2.PollResponse], resend: AbstractSet[str]) -> None:
         """The master has recorded these reports: remember the desired-set version each
         Borglet applied and the events it may forget; resend the set to machines running
         duplicates."""

@@ -10,9 +10,11 @@ import asyncio
 import contextlib
 import logging
 
-from cellpilot.api.v1 import borgmaster_pb2_grpc, link_shard_pb2_grpc
+from cellpilot.api.v1 import borgmaster_pb2_grpc, link_shard_pb2_grpc, scheduler_pb2_grpc
+from cellpilot.borg.master_core import Tick
+from cellpilot.checkpoint_store import PostgresCheckpointStore
 from cellpilot.platform.grpc_server import GrpcServer, ServiceBinding
-from cellpilot.platform.postgres import apply_migrations, create_engine
+from cellpilot.platform.postgres import apply_migrations
 from cellpilot.platform.service import run_until_stopped
 from cellpilot.platform.telemetry import Telemetry
 from cellpilot.security.policy import JobFacts
@@ -21,28 +23,47 @@ from cellpilot_services.borgmaster.event_publisher import EventPublisher
 from cellpilot_services.borgmaster.lifetime_keeper import LifetimeKeeper
 from cellpilot_services.borgmaster.link_shard import LinkShard
 from cellpilot_services.borgmaster.link_shard_master import LinkShardsServicer, ShardRegistry
-from cellpilot_services.borgmaster.replica import Replica
-from cellpilot_services.borgmaster.scheduler_loop import SchedulerLoop
+from cellpilot_services.borgmaster.master_metrics import export_master_metrics
+from cellpilot_services.borgmaster.replica import LeaderWork, Replica
+from cellpilot_services.borgmaster.scheduler_link import SchedulerLinkServicer
 from cellpilot_services.borgmaster.servicer import BorgmasterServicer
 from cellpilot_services.borgmaster.settings import BorgmasterSettings
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "cellpilot.api.v1.Borgmaster"
 LINK_SHARDS_SERVICE_NAME = "cellpilot.api.v1.LinkShards"
+SCHEDULER_LINK_SERVICE_NAME = "cellpilot.api.v1.SchedulerLink"
+
+
+async def tick_loop(replica: Replica, interval_s: float) -> None:
+    """Leader work: rolling updates and drains continue (the core's :class:`Tick`) every
+    ``interval_s``, sooner after the log moved, while any job rolls or machine drains."""
+    wake = asyncio.Event()
+    replica.listeners.append(lambda _seq, changes: wake.set() if changes else None)
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), timeout=interval_s)
+        wake.clear()
+        await asyncio.sleep(0.02)  # let a burst of records land first
+        state = replica.state
+        if state.rolling or any(m.draining for m in state.machines.values()):
+            await replica.submit(Tick(f"rollout-{state.last_sequence}"))
 
 
 class Borgmaster:
-    def __init__(self, settings: BorgmasterSettings) -> None:
+    def __init__(self, settings: BorgmasterSettings, telemetry: Telemetry | None = None) -> None:
         self.settings = settings
-        self.engine = create_engine(settings.platform.postgres_url_for("borgmaster"), pool_size=4)
-        self.replica = Replica(settings, self.engine, address="")
+        self.store = PostgresCheckpointStore.connect(settings.platform.postgres_url_for("borgmaster"))
+        self.replica = Replica(settings, self.store, address="")
         self.lifetimes = LifetimeKeeper(self.replica, settings)
-        self.scheduler = SchedulerLoop(self.replica, settings, self.lifetimes)
         # Link shards (Borg §3.3): every replica polls its share and the master takes the
         # differences; without them the master polls every machine itself.
         self.registry = ShardRegistry(self.replica)
         self.link_shard: LinkShard | None = None
-        work = [self.scheduler.run, self.replica.snapshot_loop, self.lifetimes.run]
+        work: list[LeaderWork] = [
+            self.replica.snapshot_loop,
+            lambda: tick_loop(self.replica, settings.schedule_interval_s),
+        ]
         if settings.link_shards:
             self.link_shard = LinkShard(self.replica, settings, self.registry)
             self.poller = self.link_shard.poller
@@ -53,7 +74,8 @@ class Borgmaster:
         if settings.publish_events:
             self.publisher = EventPublisher(
                 self.replica,
-                settings.platform.kafka_bootstrap,
+                self.store.engine,
+                settings.stream_access(),
                 settings.events_topic,
                 settings.platform.log_check_interval_s,
             )
@@ -71,10 +93,17 @@ class Borgmaster:
                     link_shard_pb2_grpc.add_LinkShardsServicer_to_server,
                     LinkShardsServicer(self.replica, self.registry),
                 ),
+                ServiceBinding(
+                    SCHEDULER_LINK_SERVICE_NAME,
+                    scheduler_pb2_grpc.add_SchedulerLinkServicer_to_server,
+                    SchedulerLinkServicer(self.replica),
+                ),
             ],
             address=f"{settings.listen_host}:{settings.resolved_port}",
             **settings.security.server_options("borgmaster", job_owner_lookup=self.job_facts),
         )
+        if telemetry is not None:
+            export_master_metrics(telemetry.meter, self.replica)
         self.address = ""
         self._stop = asyncio.Event()
         self._election: asyncio.Task[None] | None = None
@@ -113,11 +142,10 @@ class Borgmaster:
                 await self._shard
         await self.replica.shutdown()
         await self.server.stop(1.0)
-        await self.engine.dispose()
+        await self.store.close()
 
 
 async def serve(
     settings: BorgmasterSettings, stop: asyncio.Event, telemetry: Telemetry | None = None
 ) -> None:
-    del telemetry  # spans go through the global tracer provider run_service configured
-    await run_until_stopped(Borgmaster(settings), stop)
+    await run_until_stopped(Borgmaster(settings, telemetry), stop)

@@ -25,12 +25,13 @@ import json
 import logging
 import time
 
-from aiokafka import AIOKafkaProducer
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from cellpilot.borg.changes import change_key
-from cellpilot.platform.kafka import AppliedOffsets, LogPositions, Record, inject_trace_headers
-from cellpilot_services.borgmaster import convert
+from cellpilot.borg_wire import statuses
+from cellpilot.platform.kafka import AppliedOffsets, LogPositions, MessageProducer, Record
+from cellpilot.platform.stream_access import StreamAccess
 from cellpilot_services.borgmaster.replica import Replica
 
 log = logging.getLogger(__name__)
@@ -39,10 +40,16 @@ RECORDS_PER_BATCH = 2_000
 
 class EventPublisher:
     def __init__(
-        self, replica: Replica, bootstrap: str, topic: str, log_check_interval_s: float = 5.0
+        self,
+        replica: Replica,
+        engine: AsyncEngine,
+        access: StreamAccess,
+        topic: str,
+        log_check_interval_s: float = 5.0,
     ) -> None:
         self.replica = replica
-        self.bootstrap = bootstrap
+        self.engine = engine  # where the cursor is kept: the checkpoint store's database
+        self.access = access
         self.topic = topic
         self.log_check_interval_s = log_check_interval_s
         self.wake = asyncio.Event()
@@ -51,7 +58,7 @@ class EventPublisher:
         replica.listeners.append(lambda _seq, _changes: self.wake.set())
 
     async def _read_cursor(self) -> tuple[int, AppliedOffsets]:
-        async with self.replica.engine.connect() as conn:
+        async with self.engine.connect() as conn:
             row = (
                 await conn.execute(
                     text(
@@ -72,7 +79,7 @@ class EventPublisher:
             if lower
             else "GREATEST(borg_event_cursor.published_seq, EXCLUDED.published_seq)"
         )
-        async with self.replica.engine.begin() as conn:
+        async with self.engine.begin() as conn:
             await conn.execute(
                 text(
                     "INSERT INTO borg_event_cursor (name, published_seq, published_positions)"
@@ -83,14 +90,12 @@ class EventPublisher:
                 {"name": self.topic, "seq": seq, "positions": json.dumps(published.to_mapping())},
             )
 
-    async def _start_producer(self) -> AIOKafkaProducer:
+    async def _start_producer(self) -> MessageProducer:
         delay = 0.5
         while True:
-            producer = AIOKafkaProducer(
-                bootstrap_servers=self.bootstrap,
-                client_id=f"{self.replica.replica_id}-events",
-                acks="all",
-                linger_ms=5,
+            # Signed as the Borgmaster (the one writer of borg.events), uncompressed as before.
+            producer = MessageProducer(
+                self.access, client_id=f"{self.replica.replica_id}-events", compression_type=None
             )
             try:
                 await producer.start()
@@ -106,12 +111,12 @@ class EventPublisher:
         resets = await positions.check([published], set(published.next_offset))
         if not resets:
             return cursor
-        first = self.replica.recent.first_seq
+        first = self.replica.core.recent.first_seq
         self.republished += 1
         log.warning(
             "%s lost events published up to log position %d (partitions %s): publishing again the"
             " events of log positions %d-%d, the ones this replica still holds",
-            self.topic, cursor, sorted(r.partition for r in resets), first, self.replica.recent.last_seq,
+            self.topic, cursor, sorted(r.partition for r in resets), first, self.replica.core.recent.last_seq,
             extra={"topic": self.topic, "published_seq": cursor, "from_seq": first},
         )  # fmt: skip
         for key in list(published.next_offset):  # the whole topic is republished: start afresh
@@ -124,36 +129,31 @@ class EventPublisher:
     async def run(self) -> None:
         cursor, published = await self._read_cursor()
         producer = await self._start_producer()
-        positions = LogPositions(
-            self.bootstrap, f"{self.replica.replica_id}-events", self.log_check_interval_s
-        )
+        positions = LogPositions(self.access, f"{self.replica.replica_id}-events", self.log_check_interval_s)
         try:
             while True:
                 if positions.due():
                     cursor = await self._check_published(positions, cursor, published)
-                if cursor < self.replica.recent.first_seq - 1:
+                if cursor < self.replica.core.recent.first_seq - 1:
                     log.warning(
                         "events older than the kept window are not republished",
-                        extra={"from_seq": cursor + 1, "to_seq": self.replica.recent.first_seq - 1},
+                        extra={"from_seq": cursor + 1, "to_seq": self.replica.core.recent.first_seq - 1},
                     )
-                batch = self.replica.recent.since(cursor, RECORDS_PER_BATCH)
+                batch = self.replica.core.recent.since(cursor, RECORDS_PER_BATCH)
                 if not batch:
                     self.wake.clear()
                     with contextlib.suppress(TimeoutError):  # wake for the next position check
                         await asyncio.wait_for(self.wake.wait(), self.log_check_interval_s)
                     continue
                 pending = []
-                headers = inject_trace_headers()
                 # Set here, so what was published is known exactly (a send's metadata carries
                 # its batch's first timestamp, not the record's).
                 now_ms = int(time.time() * 1000)
                 for _seq, changes in batch:
                     for change in changes:
-                        value = convert.change_out(change).SerializeToString()
+                        value = statuses.change_out(change).SerializeToString()
                         key = change_key(change)
-                        sent = await producer.send(
-                            self.topic, value, key=key.encode(), headers=headers, timestamp_ms=now_ms
-                        )
+                        sent = await producer.enqueue(self.topic, key, value, timestamp_ms=now_ms)
                         pending.append((key, value, sent))
                 for key, value, sent in pending:
                     metadata = await sent

@@ -1,20 +1,19 @@
-"""Group commit: concurrent client writes share one fenced append to the checkpoint log.
+"""Group commit: every stimulus of the master shares fenced appends to the checkpoint log.
 
-Borg §3.1 keeps the cell state in a Paxos-based store; one round trip per request caps a
-master at the store's transaction rate. Here client commands queue up; while one batch's
-append is in flight the next batch collects, and one flusher task turns each batch into a
-single :meth:`CheckpointLog.append` (one PostgreSQL transaction, fenced by the epoch):
+Borg §3.1 keeps the cell state in a Paxos-based store; one round trip per request caps a master
+at the store's transaction rate. Here every stimulus — client commands, Borglet reports, a
+scheduler's proposals, the election, timers — queues up; while one batch's append is in flight
+the next batch collects, and one flusher turns each batch into a single fenced append:
 
-* the commands of a batch are decided as if one after another
-  (:class:`cellpilot.borg.batch_decisions.BatchDecider`): quota is carried through the
-  batch, and a command that overlaps an earlier one (the same job, machine or request id)
-  waits for the next batch (two requests with one request id: the second sees the first's
-  record and is answered as a retry, or refused as a reuse);
-* a refusal, a retry of an applied request or a no-op is answered at once and costs the
-  others nothing; a command whose decision raises fails alone;
-* the accepted commands' records are appended together and then applied; each command is
-  answered only after that — a refused (fenced) or failed append answers every one of them
-  with the error (:class:`NotLeader`, :class:`StoreUnavailable`): none is acknowledged.
+* the core decides the stimuli of a batch as if one after another
+  (:class:`cellpilot.borg.master_core.MasterBatch`): client commands share batches (quota
+  carried through; one that overlaps an earlier one waits for the next batch); any other
+  stimulus is a batch of its own;
+* a refusal, a retry of an applied request or a no-op costs the others nothing; a stimulus
+  whose decision raises fails alone;
+* the batch's records are appended together, then applied, then each stimulus is answered —
+  a refused (fenced) or failed append answers every one of them with the error
+  (:class:`NotLeader`, :class:`StoreUnavailable`): none is acknowledged.
 
 ``commit_batch_max = 1`` gives one transaction per request (the benchmark's baseline).
 """
@@ -23,24 +22,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from cellpilot.borg.batch_decisions import BatchDecider
-from cellpilot.borg.decisions import Accepted, Command, Result
-from cellpilot.borg.mutations import LogRecord
+from cellpilot.borg.master_core import Outcome, Stimulus
 
 if TYPE_CHECKING:
     from cellpilot_services.borgmaster.replica import Replica
 
 log = logging.getLogger(__name__)
-Answer = tuple[Result, int]
+Answer = tuple[Any, int]
 
 
 @dataclass
-class PendingWrite:
-    command: Command
+class PendingStimulus:
+    stimulus: Stimulus
     cause_id: str
     answer: asyncio.Future[Answer]
 
@@ -53,92 +51,106 @@ class PendingWrite:
             self.answer.set_exception(error)
 
 
+@dataclass
+class CommitStats:
+    batches: int = 0  # appends made
+    committed: int = 0  # stimuli whose records those appends carried
+    records: int = 0
+    last_append_s: float = 0.0  # the latest append's round trip
+    append_s_total: float = 0.0
+
+
 class GroupCommit:
-    """The master's write queue and its one flusher (see the module docstring)."""
+    """The master's one queue and its one flusher (see the module docstring)."""
 
     def __init__(self, replica: Replica, max_batch: int) -> None:
         self.replica = replica
         self.max_batch = max_batch
-        self._queue: deque[PendingWrite] = deque()
+        self._queue: deque[PendingStimulus] = deque()
         self._flusher: asyncio.Task[None] | None = None
-        self.batches = 0  # appends made (for logs and the benchmark)
-        self.committed = 0  # commands whose records those appends carried
+        self.stats = CommitStats()
 
-    async def execute(self, command: Command, cause_id: str) -> Answer:
-        """Queues ``command``; returns its result and log position once its records are committed."""
-        write = PendingWrite(command, cause_id, asyncio.get_running_loop().create_future())
-        self._queue.append(write)
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    async def submit(self, stimulus: Stimulus, cause_id: str = "") -> Answer:
+        """Queues ``stimulus``; returns its answer and log position once its records are committed."""
+        replica = self.replica
+        if not replica.is_leader:
+            raise replica.not_leader()
+        pending = PendingStimulus(stimulus, cause_id, asyncio.get_running_loop().create_future())
+        self._queue.append(pending)
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_all())
-        return await write.answer
+        return await pending.answer
+
+    def refuse_queued(self, error: BaseException) -> None:
+        """The master stepped down: nothing queued will be decided here."""
+        while self._queue:
+            self._queue.popleft().fail(error)
 
     async def _flush_all(self) -> None:
         while self._queue:
             await self._flush_one()
 
-    def _take(self, decider: BatchDecider) -> list[PendingWrite]:
-        """The next batch: queued writes in order, skipping (for now) any that overlaps an
-        earlier one, up to ``max_batch``. Writes whose callers gave up are dropped."""
-        batch: list[PendingWrite] = []
-        waiting: list[PendingWrite] = []
-        while self._queue and len(batch) < self.max_batch:
-            write = self._queue.popleft()
-            if not write.answer.done():
-                (batch if decider.admits(write.command) else waiting).append(write)
-        self._queue.extendleft(reversed(waiting))
-        return batch
-
     async def _flush_one(self) -> None:
         replica = self.replica
-        async with replica.lock:
+        async with replica._changing:
             if not replica.is_leader:
-                error = replica.not_leader()
-                while self._queue:
-                    self._queue.popleft().fail(error)
+                self.refuse_queued(replica.not_leader())
                 return
-            decider = BatchDecider(replica.state, replica.event_now_ms(), replica.view)
-            batch = self._take(decider)
+            batch = replica.core.batch(int(time.time() * 1000))
+            taken: list[PendingStimulus] = []
+            waiting: list[PendingStimulus] = []
+            while self._queue and len(taken) < self.max_batch:
+                pending = self._queue.popleft()
+                if pending.answer.done():  # the caller gave up
+                    continue
+                (taken if batch.admits(pending.stimulus) else waiting).append(pending)
+            self._queue.extendleft(reversed(waiting))
+            decided: list[tuple[PendingStimulus, Outcome]] = []
+            for pending in taken:
+                try:
+                    decided.append((pending, batch.decide(pending.stimulus, pending.cause_id)))
+                except Exception as error:
+                    log.exception("deciding a stimulus failed", extra={"cause_id": pending.cause_id})
+                    pending.fail(error)
+                    replica.core.discard_speculation()  # what it bound before failing goes
             try:
-                await self._decide_and_commit(decider, batch)
+                await self._commit(decided)
             except asyncio.CancelledError:
-                for write in batch:
-                    write.fail(replica.not_leader())
+                for pending, _ in decided:
+                    pending.fail(replica.not_leader())
                 raise
             except Exception as error:  # NotLeader / StoreUnavailable: the replica stepped down
                 log.warning(
                     "batch not committed",
-                    extra={"writes": len(batch), "error": f"{type(error).__name__}: {error}"},
+                    extra={"stimuli": len(decided), "error": f"{type(error).__name__}: {error}"},
                 )
-                for write in batch:
-                    write.fail(error)
+                for pending, _ in decided:
+                    pending.fail(error)
 
-    async def _decide_and_commit(self, decider: BatchDecider, batch: list[PendingWrite]) -> None:
+    async def _commit(self, decided: list[tuple[PendingStimulus, Outcome]]) -> None:
         replica = self.replica
-        state = replica.state
-        first = state.last_sequence + 1
-        records: list[LogRecord] = []
-        committing: list[tuple[PendingWrite, Accepted, int]] = []
-        for write in batch:
-            try:
-                result = decider.decide(write.command)
-            except Exception as error:
-                log.exception("deciding a command failed", extra={"cause_id": write.cause_id})
-                write.fail(error)
-                continue
-            if not isinstance(result, Accepted):
-                write.reply((result, 0))
-            elif result.already_applied is not None:
-                write.reply((result, result.already_applied.sequence))
-            elif not result.mutations:
-                write.reply((result, state.last_sequence))
+        core = replica.core
+        first = core.state.last_sequence + 1
+        outcomes = [outcome for _, outcome in decided]
+        records = core.records(outcomes, first, core.epoch)
+        if records:
+            started = time.monotonic()
+            await replica.append_and_apply(records)
+            self.stats.last_append_s = time.monotonic() - started
+            self.stats.append_s_total += self.stats.last_append_s
+            self.stats.batches += 1
+            self.stats.records += len(records)
+        wall = int(time.time() * 1000)
+        position = first
+        for pending, outcome in decided:
+            core.after_commit(outcome, wall)
+            if outcome.mutations:
+                pending.reply((outcome.answer, position))
+                position += len(outcome.mutations)
+                self.stats.committed += 1
             else:
-                seq = first + len(records)
-                records += replica.log_records(seq, result.mutations, write.cause_id, write.command)
-                committing.append((write, result, seq))
-        if not records:
-            return
-        await replica.commit_records(records)
-        self.batches += 1
-        self.committed += len(committing)
-        for write, result, seq in committing:
-            write.reply((result, seq))
+                pending.reply((outcome.answer, outcome.position))

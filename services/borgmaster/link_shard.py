@@ -26,11 +26,11 @@ import grpc
 from cellpilot.api.v1 import borglet_pb2, link_shard_pb2, link_shard_pb2_grpc
 from cellpilot.borg.lifecycle import MachineState
 from cellpilot.borg.link_shards import Membership, ReportDigest, must_forward, report_digest
+from cellpilot.borg_wire import borglet_polls
 from cellpilot.platform.grpc_channels import open_channel
 from cellpilot.platform.request_validation import InvalidField
 from cellpilot.platform.store_outage import StoreUnavailable
-from cellpilot_services.borgmaster import poll_convert
-from cellpilot_services.borgmaster.borglet_poller import BorgletPoller
+from cellpilot_services.borgmaster.borglet_poller import YIELD_EVERY, BorgletPoller
 from cellpilot_services.borgmaster.link_shard_master import ShardRegistry
 from cellpilot_services.borgmaster.poll_reports import apply_reports
 from cellpilot_services.borgmaster.replica import NotLeader, Replica, now_ms
@@ -139,7 +139,7 @@ class LinkShard:
         share = self.share()
         machines = share if urgent is None else sorted(urgent.intersection(share))
         answered, again = await self.poller.poll(machines, epoch, count_misses=urgent is None)
-        changed = self._changed(answered, set(again))
+        changed = await self._changed(answered, set(again))
         mine = set(share)
         for gone in [m for m in self.poller.missed if m not in mine]:  # moved to another shard
             del self.poller.missed[gone]
@@ -156,7 +156,7 @@ class LinkShard:
         self.poller.acknowledge([r for r, _ in changed], resend)
         return ShardCycle(len(machines), len(answered), len(changed), time.monotonic() - started)
 
-    def _changed(
+    async def _changed(
         self, answered: list[borglet_pb2.PollResponse], again: set[str]
     ) -> list[tuple[borglet_pb2.PollResponse, ReportDigest | None]]:
         state = self.replica.state
@@ -166,10 +166,12 @@ class LinkShard:
         # machines again — the price of learning from every sample.
         refresh_ms = 0 if self.settings.gpa_rho > 0 else round(self.settings.link_shard_refresh_s * 1000)
         out: list[tuple[borglet_pb2.PollResponse, ReportDigest | None]] = []
-        for response in answered:
+        for i, response in enumerate(answered):
+            if i and i % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
             machine_id = response.machine_id
             try:
-                report = poll_convert.report_in(response)
+                report = borglet_polls.report_in(response)
             except InvalidField:
                 out.append((response, None))  # the master says what is wrong with it
                 continue
@@ -206,7 +208,7 @@ class LinkShard:
                 self.replica.replica_id, machines, previous_cycle_s, len(responses), full_cycle
             )
             applied = await apply_reports(self.replica, responses, missed, f"shard-{self.replica.replica_id}")
-            return applied.resend
+            return set(applied.resend)
         stub = link_shard_pb2_grpc.LinkShardsStub(self._channel(master))
         resend: set[str] = set()
         chunks = [responses[i : i + FORWARD_BATCH] for i in range(0, len(responses), FORWARD_BATCH)] or [[]]

@@ -20,7 +20,14 @@ from typing import Any, NoReturn
 import grpc
 from opentelemetry import trace
 
-from cellpilot.api.v1 import borgmaster_pb2, borgmaster_pb2_grpc, job_pb2, machine_pb2, state_pb2
+from cellpilot.api.v1 import (
+    borgmaster_pb2,
+    borgmaster_pb2_grpc,
+    job_pb2,
+    lifetimes_pb2,
+    machine_pb2,
+    state_pb2,
+)
 from cellpilot.borg.cell_state import JobRecord, MachineRecord
 from cellpilot.borg.decisions import (
     Command,
@@ -35,6 +42,8 @@ from cellpilot.borg.lifecycle import JobState, TaskState
 from cellpilot.borg.model import MachineAvailability
 from cellpilot.borg.pending_reasons import explain
 from cellpilot.borg.rejection import Code, Rejection
+from cellpilot.borg.task_lifetimes import TooLittleHistory
+from cellpilot.borg_wire import lifetimes, specs, statuses
 from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.platform import error_reasons
 from cellpilot.platform.request_validation import (
@@ -44,9 +53,7 @@ from cellpilot.platform.request_validation import (
     requested_page,
 )
 from cellpilot.platform.store_outage import StoreUnavailable
-from cellpilot_services.borgmaster import convert, lifetime_convert
 from cellpilot_services.borgmaster.lifetime_keeper import LifetimeKeeper
-from cellpilot_services.borgmaster.lifetime_rpcs import LifetimeRpcs
 from cellpilot_services.borgmaster.replica import NotLeader, Replica
 
 log = logging.getLogger(__name__)
@@ -79,7 +86,7 @@ def _reason(rejection: Rejection) -> str:
     return REASONS.get((rejection.code, rejection.field), "")
 
 
-class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
+class BorgmasterServicer(borgmaster_pb2_grpc.BorgmasterServicer):
     def __init__(self, replica: Replica, lifetimes: LifetimeKeeper | None = None) -> None:
         self.replica = replica
         self.lifetimes = lifetimes or LifetimeKeeper(replica, replica.settings)
@@ -197,19 +204,19 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
         machine = state.machines.get(machine_id)
         if machine is None:
             await self._reused_request_id(context, request_id)
-        return convert.machine_out(state, machine, self.replica.soft, self.replica.view.reservation)
+        return statuses.machine_out(state, machine, self.replica.soft, self.replica.view.reservation)
 
     # ------------------------------------------------------------------ jobs
     async def SubmitJob(  # noqa: N802
         self, request: borgmaster_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.SubmitJobResponse:
-        spec = await self._convert_or_abort(context, convert.job_spec_in, request.spec, "spec")
-        command = SubmitJob(request.request_id, spec, payload_digest=convert.payload_digest(request))
+        spec = await self._convert_or_abort(context, specs.job_spec_in, request.spec, "spec")
+        command = SubmitJob(request.request_id, spec, payload_digest=specs.payload_digest(request))
         result, seq = await self._write(command, context)
         job = await self._written_job(context, request.request_id, result.subject, f"{spec.user}/{spec.name}")
         return borgmaster_pb2.SubmitJobResponse(
             job_id=job.job_id,
-            state=convert.enum_out(state_pb2.JobState, job.state),
+            state=specs.enum_out(state_pb2.JobState, job.state),
             spec_version=job.spec_version,
             log_sequence=seq,
         )
@@ -217,7 +224,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
     async def UpdateJob(  # noqa: N802
         self, request: borgmaster_pb2.UpdateJobRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.UpdateJobResponse:
-        spec = await self._convert_or_abort(context, convert.job_spec_in, request.spec, "spec")
+        spec = await self._convert_or_abort(context, specs.job_spec_in, request.spec, "spec")
         command = UpdateJob(
             request.request_id,
             request.job_id,
@@ -227,16 +234,16 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             request.fencing_token,
             request.release_hold,
             request.policy.max_disruptions,
-            payload_digest=convert.payload_digest(request),
+            payload_digest=specs.payload_digest(request),
         )
         result, seq = await self._write(command, context)
         job = await self._written_job(context, request.request_id, result.subject, request.job_id)
-        return borgmaster_pb2.UpdateJobResponse(job=convert.job_status_out(job), log_sequence=seq)
+        return borgmaster_pb2.UpdateJobResponse(job=statuses.job_status_out(job), log_sequence=seq)
 
     async def KillJob(  # noqa: N802
         self, request: borgmaster_pb2.KillJobRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.KillJobResponse:
-        command = KillJob(request.request_id, request.job_id, payload_digest=convert.payload_digest(request))
+        command = KillJob(request.request_id, request.job_id, payload_digest=specs.payload_digest(request))
         _, seq = await self._write(command, context)
         return borgmaster_pb2.KillJobResponse(log_sequence=seq)
 
@@ -256,7 +263,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
                 reservation = self.replica.view.reservation(job.job_id, task.index)
                 if reservation is not None:
                     reservations[task.key] = reservation
-        status = convert.job_status_out(job, request.include_tasks, self.replica.soft, reservations)
+        status = statuses.job_status_out(job, request.include_tasks, self.replica.soft, reservations)
         return borgmaster_pb2.GetJobResponse(job=status)
 
     async def ListJobs(  # noqa: N802
@@ -265,8 +272,8 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
         self._name_the_master(context)
         async with invalid_fields_refused(context):
             size, after = requested_page(request, DEFAULT_JOBS_PAGE, MAX_PAGE, str, "")
-            states = {convert.enum_in(JobState, state_pb2.JobState, s, "states") for s in request.states}
-            band = convert.enum_in(PriorityBand, job_pb2.PriorityBand, request.band, "band")
+            states = {specs.enum_in(JobState, state_pb2.JobState, s, "states") for s in request.states}
+            band = specs.enum_in(PriorityBand, job_pb2.PriorityBand, request.band, "band")
 
         def listed(job: JobRecord) -> bool:
             spec = job.spec
@@ -284,7 +291,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             size,
         )
         return borgmaster_pb2.ListJobsResponse(
-            jobs=[convert.job_status_out(job) for job in page], next_page_token=token
+            jobs=[statuses.job_status_out(job) for job in page], next_page_token=token
         )
 
     async def GetTask(  # noqa: N802
@@ -300,32 +307,31 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
                 f"task_index: no task {request.job_id}/{request.task_index}",
             )
         reservation = self.replica.view.reservation(job.job_id, task.index)
-        events = self.replica.task_events.get(task.key, ())
+        events = self.replica.core.task_events.get(task.key, ())
         return borgmaster_pb2.GetTaskResponse(
-            task=convert.task_status_out(job, task, self.replica.soft, reservation),
-            recent_events=[convert.task_change_out(e) for e in events],
+            task=statuses.task_status_out(job, task, self.replica.soft, reservation),
+            recent_events=[statuses.task_change_out(e) for e in events],
         )
 
     async def WhyPending(  # noqa: N802
         self, request: borgmaster_pb2.WhyPendingRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.WhyPendingResponse:
         self._name_the_master(context)
-        async with self.replica.lock:  # the view is also the scheduler's working copy
-            state = self.replica.state
-            job = state.job(request.job_id)
-            if job is None:
-                await abort(context, grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
-            if request.HasField("task_index"):
-                index = request.task_index
-                if index not in job.tasks or index >= job.spec.task_count:
-                    await abort(context, grpc.StatusCode.NOT_FOUND, f"task_index: no task {index}")
-            else:
-                pending = [t.index for t in job.visible_tasks() if t.state is TaskState.PENDING]
-                index = pending[0] if pending else 0
-            report = explain(self.replica.view, state, job.job_id, index, self.replica.event_now_ms())
-            lifetime = self.lifetimes.lifetime_of(state, job.job_id, index)
-        response = convert.pending_report_out(report)
-        response.lifetime.CopyFrom(lifetime_convert.task_lifetime_out(lifetime))
+        state = self.replica.state
+        job = state.job(request.job_id)
+        if job is None:
+            await abort(context, grpc.StatusCode.NOT_FOUND, f"job_id: no job {request.job_id!r}")
+        if request.HasField("task_index"):
+            index = request.task_index
+            if index not in job.tasks or index >= job.spec.task_count:
+                await abort(context, grpc.StatusCode.NOT_FOUND, f"task_index: no task {index}")
+        else:
+            pending = [t.index for t in job.visible_tasks() if t.state is TaskState.PENDING]
+            index = pending[0] if pending else 0
+        report = explain(self.replica.view, state, job.job_id, index, self.replica.event_now_ms())
+        lifetime = self.lifetimes.lifetime_of(state, job.job_id, index)
+        response = statuses.pending_report_out(report)
+        response.lifetime.CopyFrom(lifetimes.task_lifetime_out(lifetime))
         return response
 
     # ------------------------------------------------------------------ machines
@@ -336,7 +342,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
         async with invalid_fields_refused(context):
             size, after = requested_page(request, DEFAULT_MACHINES_PAGE, MAX_PAGE, str, "")
             states = {
-                convert.enum_in(MachineAvailability, machine_pb2.MachineState, s, "states")
+                specs.enum_in(MachineAvailability, machine_pb2.MachineState, s, "states")
                 for s in request.states
             }
 
@@ -358,7 +364,7 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
         )
         return borgmaster_pb2.ListMachinesResponse(
             machines=[
-                convert.machine_out(state, machine, self.replica.soft, self.replica.view.reservation)
+                statuses.machine_out(state, machine, self.replica.soft, self.replica.view.reservation)
                 for machine in page
             ],
             next_page_token=token,
@@ -367,8 +373,8 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
     async def RegisterMachine(  # noqa: N802
         self, request: borgmaster_pb2.RegisterMachineRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.RegisterMachineResponse:
-        spec = await self._convert_or_abort(context, convert.machine_spec_in, request.spec, "spec")
-        command = RegisterMachine(request.request_id, spec, payload_digest=convert.payload_digest(request))
+        spec = await self._convert_or_abort(context, specs.machine_spec_in, request.spec, "spec")
+        command = RegisterMachine(request.request_id, spec, payload_digest=specs.payload_digest(request))
         _, seq = await self._write(command, context)
         machine = await self._written_machine(context, request.request_id, spec.machine_id)
         return borgmaster_pb2.RegisterMachineResponse(machine=machine, log_sequence=seq)
@@ -377,14 +383,14 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
         self, request: borgmaster_pb2.SetMachineStateRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.SetMachineStateResponse:
         target = await self._convert_or_abort(
-            context, convert.enum_in, MachineAvailability, machine_pb2.MachineState, request.state, "state"
+            context, specs.enum_in, MachineAvailability, machine_pb2.MachineState, request.state, "state"
         )
         command = SetMachineState(
             request.request_id,
             request.machine_id,
             target,
             request.detail,
-            payload_digest=convert.payload_digest(request),
+            payload_digest=specs.payload_digest(request),
         )
         _, seq = await self._write(command, context)
         machine = await self._written_machine(context, request.request_id, request.machine_id)
@@ -400,23 +406,23 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             ((u, b) for u, b in state.quotas if not request.user or u == request.user),
             key=lambda k: (k[0], k[1].value),
         )
-        return borgmaster_pb2.GetQuotaResponse(quotas=[convert.quota_out(state, u, b) for u, b in keys])
+        return borgmaster_pb2.GetQuotaResponse(quotas=[statuses.quota_out(state, u, b) for u, b in keys])
 
     async def SetQuota(  # noqa: N802
         self, request: borgmaster_pb2.SetQuotaRequest, context: grpc.aio.ServicerContext
     ) -> borgmaster_pb2.SetQuotaResponse:
         band = await self._convert_or_abort(
-            context, convert.enum_in, PriorityBand, job_pb2.PriorityBand, request.band, "band"
+            context, specs.enum_in, PriorityBand, job_pb2.PriorityBand, request.band, "band"
         )
         if band is PriorityBand.UNSPECIFIED:
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "band: name the priority band")
-        limit = await self._convert_or_abort(context, convert.resources_in, request.limit, "limit")
+        limit = await self._convert_or_abort(context, specs.resources_in, request.limit, "limit")
         command = SetQuota(
-            request.request_id, request.user, band, limit, payload_digest=convert.payload_digest(request)
+            request.request_id, request.user, band, limit, payload_digest=specs.payload_digest(request)
         )
         _, seq = await self._write(command, context)
         return borgmaster_pb2.SetQuotaResponse(
-            quota=convert.quota_out(self.replica.state, request.user, band), log_sequence=seq
+            quota=statuses.quota_out(self.replica.state, request.user, band), log_sequence=seq
         )
 
     async def GetLeader(  # noqa: N802
@@ -449,7 +455,15 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
         replica = self.replica
         view = replica.view
         counts = view.cpu_overflow.counts()
+        proposals = replica.core.proposals
         return borgmaster_pb2.GetCellStatusResponse(
+            proposals=proposals.proposals,
+            placements_accepted=proposals.accepted,
+            placements_stale=proposals.stale,
+            placements_preempted=proposals.preempted,
+            stale_reasons=proposals.stale_reasons,
+            log_sequence=replica.state.last_sequence,
+            tasks_pending=replica.state.schedulable_pending_count(),
             replica_id=replica.replica_id,
             is_leader=replica.is_leader,
             gpa_rho=view.profile.resource_fit.gpa_rho,
@@ -460,4 +474,61 @@ class BorgmasterServicer(LifetimeRpcs, borgmaster_pb2_grpc.BorgmasterServicer):
             overflowed_samples=counts.overflowed_samples,
             recent_overflow_rate=counts.recent_rate,
             recent_samples=counts.recent_samples,
+        )
+
+    # ------------------------------------------------------------------ lifetimes (LAVA §3-4)
+    async def TrainLifetimes(  # noqa: N802
+        self, request: lifetimes_pb2.TrainLifetimesRequest, context: grpc.aio.ServicerContext
+    ) -> lifetimes_pb2.TrainLifetimesResponse:
+        if request.min_runs < 0:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "min_runs: must be >= 0")
+        cause = request.request_id or f"req-{uuid.uuid4().hex[:12]}"
+        try:
+            outcome = await self.lifetimes.train(request.min_runs, cause)
+        except NotLeader as error:
+            await self._no_master_here(context, error)
+        except StoreUnavailable as error:
+            await abort(context, grpc.StatusCode.UNAVAILABLE, f"{error}; retry")
+        if isinstance(outcome, TooLittleHistory):
+            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(outcome))
+        trained = outcome.trained
+        return lifetimes_pb2.TrainLifetimesResponse(
+            runs=trained.runs,
+            jobs=trained.jobs,
+            log_sequence=outcome.log_sequence,
+            model_bytes=outcome.model_bytes,
+            median_lifetime_s=trained.median_lifetime_s,
+            runs_per_class=list(trained.runs_per_class),
+        )
+
+    async def DrainMachine(  # noqa: N802
+        self, request: lifetimes_pb2.DrainMachineRequest, context: grpc.aio.ServicerContext
+    ) -> lifetimes_pb2.DrainMachineResponse:
+        if not request.machine_id:
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "machine_id: name the machine to drain")
+        command = SetMachineState(
+            request.request_id,
+            request.machine_id,
+            MachineAvailability.DRAINING,
+            request.detail or "drained by an operator",
+            payload_digest=specs.payload_digest(request),
+        )
+        _, seq = await self._write(command, context)
+        plan = self.lifetimes.drain_plan(self.replica.state, request.machine_id)
+        return lifetimes.drain_plan_out(request.machine_id, seq, plan)
+
+    async def GetLifetimes(  # noqa: N802
+        self, request: lifetimes_pb2.GetLifetimesRequest, context: grpc.aio.ServicerContext
+    ) -> lifetimes_pb2.GetLifetimesResponse:
+        """Answered from the replicated state (host states, model); predictions are the master's."""
+        self._name_the_master(context)
+        state = self.replica.state
+        model = state.lifetime_model
+        return lifetimes_pb2.GetLifetimesResponse(
+            placement_policy=self.lifetimes.settings.placement_policy,
+            model_loaded=model is not None,
+            model_runs=model.runs if model else 0,
+            model_trained_at_ms=model.trained_at_ms if model else 0,
+            hosts=[lifetimes.lava_host_out(h) for _, h in sorted(state.lava_hosts.items())],
+            tasks_predicted=self.lifetimes.tasks_predicted,
         )

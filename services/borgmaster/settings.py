@@ -10,13 +10,17 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from cellpilot.borg.lifetime_tracker import LifetimeTracker
 from cellpilot.borg.restart_backoff import RestartPolicy
-from cellpilot.platform.settings import ReplicaServerSettings
+from cellpilot.borg.scheduling_view import SchedulingView
+from cellpilot.platform.settings import MeteredReplicaSettings
+from cellpilot.schedule import SchedulerConfig, default_profile
 from cellpilot.schedule.cpu_demand import CpuLearning
+from cellpilot.schedule.lifetime_aware.policies import placement_policy
 from cellpilot.schedule.profile import PLACEMENT_POLICIES
 
 
-class BorgmasterSettings(ReplicaServerSettings):
+class BorgmasterSettings(MeteredReplicaSettings):
     model_config = SettingsConfigDict(env_prefix="CELLPILOT_BORGMASTER_", extra="ignore")
     service_name = "borgmaster"
 
@@ -32,7 +36,7 @@ class BorgmasterSettings(ReplicaServerSettings):
     )  # how often a follower tries to take an expired lease
     tail_interval_s: float = Field(default=0.2, gt=0)  # how often a follower reads new log records
     # Snapshots bound recovery: one after this many records, or this long after the last one.
-    snapshot_every_records: int = Field(default=5_000, ge=1)
+    snapshot_every_records: int = Field(default=50_000, ge=1)
     snapshot_interval_s: float = Field(default=60.0, gt=0)
 
     # Group commit (Borg §3.1): client writes that arrive while an append is in flight share the
@@ -114,6 +118,17 @@ class BorgmasterSettings(ReplicaServerSettings):
                 f"{', '.join(PLACEMENT_POLICIES)}; got {value!r}"
             )
         return value
+
+    @property
+    def keeps_lava_host_states(self) -> bool:
+        """LAVA's host states are logged only under a policy that keeps them (LAS, LARS: predictions only)."""
+        return placement_policy(self.placement_policy).keeps_host_states
+
+    def scheduling_view(self, lifetimes: LifetimeTracker) -> SchedulingView:
+        """A copy of the cell under this cell's scheduling policy: the master judges proposals
+        and in-place updates on one, every scheduler plans on another (Borg §3.4)."""
+        profile = default_profile(self.packing, self.gpa_rho, self.placement_policy, lifetimes)
+        return SchedulingView(profile, SchedulerConfig(), self.scheduler_seed, self.cpu_learning)
 
     @property
     def cpu_learning(self) -> CpuLearning:

@@ -331,7 +331,7 @@ async def serve(settings: DashboardSettings, stop: asyncio.Event, telemetry: Tel
     metrics = CellpilotMetrics.on(telemetry.meter) if telemetry else None
     history = (
         StreamHistory(
-            settings.platform.kafka_bootstrap,
+            settings.stream_access(),
             settings.events_topic,
             settings.recommendations_topic,
             settings.max_points_per_series,

@@ -23,6 +23,7 @@ from cellpilot.client.wording import recommender_name
 from cellpilot.platform.kafka import Record
 from cellpilot.platform.kafka_consumers import MessageConsumer
 from cellpilot.platform.metrics import CellpilotMetrics
+from cellpilot.platform.stream_access import StreamAccess
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +70,13 @@ class JobStreams:
 class StreamHistory:
     def __init__(
         self,
-        bootstrap: str,
+        access: StreamAccess,
         events_topic: str,
         recommendations_topic: str,
         max_points: int,
         metrics: CellpilotMetrics | None = None,
     ) -> None:
-        self.bootstrap = bootstrap
+        self.access = access
         self.events_topic = events_topic
         self.recommendations_topic = recommendations_topic
         self.max_points = max_points
@@ -153,7 +154,7 @@ class StreamHistory:
         """Read both topics until ``stop``; reconnects while Kafka is unreachable."""
         while not stop.is_set():
             consumer = MessageConsumer(
-                self.bootstrap,
+                self.access,
                 [self.events_topic, self.recommendations_topic],
                 group_id=f"dashboard-{uuid.uuid4().hex[:12]}",  # its own group: every record, from the start
                 client_id="dashboard",

@@ -16,19 +16,18 @@ import math
 import numpy as np
 
 from cellpilot.api.v1 import job_pb2, recommendation_pb2, resources_pb2, state_pb2, usage_pb2
-from cellpilot.autopilot.candidates import STATISTIC_NAMES
 from cellpilot.autopilot.job_recommendations import (
     CandidateRow,
     HistogramInput,
     HorizontalSettings,
-    JobState,
     OomInput,
     RecommenderConfig,
+    RecommenderState,
 )
-from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS, HorizontalStatistic, RecommenderKind
+from cellpilot.job_vocabulary import HorizontalStatistic, RecommenderKind
 from cellpilot.platform.kafka import PoisonRecordError, Record
+from cellpilot.platform.wire_enums import WireEnum
 from cellpilot.usage.buckets import Resource, lookup_scheme
-from cellpilot_services.wire_enums import WireEnum
 
 RESOURCES_BY_CODE = {resources_pb2.RESOURCE_CPU: Resource.CPU, resources_pb2.RESOURCE_MEMORY: Resource.MEMORY}
 RESOURCE_CODES = {resource: code for code, resource in RESOURCES_BY_CODE.items()}
@@ -128,7 +127,8 @@ def horizontal_settings_in(
 def _recommendation(
     job_id: str, resource: Resource, column: int, row: CandidateRow, config: RecommenderConfig
 ) -> recommendation_pb2.Recommendation | None:
-    kind = BUILTIN_RECOMMENDERS[column]
+    registration = config.for_resource(resource).registry.registrations[column]
+    kind = RecommenderKind(registration.kind)
     value = float(row.value[column])
     if math.isnan(value):
         return None
@@ -156,7 +156,7 @@ def _recommendation(
                 )
             )
     else:
-        explanation.statistic = STATISTIC_NAMES[kind]
+        explanation.statistic = registration.label
     raw_wire = round(raw) if not math.isnan(raw) else 0
     return recommendation_pb2.Recommendation(
         recommendation_id=f"{job_id}/{resource.value}/{kind.value}/{row.time_ms}",
@@ -172,12 +172,12 @@ def _recommendation(
 
 
 def recommendation_set(
-    job_id: str, state: JobState, window_end_ms: int, producer: str, config: RecommenderConfig
+    job_id: str, state: RecommenderState, window_end_ms: int, producer: str, config: RecommenderConfig
 ) -> recommendation_pb2.RecommendationSet:
     """Every recommender's newest value per resource for one job, plus the r_S signal (§3.3)."""
     out = recommendation_pb2.RecommendationSet(job_id=job_id, window_end_ms=window_end_ms, producer=producer)
     for resource, row in sorted(state.rows.items()):
-        for column in range(len(BUILTIN_RECOMMENDERS)):
+        for column in range(len(config.for_resource(resource).registry)):
             rec = _recommendation(job_id, resource, column, row, config)
             if rec is not None:
                 out.vertical.append(rec)

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from cellpilot.autopilot.ml_config import load_ml_config
+from cellpilot.platform.redis_keys import RECOMMENDER_PREFIX
 from cellpilot.platform.settings import MeteredReplicaSettings
 from cellpilot.platform.topics import partitions_of
 
@@ -28,7 +29,7 @@ class RecommenderSettings(MeteredReplicaSettings):
     recommendations_topic: str = "recommendations"
     consumer_group: str = "recommender"  # as platform/topics.py declares for usage.histograms
     # Redis keys of the checkpoints: <prefix>:<group>:p<partition>:{epoch,offsets,jobs}
-    state_prefix: str = "cellpilot:recommender"
+    state_prefix: str = RECOMMENDER_PREFIX
 
     # Raise the CPU recommendations of jobs whose demand went unserved (throttled CPU, measured
     # by the Borglets): cellpilot.recommend.unmet_demand. Off: the paper's recommenders.

@@ -5,7 +5,7 @@ Per partition ``p`` (keys ``<prefix>:<group>:p<p>:...``):
 * ``epoch``: bumped (INCR) by a worker claiming the partition; the fencing token;
 * ``offsets``: the :class:`~cellpilot.platform.kafka.AppliedOffsets` of the partition's
   state (its ``usage.histograms`` partition and every ``borg.events`` partition), JSON;
-* ``jobs``: a hash job id -> :class:`~cellpilot.autopilot.job_recommendations.JobState` bytes.
+* ``jobs``: a hash job id -> :class:`~cellpilot.autopilot.job_recommendations.RecommenderState` bytes.
 
 A save writes the changed jobs and the offsets in one fenced write that first checks the
 epoch (:func:`cellpilot.platform.redis_client.write_fenced`), so state and offsets move
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from cellpilot.autopilot.job_recommendations import JobState
+from cellpilot.autopilot.job_recommendations import RecommenderState
 from cellpilot.platform.kafka import AppliedOffsets
 from cellpilot.platform.redis_client import FencedWrites, reply_bytes, reply_text, write_fenced
 
@@ -30,7 +30,7 @@ from cellpilot.platform.redis_client import FencedWrites, reply_bytes, reply_tex
 class PartitionCheckpoint:
     epoch: int
     offsets: AppliedOffsets
-    jobs: dict[str, JobState]
+    jobs: dict[str, RecommenderState]
 
 
 class StateStore:
@@ -53,11 +53,11 @@ class StateStore:
             else AppliedOffsets()
         )
         raw_jobs = await self.redis.hgetall(jobs_key)
-        jobs = {reply_text(k): JobState.from_bytes(reply_bytes(v)) for k, v in raw_jobs.items()}
+        jobs = {reply_text(k): RecommenderState.from_bytes(reply_bytes(v)) for k, v in raw_jobs.items()}
         return PartitionCheckpoint(epoch, offsets, jobs)
 
     async def save(
-        self, partition: int, epoch: int, offsets: AppliedOffsets, jobs: Mapping[str, JobState]
+        self, partition: int, epoch: int, offsets: AppliedOffsets, jobs: Mapping[str, RecommenderState]
     ) -> bool:
         """Write the changed jobs and the offsets atomically; False if another epoch owns it."""
         epoch_key, offsets_key, jobs_key = self._keys(partition)

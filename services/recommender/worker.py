@@ -34,8 +34,8 @@ from opentelemetry import trace
 from cellpilot.autopilot.job_recommendations import (
     HistogramInput,
     HorizontalSettings,
-    JobState,
     OomInput,
+    RecommenderState,
     apply_histograms,
     apply_horizontal_settings,
     apply_ooms,
@@ -62,10 +62,10 @@ tracer = trace.get_tracer(__name__)
 class JobsPartition(OwnedPartition):
     """A ``usage.histograms`` partition's jobs, and what changed in them since the checkpoint."""
 
-    jobs: dict[str, JobState]
+    jobs: dict[str, RecommenderState]
     changed: set[str] = field(default_factory=set)  # jobs whose state changed since the checkpoint
     oom_jobs: set[str] = field(default_factory=set)  # jobs bumped by an OOM since then
-    ready: list[tuple[str, int, JobState]] = field(default_factory=list)  # sets to publish
+    ready: list[tuple[str, int, RecommenderState]] = field(default_factory=list)  # sets to publish
 
 
 @dataclass
@@ -85,10 +85,10 @@ class RecommenderWorker:
         self.metrics = CellpilotMetrics.on(telemetry.meter) if telemetry is not None else None
         self.redis = connect_redis(settings.platform.redis_url_for("recommender"))
         self.store = StateStore(self.redis, settings.state_prefix, settings.consumer_group)
-        bootstrap = settings.platform.kafka_bootstrap
-        self.producer = kafka.MessageProducer(bootstrap, client_id=self.replica_id)
+        self.access = settings.stream_access()
+        self.producer = kafka.MessageProducer(self.access, client_id=self.replica_id)
         self.consumer = MessageConsumer(
-            bootstrap,
+            self.access,
             [settings.histograms_topic],
             group_id=settings.consumer_group,
             client_id=self.replica_id,
@@ -181,7 +181,7 @@ class RecommenderWorker:
             # A partition with no position for this events partition needs it from the start.
             starts[key] = min(p.get(key, 0) for p in positions)
         self.events = AssignedConsumer(
-            self.settings.platform.kafka_bootstrap,
+            self.access,
             [events_topic],
             client_id=f"{self.replica_id}-events",
             log_check_interval_s=self.settings.platform.log_check_interval_s,
@@ -214,7 +214,7 @@ class RecommenderWorker:
             await self._publish_and_checkpoint()
 
     def _apply(self, by_partition: dict[int, list[kafka.Record]], events: list[kafka.Record]) -> StepOutput:
-        """Convert and fold records into the owned partitions' job states (a worker thread)."""
+        """Convert and fold records into the owned partitions' recommender states (a worker thread)."""
         out = StepOutput()
         for partition, records in by_partition.items():
             owned = self.owned[partition]
@@ -270,7 +270,7 @@ class RecommenderWorker:
         for owned in list(self.owned.values()):
             if not owned.dirty:
                 continue
-            per_job: dict[str, list[tuple[int, JobState]]] = defaultdict(list)
+            per_job: dict[str, list[tuple[int, RecommenderState]]] = defaultdict(list)
             for job_id, end, state in owned.ready:
                 per_job[job_id].append((end, state))
             for job_id in sorted(owned.oom_jobs):
@@ -290,7 +290,7 @@ class RecommenderWorker:
             owned.dirty = False
             await self.owner.commit(owned)
 
-    async def _send_in_order(self, job_id: str, sets: list[tuple[int, JobState]]) -> None:
+    async def _send_in_order(self, job_id: str, sets: list[tuple[int, RecommenderState]]) -> None:
         """One job's sets one after the other, so they stay in order on its partition."""
         for end, state in sets:
             message = convert.recommendation_set(job_id, state, end, self.replica_id, self.config)

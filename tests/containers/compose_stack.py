@@ -240,6 +240,9 @@ class ComposeStack:
     def unpause(self, service: str) -> None:
         run(["docker", "unpause", self.container_id(service)])
 
+    def exec(self, service: str, argv: Sequence[str], timeout_s: float = 120.0, check: bool = True) -> str:
+        return run(["docker", "exec", self.container_id(service), *argv], timeout_s=timeout_s, check=check)
+
     def restart(self, service: str) -> None:
         run(["docker", "restart", "-t", "10", self.container_id(service)], timeout_s=120)
 

@@ -110,7 +110,8 @@ def stack(request: pytest.FixtureRequest, artifacts_dir: Path) -> Iterator[Runni
 
 
 def _copy_certs(compose: ComposeStack, into: Path) -> Path:
-    """The stack's certificates, copied out of the `certs` volume (via a running Borgmaster)."""
+    """The CA, the `client` certificate and the token secret, copied out of a running Borgmaster
+    (its share of the certificates: each container mounts only its own)."""
     shutil.rmtree(into, ignore_errors=True)
     into.parent.mkdir(parents=True, exist_ok=True)
     run(["docker", "cp", f"{compose.container_id('borgmaster-0')}:/certs", str(into)])

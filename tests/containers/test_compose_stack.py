@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import pytest
-from compose_stack import RunningStack, run
+from compose_stack import DockerError, RunningStack, run
 
 from cellpilot.api.v1 import (
     borgmaster_pb2,
@@ -122,7 +122,7 @@ def test_every_service_of_the_compose_file_runs(stack: RunningStack) -> None:
 async def test_jobs_submitted_through_the_published_port_run(
     stack: RunningStack, client: CellpilotClient, user: str
 ) -> None:
-    stack.require("borgmaster-0", "borgmaster-1", "borgmaster-2", *FLEETS)
+    stack.require("borgmaster-0", "borgmaster-1", "borgmaster-2", "scheduler", *FLEETS)
     expected = 3 * int(stack.compose.env["CELLPILOT_BORGLET_FLEET_SIZE"])
 
     async def registered() -> bool:
@@ -245,6 +245,34 @@ async def _histogram_windows(client: CellpilotClient, job_id: str) -> int:
     return len(await client.monitoring.histogram_history(request))
 
 
+# Run inside the local broker image: the sum of borg.events' log-end offsets, as the admin user.
+BORG_EVENTS_END = """
+import asyncio
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from cellpilot.platform.stream_access import BrokerLogin, StreamAccess
+password = open("/users/admin.password").read().strip()
+login = BrokerLogin("SASL_PLAINTEXT", "SCRAM-SHA-512", "admin", password)
+async def main():
+    reader = AIOKafkaConsumer(**StreamAccess.admin("127.0.0.1:9092", login).client_options())
+    await reader.start()
+    try:
+        parts = [TopicPartition("borg.events", p) for p in reader.partitions_for_topic("borg.events") or ()]
+        print(sum((await reader.end_offsets(parts)).values()))
+    finally:
+        await reader.stop()
+asyncio.run(main())
+"""
+
+
+def _durable_broker(stack: RunningStack) -> bool:
+    """The local image built with `make broker` (the registry path's broker is apache/kafka)."""
+    try:
+        stack.compose.exec("kafka", ["test", "-x", "/opt/tansu-durable/tansu"], timeout_s=30)
+    except DockerError:
+        return False
+    return True
+
+
 async def test_restarting_the_broker_the_pipeline_resumes(
     stack: RunningStack, client: CellpilotClient, user: str
 ) -> None:
@@ -256,9 +284,16 @@ async def test_restarting_the_broker_the_pipeline_resumes(
         return seen if seen >= count else None
 
     before = await eventually(lambda: windows_at_least(1), 120, "a first 5-minute histogram window")
+    durable = _durable_broker(stack)
+    events_before = int(stack.compose.exec("kafka", ["python", "-c", BORG_EVENTS_END])) if durable else 0
     await asyncio.to_thread(stack.compose.restart, "kafka")
     restarted_at = time.monotonic()
     await asyncio.to_thread(stack.compose.wait_healthy, ["kafka"], 120)
+    if durable:
+        # The durable broker kept its log: the offsets go on from where they were, not from 0.
+        events_after = int(stack.compose.exec("kafka", ["python", "-c", BORG_EVENTS_END]))
+        assert events_before > 0, "borg.events had records before the restart"
+        assert events_after >= events_before, f"the log went back: {events_before} -> {events_after}"
     after = await eventually(lambda: windows_at_least(before + 3), 180, "new windows after the restart")
     print(f"histogram windows {before} -> {after}, {time.monotonic() - restarted_at:.1f} s after restart")
     # Writes and their borg.events keep flowing too.

@@ -9,11 +9,17 @@ from the environment this fixture exports: the suite runs with mTLS and bearer t
 real cell does. Test Borglets present ``borglet-test``, a Borglet identity allowed to report
 for any machine (the tests name machines freely); tests/integration/security checks the
 own-machines rule with the stack's real ``borglet-r0`` identity.
+
+The suite's stacks (this one, and those ``cellpilot run`` makes in the supervision, CLI and chaos
+tests) run the in-memory broker unless ``CELLPILOT_STACK_BROKER`` says otherwise: their tests
+reach the broker anonymously with a bootstrap address. The durable broker (its log across a
+restart, its SCRAM users) has tests of its own in tests/integration/broker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 import uuid
@@ -26,6 +32,9 @@ from sqlalchemy import make_url
 from cellpilot.platform.postgres import apply_migrations, drop_database, ensure_database
 from cellpilot.security.certificates import IdentityRequest, issue_all
 from cellpilot.stack import Stack, StackConfig, StackEndpoints
+from cellpilot.stack.config import BROKER_ENV
+
+os.environ.setdefault(BROKER_ENV, "memory")  # inherited by every `cellpilot run` a test starts
 
 TEST_BORGLET_IDENTITY = "borglet-test"
 

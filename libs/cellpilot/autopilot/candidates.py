@@ -1,16 +1,21 @@
-"""Every built-in recommender's output for a batch of jobs, from one shared state per resource.
+"""Every registered recommender's output for a batch of jobs, from one shared state per resource.
 
 A recommender worker (Autopilot §3.1: "each of Autopilot's resource recommenders ... runs
 as a separate job") keeps, per job and resource, the state of every applicable
 recommender and emits all their outputs so the Autopilot master can choose (§3.2) and
-users can compare them, also for jobs that are not Autopiloted (§5.2):
+users can compare them, also for jobs that are not Autopiloted (§5.2).
+
+Recommenders compose (:mod:`cellpilot.recommend.estimator`): a recommender kind is an
+estimator over the per-job states every kind shares, with its decorators, registered in
+:mod:`cellpilot.autopilot.recommender_registry`. One batch step folds the window into the
+shared states the computed kinds read (the decayed histogram of §3.2.2, the ensemble of
+§3.2.3), asks every kind for its estimate, and holds each at its own maximum over the last
+hour (§3.2.2 post-processing, one ring per kind). The built-in registry gives:
 
 * the six moving-window recommenders of §3.2.2 (S_max, S_avg, S_p90, S_p95, S_p98 and
-  max(S_p60, 0.5 S_max)) share one :class:`~cellpilot.recommend.moving_window.WindowState`:
-  one decayed histogram serves every statistic. Each gets the safety margin and its own
-  maximum over the last hour (§3.2.2 post-processing);
+  max(S_p60, 0.5 S_max)), each with the safety margin;
 * the ML recommender of §3.2.3 (ensemble of arg-min models, eqs. 4-9; its margins are
-  per model, eq. 7), with its own maximum over the last hour.
+  per model, eq. 7).
 
 User bounds are not applied here: they are configuration, applied by the master.
 
@@ -27,12 +32,18 @@ windows of the job's summed CPU usage; r_S is the max or P95 over each job's own
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
 
 from cellpilot.array_types import BoolArray, FloatArray, Int64Array
-from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS, HorizontalStatistic, RecommenderKind
+from cellpilot.autopilot.recommender_registry import (
+    BUILTIN_REGISTRY,
+    RecommenderRegistry,
+)
+from cellpilot.job_vocabulary import HorizontalStatistic, RecommenderKind
+from cellpilot.recommend.estimator import Estimator, SharedSource, SharedView
 from cellpilot.recommend.horizontal import (
     CpuSourceState,
     CpuUtilisationSource,
@@ -52,36 +63,23 @@ from cellpilot.recommend.moving_window import (
     initial_window_state,
     update_window,
 )
-from cellpilot.recommend.policy import Statistic, evaluate_statistics
+from cellpilot.recommend.policy import Statistic
 from cellpilot.recommend.post_processing import (
     HOUR_MS,
     MINUTE_MS,
+    LastHourMax,
     MarginCurve,
     WindowMaxState,
-    initial_window_max,
-    update_window_max,
 )
 from cellpilot.units import GIB, MILLICORES_PER_CORE
 from cellpilot.usage.buckets import BucketScheme, Resource, default_scheme
 
+# The built-in moving-window kinds' statistics (the §3.2.2 policy table picks among them),
+# from their registrations.
 WINDOW_STATISTICS: dict[RecommenderKind, Statistic] = {
-    RecommenderKind.MOVING_WINDOW_MAX: Statistic.MAX,
-    RecommenderKind.MOVING_WINDOW_AVG: Statistic.AVG,
-    RecommenderKind.MOVING_WINDOW_P90: Statistic.P90,
-    RecommenderKind.MOVING_WINDOW_P95: Statistic.P95,
-    RecommenderKind.MOVING_WINDOW_P98: Statistic.P98,
-    RecommenderKind.MOVING_WINDOW_P60_HALF_MAX: Statistic.MAX_OF_P60_AND_HALF_PEAK,
+    RecommenderKind(r.kind): r.statistic for r in BUILTIN_REGISTRY.registrations if r.statistic is not None
 }
 WINDOW_KINDS: tuple[RecommenderKind, ...] = tuple(WINDOW_STATISTICS)
-STATISTIC_NAMES: dict[RecommenderKind, str] = {
-    RecommenderKind.MOVING_WINDOW_MAX: "S_max",
-    RecommenderKind.MOVING_WINDOW_AVG: "S_avg",
-    RecommenderKind.MOVING_WINDOW_P90: "S_p90",
-    RecommenderKind.MOVING_WINDOW_P95: "S_p95",
-    RecommenderKind.MOVING_WINDOW_P98: "S_p98",
-    RecommenderKind.MOVING_WINDOW_P60_HALF_MAX: "max(S_p60, 0.5*S_max)",
-}
-_ML = BUILTIN_RECOMMENDERS.index(RecommenderKind.ML)
 NO_TIME = -1
 # The unit of the ML ensemble's additive margins (eq. 7), in the histograms' unit per resource:
 # one core (in millicores) and one GiB (in bytes).
@@ -104,11 +102,13 @@ class CandidateConfig:
     hour_max_slot_ms: int = 5 * MINUTE_MS
     # OOM bump: our choice; the paper says only that Autopilot "promptly increased" the limit.
     oom_bump: float = 0.2
-    # Which outputs to compute. A worker computes every one (users compare them, §5.2); a
-    # caller that can never select a group (a study of the moving window alone) may skip it:
-    # its columns stay NaN and nothing else changes.
+    # Which shared states to fold in. A worker folds every one (users compare all kinds, §5.2);
+    # a caller that can never select the kinds reading one (a study of the moving window alone)
+    # may skip it: those kinds' columns stay NaN and nothing else changes.
     with_window: bool = True
     with_ml: bool = True
+    # The recommender kinds, one output column each (registration order).
+    registry: RecommenderRegistry = BUILTIN_REGISTRY
 
     @classmethod
     def for_resource(cls, resource: Resource, ensemble: EnsembleConfig | None = None) -> CandidateConfig:
@@ -123,24 +123,45 @@ class CandidateConfig:
             replace(ensemble, grid=grid),
         )
 
+    @cached_property
+    def estimators(self) -> tuple[Estimator, ...]:
+        """Every registered kind's estimator with its decorators, in column order."""
+        return tuple(r.build(self) for r in self.registry.registrations)
+
     @property
-    def computed_columns(self) -> tuple[int, ...]:
-        return tuple(
-            c
-            for c, kind in enumerate(BUILTIN_RECOMMENDERS)
-            if (self.with_ml if kind is RecommenderKind.ML else self.with_window)
+    def folded_sources(self) -> frozenset[SharedSource]:
+        """The shared states this configuration folds windows into."""
+        return frozenset(
+            source
+            for source, wanted in (
+                (SharedSource.WINDOW, self.with_window),
+                (SharedSource.ENSEMBLE, self.with_ml),
+            )
+            if wanted
         )
 
     @property
+    def computed_columns(self) -> tuple[int, ...]:
+        """The kinds whose shared states are folded in (the others stay NaN)."""
+        folded = self.folded_sources
+        return tuple(c for c, estimator in enumerate(self.estimators) if estimator.reads <= folded)
+
+    @property
+    def hour_max(self) -> LastHourMax:
+        return LastHourMax(self.hour_max_ms, self.hour_max_slot_ms)
+
+    @property
     def hour_max_slots(self) -> int:
-        return -(-self.hour_max_ms // self.hour_max_slot_ms)
+        return self.hour_max.slots
 
 
 @dataclass(frozen=True, eq=False)
 class CandidateState(JobArrays):
-    window: WindowState
-    ml: EnsembleState
-    hour_max: tuple[WindowMaxState, ...]  # one per kind, in BUILTIN_RECOMMENDERS order
+    """One resource's shared per-job states, each kind's ring of the last hour and latest output."""
+
+    window: WindowState  # §3.2.2's decayed histogram (SharedSource.WINDOW)
+    ml: EnsembleState  # §3.2.3's ensemble (SharedSource.ENSEMBLE)
+    hour_max: tuple[WindowMaxState, ...]  # one per kind, in registration order
     last_end_ms: Int64Array  # (J,) end of the newest histogram folded in; NO_TIME = none
     pending_oom_value: FloatArray  # (J,) bumped value to add to the next histogram; NaN = none
     pending_oom_count: FloatArray  # (J,) samples to add there
@@ -148,11 +169,11 @@ class CandidateState(JobArrays):
 
 
 def initial_candidate_state(config: CandidateConfig, jobs: int = 1) -> CandidateState:
-    kinds = len(BUILTIN_RECOMMENDERS)
+    kinds = len(config.registry)
     return CandidateState(
         window=initial_window_state(jobs, config.scheme.size, config.window),
         ml=initial_ensemble_state(jobs, config.scheme.size, config.ensemble),
-        hour_max=tuple(initial_window_max(jobs, config.hour_max_slots) for _ in BUILTIN_RECOMMENDERS),
+        hour_max=tuple(config.hour_max.initial(jobs) for _ in range(kinds)),
         last_end_ms=np.full(jobs, NO_TIME, dtype=np.int64),
         pending_oom_value=np.full(jobs, np.nan),
         pending_oom_count=np.zeros(jobs),
@@ -162,7 +183,7 @@ def initial_candidate_state(config: CandidateConfig, jobs: int = 1) -> Candidate
 
 @dataclass(frozen=True, eq=False)
 class CandidateBatch:
-    """Every recommender's output for J jobs (columns in :data:`BUILTIN_RECOMMENDERS` order)."""
+    """Every recommender's output for J jobs (columns in the registry's order)."""
 
     resource: Resource
     time_ms: Int64Array  # (J,) event time of the input (window end, or OOM time)
@@ -181,16 +202,40 @@ class CandidateBatch:
 def _record(
     config: CandidateConfig, rings: tuple[WindowMaxState, ...], values: FloatArray, time_ms: Int64Array
 ) -> tuple[tuple[WindowMaxState, ...], FloatArray]:
-    """Record each kind's value in its ring; (new rings, max over the last hour per kind).
+    """Record each held kind's value in its ring; (new rings, max over the last hour per kind).
 
-    The rings of kinds the config does not compute stay as they are (their values are NaN)."""
+    The rings of kinds not computed, or not held at the hour's max, stay as they are (their
+    maxima are NaN)."""
     new_rings = list(rings)
     maxima = np.full_like(values, np.nan)
+    registrations = config.registry.registrations
     for c in config.computed_columns:
-        new_ring, window_max = update_window_max(rings[c], values[:, c], time_ms, config.hour_max_slot_ms)
-        new_rings[c] = new_ring
-        maxima[:, c] = window_max
+        if registrations[c].hour_max:
+            new_rings[c], maxima[:, c] = config.hour_max.record(rings[c], values[:, c], time_ms)
     return tuple(new_rings), maxima
+
+
+def _fold_shared(
+    config: CandidateConfig, state: CandidateState, counts: FloatArray, end_ms: Int64Array
+) -> tuple[WindowState, EnsembleState, SharedView]:
+    """Fold one window into each shared state some computed kind reads; what they read."""
+    boundaries = config.scheme.boundaries
+    read = frozenset().union(*(config.estimators[c].reads for c in config.computed_columns))
+    window_state, statistics = state.window, None
+    if SharedSource.WINDOW in read:
+        window_state, statistics = update_window(config.window, boundaries, state.window, counts, end_ms)
+    ml_state, decision = state.ml, None
+    if SharedSource.ENSEMBLE in read:
+        ml_state, decision = update_ensemble(config.ensemble, boundaries, state.ml, counts, end_ms)
+    view = SharedView(
+        counts,
+        end_ms,
+        boundaries,
+        window=statistics,
+        ensemble=None if decision is None else ml_state,
+        decision=decision,
+    )
+    return window_state, ml_state, view
 
 
 def update_candidates(
@@ -202,37 +247,25 @@ def update_candidates(
     jobs = state.last_end_ms.shape[0]
     if s.shape != (jobs, config.scheme.size) or t.shape != (jobs,):
         raise ValueError(f"expected counts ({jobs}, {config.scheme.size}) and end times ({jobs},)")
-    boundaries = config.scheme.boundaries
     pending = ~np.isnan(state.pending_oom_value)
     if pending.any():
         rows = np.flatnonzero(pending)
         s[rows, config.scheme.index_of(state.pending_oom_value[rows])] += state.pending_oom_count[rows]
 
-    raw = np.full((jobs, len(BUILTIN_RECOMMENDERS)), np.nan)
+    window_state, ml_state, view = _fold_shared(config, state, s, t)
+    raw = np.full((jobs, len(config.registry)), np.nan)
     with_margin = np.full_like(raw, np.nan)
     margin = np.full_like(raw, np.nan)
-    window_state = state.window
-    if config.with_window:
-        window_state, stats = update_window(config.window, boundaries, state.window, s, t)
-        for c, kind in enumerate(WINDOW_KINDS):
-            raw[:, c], _ = evaluate_statistics(np.full(jobs, WINDOW_STATISTICS[kind], np.int8), stats)
-        # §3.2.2 post-processing: the safety margin, then (below) the max over the last hour.
-        with_margin[:, :_ML], margin[:, :_ML] = config.margin.apply(raw[:, :_ML])
-
-    ml_state = state.ml
     ml_model = np.full(jobs, -1, dtype=np.int64)
     ml_cost = np.full(jobs, np.nan)
-    if config.with_ml:
-        ml_state, decision = update_ensemble(config.ensemble, boundaries, state.ml, s, t)
-        has_usage = ml_state.smoothed[:, 0, :].sum(axis=1) > 0.0
-        raw[:, _ML] = np.where(has_usage, decision.raw_limit, np.nan)
-        with_margin[:, _ML] = np.where(has_usage, decision.limit, np.nan)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            relative = decision.limit / decision.raw_limit - 1.0
-        margin[:, _ML] = np.where(has_usage, relative, np.nan)
-        ml_model = np.where(has_usage, decision.model, -1).astype(np.int64)
-        ml_cost = np.where(has_usage, decision.cost, np.nan)
+    for c in config.computed_columns:
+        estimate = config.estimators[c].estimate(view)
+        raw[:, c], with_margin[:, c], margin[:, c] = estimate.raw, estimate.limit, estimate.margin
+        if estimate.model is not None:  # the kind that explains itself by a model (§3.2.3)
+            ml_model = estimate.model
+            ml_cost = estimate.cost if estimate.cost is not None else np.full(jobs, np.nan)
 
+    # §3.2.2 post-processing: the max over the last hour, per kind.
     rings, maxima = _record(config, state.hour_max, with_margin, t)
     value = np.fmax(with_margin, maxima)
     raised = maxima > with_margin
@@ -294,7 +327,7 @@ def apply_oom(
         pending_oom_count=pending_count,
         values=value,
     )
-    raw = np.where(known[:, None], v[:, None], np.nan) * np.ones((1, len(BUILTIN_RECOMMENDERS)))
+    raw = np.where(known[:, None], v[:, None], np.nan) * np.ones((1, len(config.registry)))
     batch = CandidateBatch(
         resource=config.resource,
         time_ms=t,

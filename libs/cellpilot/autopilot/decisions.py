@@ -133,19 +133,45 @@ class JobView:
 
 
 @dataclass(frozen=True)
+class MlModelChoice:
+    """The ML recommender's winning model (§3.2.3, eq. 9): its index in the model grid, decay
+    rate d_m, safety margin M_m (the resource's unit) and decayed cost c_m[t]."""
+
+    model_index: int
+    decay_rate: float
+    safety_margin: float
+    cost: float
+
+
+@dataclass(frozen=True)
 class Candidate:
-    """One recommender's latest per-task limit for a job and resource."""
+    """One recommender's latest per-task limit for a job and resource, with its explanation: all
+    of a recommender's output (a ``Recommendation``), so the master keeps and shows it whole."""
 
     ref: RecommenderRef
     resource: Resource
-    value: float  # millicores or bytes, after margin and the max over the last hour
+    value: float  # millicores or bytes, after margin and the max over the last hour; NaN: none
     raw_value: float
     margin: float  # absolute, same unit
     window_end_ms: int
     recommendation_id: str
-    raised_by_window_max: bool = False
-    statistic: str = ""
+    statistic: str = ""  # the moving window's statistic, e.g. "S_p95"
     note: str = ""
+    clamped_by: ClampReason | None = None  # how the recommender clamped it; None: not said
+    unclamped_value: int = 0  # raw_value + margin before clamping
+    ml_model: MlModelChoice | None = None  # the ML recommender's winning model
+    job_id: str = ""
+    history_start_ms: int = 0  # the oldest window with weight in the value; 0: not said
+
+    @property
+    def key(self) -> str:
+        """``<resource>|<recommender label>``: one candidate per recommender and resource."""
+        return f"{self.resource.value}|{self.ref.label}"
+
+    @property
+    def raised_by_window_max(self) -> bool:
+        """Held at the maximum of the last hour (§3.2.2)."""
+        return self.clamped_by is ClampReason.LAST_HOUR_MAX
 
 
 @dataclass(frozen=True)
@@ -156,7 +182,12 @@ class HorizontalInput:
     recommendation_id: str
     usage_statistic: float | None = None  # r_S, millicores
     raw_task_count: float | None = None  # n_r from a target-size recommender
-    producer: str = ""
+    producer: str = ""  # the custom recommender that sent it; "": the built-in CPU signal
+
+    @property
+    def label(self) -> str:
+        """``builtin``, or ``custom:<name>``: one signal per source."""
+        return f"custom:{self.producer}" if self.producer else "builtin"
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ class RecommenderConfig:
 
 @dataclass(frozen=True)
 class CandidateRow:
-    """One job's output of every recommender for one resource (columns in ``BUILTIN_RECOMMENDERS`` order)."""
+    """One job's output of every recommender for one resource (columns in its registry's order)."""
 
     time_ms: int
     value: FloatArray
@@ -134,7 +134,11 @@ class HorizontalSettings:
 
 
 @dataclass(frozen=True)
-class JobState:
+class RecommenderState:
+    """Every recommender's state for one job, as a recommender worker keeps it: the candidate
+    arrays of each resource, the §3.3 CPU signal and the newest output rows. Not the job's
+    lifecycle state (that is :class:`cellpilot.borg.lifecycle.JobState`)."""
+
     cpu: CandidateState
     memory: CandidateState
     signal: CpuSourceState
@@ -182,10 +186,10 @@ class JobState:
         return array_bundle.pack(arrays, meta)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> JobState:
+    def from_bytes(cls, data: bytes) -> RecommenderState:
         arrays, meta = array_bundle.unpack(data)
         if meta.get("format") not in (_FORMAT, _FORMAT_CPU_IN_CORES):
-            raise ValueError(f"unsupported job state format {meta.get('format')}")
+            raise ValueError(f"unsupported recommender state format {meta.get('format')}")
         rows = {
             Resource(name): CandidateRow.restore(arrays, f"{name}_", row_meta)
             for name, row_meta in meta["rows"].items()
@@ -208,7 +212,7 @@ class JobState:
         return state
 
 
-def _cpu_scaled(state: JobState, factor: float) -> JobState:
+def _cpu_scaled(state: RecommenderState, factor: float) -> RecommenderState:
     """The state with every CPU value (not the counts, indices and costs, which carry no unit)
     multiplied by ``factor``: the migration of a format-1 state, which held CPU in cores."""
     cpu = state.cpu
@@ -232,8 +236,8 @@ def _cpu_scaled(state: JobState, factor: float) -> JobState:
     )
 
 
-def initial_job_state(config: RecommenderConfig) -> JobState:
-    return JobState(
+def initial_recommender_state(config: RecommenderConfig) -> RecommenderState:
+    return RecommenderState(
         cpu=initial_candidate_state(config.cpu),
         memory=initial_candidate_state(config.memory),
         signal=initial_usage_signal(config.signal),
@@ -270,7 +274,7 @@ class ApplyResult:
     skipped: int = 0  # not newer than what the job's state already holds
     changed: set[str] = field(default_factory=set)  # jobs whose state changed
     # (job, window end, state) for each window both resources completed, in event-time order
-    ready: list[tuple[str, int, JobState]] = field(default_factory=list)
+    ready: list[tuple[str, int, RecommenderState]] = field(default_factory=list)
 
 
 def _rounds(inputs: Sequence[HistogramInput]) -> list[list[HistogramInput]]:
@@ -289,7 +293,7 @@ def _rounds(inputs: Sequence[HistogramInput]) -> list[list[HistogramInput]]:
 
 def _apply_resource(
     config: RecommenderConfig,
-    states: dict[str, JobState],
+    states: dict[str, RecommenderState],
     resource: Resource,
     items: Sequence[HistogramInput],
     result: ApplyResult,
@@ -297,7 +301,7 @@ def _apply_resource(
     """One vectorised step of one resource for jobs with at most one window each in ``items``."""
     fresh: list[HistogramInput] = []
     for item in items:
-        state = states.get(item.job_id) or initial_job_state(config)
+        state = states.get(item.job_id) or initial_recommender_state(config)
         states[item.job_id] = state
         if item.end_ms <= state.last_end_ms(resource):
             result.skipped += 1
@@ -343,18 +347,18 @@ def _apply_resource(
     result.applied += len(fresh)
 
 
-def _horizon(config: RecommenderConfig, state: JobState) -> HorizontalSettings:
+def _horizon(config: RecommenderConfig, state: RecommenderState) -> HorizontalSettings:
     return state.horizon or HorizontalSettings(config.horizon_ms, config.usage_statistic)
 
 
 def apply_horizontal_settings(
-    config: RecommenderConfig, states: dict[str, JobState], settings: Mapping[str, HorizontalSettings]
+    config: RecommenderConfig, states: dict[str, RecommenderState], settings: Mapping[str, HorizontalSettings]
 ) -> set[str]:
     """Record each job's own horizon and statistic (its spec, as the Borgmaster announced it);
     r_S is taken over them from the next window on. Returns the jobs whose settings changed."""
     changed = set()
     for job_id, horizon in settings.items():
-        state = states.get(job_id) or initial_job_state(config)
+        state = states.get(job_id) or initial_recommender_state(config)
         if state.horizon != horizon:
             states[job_id] = replace(state, horizon=horizon)
             changed.add(job_id)
@@ -362,7 +366,7 @@ def apply_horizontal_settings(
 
 
 def apply_histograms(
-    config: RecommenderConfig, states: dict[str, JobState], inputs: Sequence[HistogramInput]
+    config: RecommenderConfig, states: dict[str, RecommenderState], inputs: Sequence[HistogramInput]
 ) -> ApplyResult:
     """Fold job histograms into ``states`` (updated in place; unknown jobs start fresh).
 
@@ -385,7 +389,9 @@ def apply_histograms(
     return result
 
 
-def apply_ooms(config: RecommenderConfig, states: dict[str, JobState], ooms: Sequence[OomInput]) -> set[str]:
+def apply_ooms(
+    config: RecommenderConfig, states: dict[str, RecommenderState], ooms: Sequence[OomInput]
+) -> set[str]:
     """React to OOM kills (§3.2, Figure 9a): every memory recommender's value rises at once.
 
     Returns the jobs whose recommendations changed. One vectorised step per round of OOMs
@@ -403,7 +409,7 @@ def apply_ooms(config: RecommenderConfig, states: dict[str, JobState], ooms: Seq
         pending = later
         jobs = [o.job_id for o in this_round]
         for job_id in jobs:
-            states.setdefault(job_id, initial_job_state(config))
+            states.setdefault(job_id, initial_recommender_state(config))
         stacked = CandidateState.concat([states[j].memory for j in jobs])
         bumped = oom_bumped_value(
             config.memory, [o.limit_bytes for o in this_round], [o.usage_bytes for o in this_round]
@@ -426,11 +432,11 @@ __all__ = [
     "CandidateRow",
     "HistogramInput",
     "HorizontalSettings",
-    "JobState",
     "OomInput",
     "RecommenderConfig",
+    "RecommenderState",
     "apply_histograms",
     "apply_horizontal_settings",
     "apply_ooms",
-    "initial_job_state",
+    "initial_recommender_state",
 ]

@@ -68,12 +68,14 @@ from cellpilot.borg.records import (  # re-exported: the records are part of thi
 )
 from cellpilot.borg.restart_backoff import clear_backoff, record_failure
 from cellpilot.job_vocabulary import PriorityBand
-from cellpilot.schedule import Admitted, QuotaBook, Resources
-from cellpilot.schedule import JobSpec as ScheduleJob
+from cellpilot.schedule import Admitted, PlacementJob, QuotaBook, Resources
 from cellpilot.schedule import TaskShape as ScheduleShape
 
+# Jobs whose pending tasks the scheduler may place (admitted, not held for Autopilot, not dead).
+RELEASED = (JobState.PENDING, JobState.RUNNING)
 
-def schedule_job(spec: JobSpec) -> ScheduleJob:
+
+def schedule_job(spec: JobSpec) -> PlacementJob:
     """The job as the scheduling core's quota book sees it (Borg §2.5)."""
     shape = ScheduleShape(
         priority=spec.priority,
@@ -81,7 +83,7 @@ def schedule_job(spec: JobSpec) -> ScheduleJob:
         alloc_set=spec.alloc_set_job_id or None,
         is_alloc=spec.is_alloc_set,
     )
-    return ScheduleJob(spec.job_id, spec.user, spec.task_count, shape)
+    return PlacementJob(spec.job_id, spec.user, spec.task_count, shape)
 
 
 def mutation_job_id(mutation: object) -> str:
@@ -122,11 +124,15 @@ class CellState:
         out = []
         for job_id, index in sorted(self.pending):
             job = self.jobs[job_id]
-            if job.state in (JobState.PENDING, JobState.RUNNING):
+            if job.state in RELEASED:
                 task = job.tasks[index]
                 if now_ms is None or task.not_before_ms <= now_ms:
                     out.append((job, task))
         return out
+
+    def schedulable_pending_count(self) -> int:
+        """``len(schedulable_pending())``, without listing and sorting the tasks (a status read)."""
+        return sum(1 for job_id, _ in self.pending if self.jobs[job_id].state in RELEASED)
 
     def next_restart_ms(self, now_ms: int) -> int:
         """The earliest event time after ``now_ms`` at which a backing-off task may restart (0: none)."""
@@ -582,6 +588,7 @@ class CellState:
             machine_id: {
                 "spec": m.spec,
                 "state": m.availability.value,
+                "draining": m.draining,  # also while down: it is still draining when it returns
                 "state_since_ms": m.state_since_ms,
                 "tasks": sorted(m.tasks),
             }

@@ -20,7 +20,7 @@ from cellpilot.borg.model import Constraint
 from cellpilot.borg.restart_backoff import avoided_machines
 from cellpilot.borg.scheduling_view import MACHINE_ID, SchedulingView, schedule_constraint
 from cellpilot.job_vocabulary import ConstraintKind
-from cellpilot.schedule import RESOURCE_NAMES, Request, Resources, TaskSpec, explain_pending
+from cellpilot.schedule import RESOURCE_NAMES, PlacementTask, Request, Resources, explain_pending
 from cellpilot.schedule.filters import non_preemptible_use
 from cellpilot.schedule.resources import EPSILON
 
@@ -94,7 +94,7 @@ def explain(
         return PendingReport(
             job_id, index, job.state, task.state, summary, total, evaluated_at_ms=state.event_time_ms
         )
-    spec = TaskSpec(job_id, index, job.spec.user, shape)
+    spec = PlacementTask(job_id, index, job.spec.user, shape)
     if shape.alloc_set is not None or total == 0:
         explanation = explain_pending(cell, spec, view.profile)
         return PendingReport(

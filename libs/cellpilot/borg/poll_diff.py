@@ -79,6 +79,8 @@ class MachineReport:
     desired_version: int  # the DesiredTasks version the Borglet has applied
     tasks: tuple[ReportedTask, ...] = ()
     events: tuple[ReportedEvent, ...] = ()
+    usage: Resources | None = None  # the machine's own usage (soft state)
+    cached_packages: tuple[str, ...] = ()  # packages the machine holds (Borg §3.2 locality)
 
 
 @dataclass(frozen=True)

@@ -35,52 +35,54 @@ import numpy as np
 
 from cellpilot.borg.cell_state import CellState, JobRecord, TaskRecord
 from cellpilot.borg.changes import Change, MachineChange, TaskChange
-from cellpilot.borg.lifecycle import TaskEvent, TaskState
-from cellpilot.borg.model import Constraint as BorgConstraint
-from cellpilot.borg.model import JobSpec, MachineSpec
+from cellpilot.borg.lifecycle import JobState, TaskEvent, TaskState
+from cellpilot.borg.model import Constraint, JobSpec, MachineSpec
 from cellpilot.borg.mutations import Mutation, TaskScheduled, TaskStateChanged
+from cellpilot.borg.proposals import ProposedPlacement
 from cellpilot.borg.restart_backoff import avoided_machines
+from cellpilot.borg.soft_feed import SoftFeed, TaskSoftState
 from cellpilot.job_vocabulary import AppClass, ConstraintKind, ConstraintOperator
 from cellpilot.schedule import (
     Cell,
-    Constraint,
+    CellMachine,
+    Placement,
+    PlacementConstraint,
+    PlacementTask,
     Profile,
     Resources,
     Scheduler,
     SchedulerConfig,
     TaskShape,
-    TaskSpec,
     default_profile,
     pending_order,
 )
-from cellpilot.schedule import MachineSpec as ScheduleMachine
 from cellpilot.schedule.cell import COUNT, LIMIT, NUM_LEVELS, RESERVATION, placement_basis
 from cellpilot.schedule.cpu_demand import CpuDemandMoments, CpuLearning, OverflowMeter, pooled_moments
 from cellpilot.schedule.plugins import Request
 from cellpilot.schedule.resources import EPSILON, PORTS
 
 SCHEDULABLE = "cellpilot.schedulable"
-ONLY_SCHEDULABLE = Constraint(SCHEDULABLE, "!=", "0", hard=True)
+ONLY_SCHEDULABLE = PlacementConstraint(SCHEDULABLE, "!=", "0", hard=True)
 MACHINE_ID = "cellpilot.machine_id"
 CPU_STATS_QUANTUM = 5.0  # millicores: pooled job moments are rounded up to this (stable shapes, §3.4)
 
 
-def schedule_constraint(c: BorgConstraint) -> Constraint:
+def schedule_constraint(c: Constraint) -> PlacementConstraint:
     """One API constraint in the scheduling core's terms (see the module docstring)."""
     hard = c.kind is not ConstraintKind.SOFT
     op = c.operator
     if op is ConstraintOperator.EQUAL:
-        return Constraint(c.attribute, "==", c.value, hard)
+        return PlacementConstraint(c.attribute, "==", c.value, hard)
     if op is ConstraintOperator.NOT_EQUAL:
-        return Constraint(c.attribute, "!=", c.value, hard)
+        return PlacementConstraint(c.attribute, "!=", c.value, hard)
     if op is ConstraintOperator.LESS_THAN:
-        return Constraint(f"num:{c.attribute}", "<", float(c.value), hard)
+        return PlacementConstraint(f"num:{c.attribute}", "<", float(c.value), hard)
     if op is ConstraintOperator.GREATER_THAN:
-        return Constraint(f"num:{c.attribute}", ">", float(c.value), hard)
+        return PlacementConstraint(f"num:{c.attribute}", ">", float(c.value), hard)
     if op is ConstraintOperator.EXISTS:
-        return Constraint(f"has:{c.attribute}", "==", "1", hard)
+        return PlacementConstraint(f"has:{c.attribute}", "==", "1", hard)
     if op is ConstraintOperator.NOT_EXISTS:
-        return Constraint(f"has:{c.attribute}", "!=", "1", hard)
+        return PlacementConstraint(f"has:{c.attribute}", "!=", "1", hard)
     raise ValueError(f"constraint operator {op.value} cannot be evaluated")
 
 
@@ -101,8 +103,8 @@ def machine_attributes(spec: MachineSpec, schedulable: bool) -> dict[str, str | 
     return attributes
 
 
-def schedule_machine(spec: MachineSpec, schedulable: bool) -> ScheduleMachine:
-    return ScheduleMachine.build(
+def schedule_machine(spec: MachineSpec, schedulable: bool) -> CellMachine:
+    return CellMachine.build(
         spec.machine_id,
         spec.capacity,
         rack=spec.rack or "rack-0",
@@ -168,12 +170,15 @@ class SchedulingView:
         self.seed = seed
         self.stale = False
         self._shapes: dict[JobSpec, TaskShape] = {}
+        self._shape_of_object: dict[int, tuple[JobSpec, TaskShape]] = {}  # id(spec) -> (spec, shape)
         self._specs: dict[str, MachineSpec] = {}
         self.cell = Cell()
         self.scheduler = Scheduler(self.profile, self.config, np.random.default_rng(seed))
         self.cpu_moments: CpuDemandMoments[tuple[str, int]] = CpuDemandMoments(cpu_learning)
         self.cpu_overflow = OverflowMeter(self.cpu_moments.learning.overflow_window)
         self._job_cpu: dict[str, tuple[float, float]] = {}  # pooled (mean, std) per job
+        self.feed = SoftFeed()  # the master's soft state for its schedulers (soft_feed.py)
+        self.generation = 0  # rebuilds so far: a scheduler re-takes the whole feed after one
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -193,6 +198,8 @@ class SchedulingView:
         self.cell = Cell(machine_hint=max(len(state.machines), 1), task_hint=1024)
         self.scheduler = Scheduler(self.profile, self.config, np.random.default_rng(self.seed))
         self._specs = {}
+        self.feed.forget()
+        self.generation += 1
         for machine_id in sorted(state.machines):
             machine = state.machines[machine_id]
             self.cell.add_machine(schedule_machine(machine.spec, machine.schedulable))
@@ -206,11 +213,21 @@ class SchedulingView:
         self.stale = False
 
     def shape(self, spec: JobSpec) -> TaskShape:
+        """The equivalence class of ``spec``'s tasks (Borg §3.4), computed once per spec.
+
+        Looked up by the spec object first (a job's tasks share one), so following a log of many
+        records does not hash a whole job spec for every task; equal specs of other jobs still
+        share one shape through the by-value table."""
+        known = self._shape_of_object.get(id(spec))
+        if known is not None and known[0] is spec:
+            return known[1]
         shape = self._shapes.get(spec)
         if shape is None:
             if len(self._shapes) > 100_000:
                 self._shapes.clear()
+                self._shape_of_object.clear()
             shape = self._shapes[spec] = task_shape(spec)
+        self._shape_of_object[id(spec)] = (spec, shape)
         return shape
 
     def task_shape(self, job: JobRecord, task: TaskRecord, now_ms: int) -> TaskShape:
@@ -219,23 +236,23 @@ class SchedulingView:
         avoided = avoided_machines(task, now_ms)
         if not avoided:
             return shape
-        off = Constraint(MACHINE_ID, "not-in", tuple(m for m, _ in avoided), hard=True)
+        off = PlacementConstraint(MACHINE_ID, "not-in", tuple(m for m, _ in avoided), hard=True)
         return replace(shape, constraints=(*shape.constraints, off))
 
-    def _task_spec(self, job: JobRecord, task: TaskRecord, now_ms: int) -> TaskSpec:
+    def _task_spec(self, job: JobRecord, task: TaskRecord, now_ms: int) -> PlacementTask:
         shape = self.task_shape(job, task, now_ms)
         pooled = self._job_cpu.get(job.job_id)
         if pooled is not None and not shape.prod and not shape.is_alloc:
             mean, std = (float(np.ceil(v / CPU_STATS_QUANTUM) * CPU_STATS_QUANTUM) for v in pooled)
             shape = replace(shape, cpu_mean=mean, cpu_std=std)
-        return TaskSpec(job.job_id, task.index, job.spec.user, shape)
+        return PlacementTask(job.job_id, task.index, job.spec.user, shape)
 
     def _bind(self, job: JobRecord, task: TaskRecord, now: float) -> None:
         machine = self.cell.machine_index.get(task.machine_id)
         if machine is None:
             self.stale = True
             return
-        spec = TaskSpec(job.job_id, task.index, job.spec.user, self.shape(job.spec))
+        spec = PlacementTask(job.job_id, task.index, job.spec.user, self.shape(job.spec))
         if task.limits != job.spec.task.limits:
             spec = replace(spec, shape=replace(spec.shape, limits=task.limits))
         alloc = None
@@ -300,6 +317,28 @@ class SchedulingView:
         elif change.state is not TaskState.RUNNING and handle is not None:
             self.cell.unbind(handle)
 
+    def reconcile(self, state: CellState, keys: Iterable[tuple[str, int]]) -> None:
+        """Makes the bindings of ``keys`` match the state: a scheduler's speculative placements
+        the master refused are unbound, the victims it chose but the master spared are bound
+        again (Borg §3.4: refused assignments are reconsidered in the next pass). Tasks in or
+        of allocs are left to a rebuild."""
+        now = state.event_time_ms / 1000.0
+        for key in keys:
+            job = state.jobs.get(key[0])
+            task = None if job is None else job.tasks.get(key[1])
+            handle = self.handle_of(key)
+            running_on = task.machine_id if task is not None and task.state is TaskState.RUNNING else ""
+            bound_on = self.cell.machine_names[int(self.cell.t_machine[handle])] if handle is not None else ""
+            if running_on == bound_on:
+                continue
+            if job is not None and (job.spec.is_alloc_set or job.spec.alloc_set_job_id):
+                self.stale = True
+                return
+            if handle is not None:
+                self.cell.unbind(handle)
+            if running_on and job is not None and task is not None:
+                self._bind(job, task, now)
+
     # ------------------------------------------------------------------ scheduling
     def plan(
         self, state: CellState, now_ms: int, max_tasks: int = 10_000, event_now_ms: int | None = None
@@ -312,7 +351,7 @@ class SchedulingView:
         if self.stale:
             self.rebuild(state)
         if self.uses_gpa:
-            self._feed_cpu_stats()
+            self.refresh_cpu_stats()
         event_now = now_ms if event_now_ms is None else event_now_ms
         candidates = [
             self._task_spec(job, task, event_now) for job, task in state.schedulable_pending(event_now)
@@ -324,48 +363,102 @@ class SchedulingView:
         mutations: list[Mutation] = []
         touched: set[str] = set()
         taken: dict[str, set[int]] = {}
-        preempted = 0
         for placement in result.placements:
-            job = state.jobs[placement.task.job]
-            task = job.tasks[placement.task.index]
-            machine_id = placement.machine_name
-            victims = [state.task((v.job, v.index)) for v in placement.preempted]
-            for victim in victims:
-                if victim is not None and victim.machine_id:
-                    taken.setdefault(victim.machine_id, state.ports_in_use(victim.machine_id))
-                    taken[victim.machine_id].difference_update(victim.ports)
-            ports_taken = taken.setdefault(machine_id, state.ports_in_use(machine_id))
-            ports = allocate_ports(
-                state.machines[machine_id].spec, ports_taken, int(job.spec.task.limits.ports)
-            )
-            if ports is None:
+            committed = self._committed(state, placement, taken)
+            if committed is None:
                 self.stale = True  # the speculative binding and evictions are undone by a rebuild
                 continue
-            ports_taken.update(ports)
-            for victim in victims:
-                if victim is None or victim.state is not TaskState.RUNNING:
-                    continue
-                touched.add(victim.machine_id)
-                preempted += 1
-                mutations.append(
-                    TaskStateChanged(
-                        victim.job_id,
-                        victim.index,
-                        victim.incarnation,
-                        TaskState.PENDING,
-                        TaskEvent.PREEMPTED,
-                        f"preempted by {placement.task.task_id} (priority {job.spec.priority})",
-                    )
-                )
-            touched.add(machine_id)
-            mutations.append(
-                TaskScheduled(
-                    job.job_id, task.index, task.incarnation + 1, machine_id, ports, job.spec.task.limits
-                )
-            )
+            mutations += committed
+            touched |= {placement.machine_name, *self._victim_machines(state, placement)}
         placed = sum(1 for m in mutations if isinstance(m, TaskScheduled))
+        preempted = len(mutations) - placed
         unschedulable = len(result.unschedulable) + len(candidates) - len(pending)
         return Plan(tuple(mutations), placed, preempted, unschedulable, frozenset(touched))
+
+    def accept(
+        self, state: CellState, proposed: ProposedPlacement, now_ms: int, event_now_ms: int
+    ) -> tuple[Mutation, ...] | str:
+        """A scheduler's proposed placement, if it is still appropriate (Borg §3.4): the log
+        mutations that carry it out (the master's own victims and ports), bound in this copy;
+        otherwise why it is stale (nothing changes then).
+
+        The task must still be the pending incarnation the scheduler saw, of the spec version
+        it saw, not backing off, and the machine still up, schedulable and not avoided by it;
+        then the very check a pass makes (:meth:`Scheduler.place_on`) decides whether it still
+        fits there.
+        """
+        job = state.jobs.get(proposed.job_id)
+        task = None if job is None else job.tasks.get(proposed.task_index)
+        if job is None or task is None or job.state not in (JobState.PENDING, JobState.RUNNING):
+            return "the job is gone, held or dead"
+        if task.state is not TaskState.PENDING or task.incarnation != proposed.incarnation:
+            return "the task is no longer pending"
+        if job.spec_version != proposed.spec_version:
+            return "the job was updated since"
+        if task.not_before_ms > event_now_ms:
+            return "the task is backing off"
+        machine = state.machines.get(proposed.machine_id)
+        index = self.cell.machine_index.get(proposed.machine_id)
+        if machine is None or index is None or not machine.schedulable:
+            return "the machine is down, draining or gone"
+        if self.stale:
+            self.rebuild(state)
+        spec = self._task_spec(job, task, event_now_ms)
+        placement = self.scheduler.place_on(self.cell, spec, index, now_ms / 1000.0)
+        if not isinstance(placement, Placement):
+            return placement.reason
+        committed = self._committed(state, placement, {})
+        if committed is None:
+            self.stale = True
+            return "no free ports on the machine"
+        return tuple(committed)
+
+    def _committed(
+        self, state: CellState, placement: Placement, taken: dict[str, set[int]]
+    ) -> list[Mutation] | None:
+        """The log mutations of a placement bound in this copy: its victims preempted, then the
+        task scheduled with ports from the machine's range (``taken``: the ports given out so
+        far in this pass, per machine). None when the machine has no ports left."""
+        job = state.jobs[placement.task.job]
+        task = job.tasks[placement.task.index]
+        machine_id = placement.machine_name
+        victims = [state.task((v.job, v.index)) for v in placement.preempted]
+        for victim in victims:
+            if victim is not None and victim.machine_id:
+                taken.setdefault(victim.machine_id, state.ports_in_use(victim.machine_id))
+                taken[victim.machine_id].difference_update(victim.ports)
+        ports_taken = taken.setdefault(machine_id, state.ports_in_use(machine_id))
+        ports = allocate_ports(state.machines[machine_id].spec, ports_taken, int(job.spec.task.limits.ports))
+        if ports is None:
+            return None
+        ports_taken.update(ports)
+        mutations: list[Mutation] = [
+            TaskStateChanged(
+                victim.job_id,
+                victim.index,
+                victim.incarnation,
+                TaskState.PENDING,
+                TaskEvent.PREEMPTED,
+                f"preempted by {placement.task.task_id} (priority {job.spec.priority})",
+            )
+            for victim in victims
+            if victim is not None and victim.state is TaskState.RUNNING
+        ]
+        mutations.append(
+            TaskScheduled(
+                job.job_id, task.index, task.incarnation + 1, machine_id, ports, job.spec.task.limits
+            )
+        )
+        return mutations
+
+    @staticmethod
+    def _victim_machines(state: CellState, placement: Placement) -> set[str]:
+        machines = set()
+        for v in placement.preempted:
+            victim = state.task((v.job, v.index))
+            if victim is not None and victim.machine_id:
+                machines.add(victim.machine_id)
+        return machines
 
     # ------------------------------------------------------------------ in-place updates
     def fits_in_place(
@@ -448,7 +541,7 @@ class SchedulingView:
 
     def update_usage(self, usage: Mapping[tuple[str, int], Resources], now_ms: int) -> None:
         """Reservations follow measured usage (Borg §5.5); ports stay held while a task runs."""
-        handles, rows = [], []
+        handles, rows, keys = [], [], []
         for (job_id, index), used in usage.items():
             handle = self.cell.task_handle.get(task_id(job_id, index))
             if handle is None:
@@ -457,8 +550,21 @@ class SchedulingView:
             row[PORTS] = self.cell.t_amount[handle, LIMIT][PORTS]
             handles.append(handle)
             rows.append(row)
+            keys.append((job_id, index))
         if handles:
             self.cell.update_usage(np.array(handles, dtype=np.intp), np.array(rows), now_ms / 1000.0)
+            self.feed.note(self.cell, keys, handles, self.cpu_moments.known() if self.uses_gpa else None)
+
+    def handle_of(self, key: tuple[str, int]) -> int | None:
+        return self.cell.task_handle.get(task_id(*key))
+
+    def soft_changes(self, since: int) -> list[TaskSoftState]:
+        """The running tasks whose reservation or CPU moments moved after feed version ``since``."""
+        return self.feed.changes(self.cell, self.handle_of, since)
+
+    def take_soft(self, entries: Iterable[TaskSoftState]) -> None:
+        """Sets the master's reservations and CPU moments in this copy (a scheduler's)."""
+        self.feed.take(self.cell, self.handle_of, entries)
 
     @property
     def uses_gpa(self) -> bool:
@@ -491,8 +597,9 @@ class SchedulingView:
         self._job_cpu = {}
 
     def cpu_stats(self) -> dict[tuple[str, int], tuple[float, float]]:
-        """(mean, std) of CPU demand of every running task measured often enough."""
-        known = self.cpu_moments.known()
+        """(mean, std) of CPU demand of every running task measured often enough (learned from
+        this copy's polls, or taken from the master's feed in a scheduler's copy)."""
+        known = {**self.feed.cpu, **self.cpu_moments.known()}
         return {k: v for k, v in known.items() if task_id(*k) in self.cell.task_handle}
 
     def tasks_running(self) -> int:
@@ -502,7 +609,7 @@ class SchedulingView:
         """Machines holding at least one running task or alloc."""
         return int(np.count_nonzero(self.cell.below[: self.cell.n_machines, NUM_LEVELS, COUNT] > 0))
 
-    def _feed_cpu_stats(self) -> None:
+    def refresh_cpu_stats(self) -> None:
         """Running tasks' learned moments into the cell, their jobs' pooled moments for the
         running tasks not measured yet and for pending ones (GPA §2, §4)."""
         known = self.cpu_stats()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from cellpilot.borglet.task_record import TaskKey, TaskPlan
+from cellpilot.borglet.hosted_task import TaskKey, TaskPlan
 
 
 @dataclass(frozen=True)

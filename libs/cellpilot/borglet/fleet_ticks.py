@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cellpilot.array_types import Int64Array
-from cellpilot.borglet.task_record import SimulatedPlan, TaskRecord
+from cellpilot.borglet.hosted_task import HostedTask, SimulatedPlan
 from cellpilot.world.job_demand import JobDemand
 from cellpilot.world.step import (
     DemandGroup,
@@ -57,7 +57,7 @@ class MachineShape:
 
 
 def _demand_groups(
-    rows: Sequence[TaskRecord], routing: Mapping[str, JobRouting] | None
+    rows: Sequence[HostedTask], routing: Mapping[str, JobRouting] | None
 ) -> tuple[DemandGroup, ...]:
     """Per job with a shared demand: its running rows here, and which the balancer routes to."""
     jobs: dict[str, tuple[JobDemand, list[int]]] = {}
@@ -95,13 +95,13 @@ def _demand_groups(
     return tuple(groups)
 
 
-def _startup(record: TaskRecord) -> float:
+def _startup(record: HostedTask) -> float:
     runtime = record.plan.runtime
     return float(runtime.startup_seconds) if isinstance(runtime, SimulatedPlan) else 0.0
 
 
 def build_table(
-    rows: Sequence[TaskRecord],
+    rows: Sequence[HostedTask],
     machine_index: Sequence[int],
     machines: MachineShape,
     routing: Mapping[str, JobRouting] | None,

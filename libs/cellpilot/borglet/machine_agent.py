@@ -1,8 +1,9 @@
 """The state one hosted machine keeps: its tasks, its unacknowledged events, its master fence.
 
 A fleet-mode Borglet holds one :class:`MachineAgent` per simulated machine; a per-machine
-Borglet holds one. Nothing here does I/O; the service's fleet (``cellpilot_services.borglet.fleet``)
-starts and stops the tasks.
+Borglet holds one. Nothing here does I/O: a task's phase changes through :meth:`MachineAgent.advance`
+(the tables of :mod:`cellpilot.borglet.task_lifecycle`), which leaves the signals to the service's
+fleet (``cellpilot_services.borglet.fleet``); the fleet spawns the processes and sends them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from dataclasses import dataclass
 
 from cellpilot.borg.lifecycle import TaskEvent
 from cellpilot.borglet.desired_set import KnownTask
-from cellpilot.borglet.task_record import BorgletEvent, Limits, TaskKey, TaskRecord, state_after
+from cellpilot.borglet.hosted_task import BorgletEvent, HostedTask, Limits, TaskKey, state_after
+from cellpilot.borglet.step_outcomes import KILL_EXIT_CODE
+from cellpilot.borglet.task_lifecycle import Effect, PhaseEvent, PhaseEventKind, PhaseStep, phase_step
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +40,7 @@ class MachineAgent:
     ) -> None:
         self.profile = profile
         self.index = index
-        self.tasks: dict[TaskKey, TaskRecord] = {}
+        self.tasks: dict[TaskKey, HostedTask] = {}
         self.events: deque[BorgletEvent] = deque()
         # Sequences start at a per-boot value (the boot's event time in µs) rather than 1, so a
         # restarted Borglet never reuses a sequence the master already acknowledged.
@@ -66,7 +69,7 @@ class MachineAgent:
         return None
 
     def record_event(
-        self, record: TaskRecord, kind: TaskEvent, now_ms: int, cause_id: str, detail: str = ""
+        self, record: HostedTask, kind: TaskEvent, now_ms: int, cause_id: str, detail: str = ""
     ) -> BorgletEvent:
         plan = record.plan
         event = BorgletEvent(
@@ -106,6 +109,36 @@ class MachineAgent:
             },
         )
         return event
+
+    def advance(self, task: HostedTask, event: PhaseEvent) -> PhaseStep:
+        """Apply one event to one of its tasks: the task's table gives the next phase and the
+        effects; this performs those on the task and its reports and returns the step, whose
+        :attr:`~PhaseStep.process_effects` (signals) the caller performs. An event the phase
+        does not allow changes nothing (the step says why)."""
+        step = phase_step(task.phases, task.phase, event.kind)
+        if not step.allowed:
+            return step
+        if event.memory_bytes is not None:
+            task.memory_bytes = event.memory_bytes
+        for effect in step.effects:
+            if effect is Effect.OVERRIDE_STOP or (effect is Effect.REMEMBER_STOP and task.stop_kind is None):
+                task.stop_kind, task.stop_detail = event.report, event.detail
+                task.stop_cause, task.stop_ms = event.cause_id, event.at_ms
+            elif effect is Effect.REPORT_RUNNING:
+                self.record_event(task, TaskEvent.RUNNING, event.at_ms, event.cause_id, event.detail)
+            elif effect is Effect.REPORT_EXIT:
+                self._exit(task, event)
+        task.phase = step.after
+        return step
+
+    def _exit(self, task: HostedTask, event: PhaseEvent) -> None:
+        if event.kind is PhaseEventKind.STOP_REQUESTED:  # stopped at once: as the first stop says
+            kind, code, detail = task.stop_kind, KILL_EXIT_CODE, task.stop_detail
+        else:
+            kind, code, detail = event.report, event.exit_code, event.detail
+        assert kind is not None
+        task.exit_kind, task.exit_code, task.exit_detail, task.exit_ms = kind, code, detail, event.at_ms
+        task.exit_sequence = self.record_event(task, kind, event.at_ms, event.cause_id, detail).sequence
 
     def acknowledge(self, sequence: int) -> None:
         """The master recorded every event up to ``sequence``: forget them."""

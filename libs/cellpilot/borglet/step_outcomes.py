@@ -8,7 +8,8 @@ a simulated task that ran its duration, a task whose usage could not be evaluate
 memory kill with the reason the enforcement gave (Autopilot §2.3: a task over its hard limit,
 one over its soft limit while the machine is short, any task when the machine runs out) —
 in the order the Borglet applies them. The service applies them; a task already ended by an
-earlier entry of the same step is skipped there.
+earlier entry of the same step is skipped there. :func:`process_exit` says the same of a
+process that exited: the event it means for the task's lifecycle.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from cellpilot.borg.lifecycle import TaskEvent
-from cellpilot.borglet.task_record import SimulatedPlan, TaskRecord
+from cellpilot.borglet.hosted_task import HostedTask, SimulatedPlan
+from cellpilot.borglet.task_lifecycle import PhaseEvent
 from cellpilot.world.enforcement import KillReason
 from cellpilot.world.step import WorldStep
 
@@ -79,7 +81,7 @@ def latest_usage(result: WorldStep) -> list[LatestUsage]:
     ]
 
 
-def task_endings(rows: Sequence[TaskRecord], result: WorldStep, last_second: int) -> list[TaskEnding]:
+def task_endings(rows: Sequence[HostedTask], result: WorldStep, last_second: int) -> list[TaskEnding]:
     """The tasks ``result`` ended, in the order they are applied: finished, failed, killed.
 
     ``rows`` are the table's task records (row i of the step is ``rows[i]``); ``last_second`` is
@@ -117,3 +119,38 @@ def task_endings(rows: Sequence[TaskRecord], result: WorldStep, last_second: int
             )
         )
     return endings
+
+
+def process_exit(
+    task: HostedTask, exit_code: int, oom_kills: int, memory_peak: int, now_ms: int
+) -> PhaseEvent:
+    """The EXITED event of a task's process: as its stop says when it was stopped (at the time of
+    the stop), else an OOM kill when the kernel killed it in its cgroup (``oom_kills``, the
+    cgroup's memory.events count, and ``memory_peak`` in bytes), else FINISHED on exit code 0 and
+    FAILED otherwise."""
+    name = task.plan.name
+    if task.stop_kind is not None:
+        at_ms = task.stop_ms if task.stop_ms is not None else now_ms
+        return PhaseEvent.exited(task.stop_kind, exit_code, task.stop_detail, task.stop_cause, at_ms)
+    if exit_code != 0 and oom_kills > 0:
+        memory = max(task.memory_bytes, memory_peak)  # the memory at the kill
+        detail = _kernel_oom_detail(task, oom_kills, memory_peak)
+        cause = f"oom:{task.machine_id}:{name}:kernel"
+        return PhaseEvent.exited(TaskEvent.OOM, exit_code, detail, cause, now_ms, memory)
+    if exit_code == 0:
+        return PhaseEvent.exited(TaskEvent.FINISHED, 0, "exit code 0", f"exit:{name}", now_ms)
+    return PhaseEvent.exited(TaskEvent.FAILED, exit_code, f"exit code {exit_code}", f"exit:{name}", now_ms)
+
+
+def _kernel_oom_detail(task: HostedTask, oom_kills: int, memory_peak: int) -> str:
+    """The kernel OOM-killed the task in its cgroup (Borg §6.2: the Borglet "handles
+    Out-of-Memory (OOM) events from the kernel"); say at which limit, with the kill count."""
+    limit = task.plan.limits.memory_bytes
+    counted = f"cgroup memory.events oom_kill {oom_kills}"
+    if task.plan.hard_memory_limit and limit > 0:
+        return (
+            f"{KILL_REASON_TEXT[KillReason.HARD_LIMIT]}: killed by the kernel at memory.max {limit} B "
+            f"(peak {memory_peak} B; {counted})"
+        )
+    reason = KILL_REASON_TEXT[KillReason.MACHINE_OUT_OF_MEMORY]
+    return f"{reason}: killed by the kernel's OOM killer ({counted})"

@@ -25,7 +25,7 @@ from cellpilot.stack.config import free_port, port_in_use
 from cellpilot.stack.supervision import stack_status
 from cellpilot.stack.supervision_state import UnitStatus
 
-RUN_SERVICES = ("borgmaster", "borglet", "aggregator", "recommender", "autopilot", "actuator")
+RUN_SERVICES = ("borgmaster", "scheduler", "borglet", "aggregator", "recommender", "autopilot", "actuator")
 # gRPC ports of the moved services, from the block's first port: name -> (offset, replicas).
 PORT_LAYOUT = {
     "borgmaster": (0, 3),
@@ -33,8 +33,9 @@ PORT_LAYOUT = {
     "recommender": (5, 3),
     "autopilot": (8, 2),
     "actuator": (10, 1),
+    "scheduler": (11, 1),
 }
-BLOCK = 11
+BLOCK = 12
 STOP_TIMEOUT_S = 90.0
 START_TIMEOUT_S = 300.0
 
@@ -64,9 +65,9 @@ class ServicePorts:
             f"CELLPILOT_{name.upper()}_BASE_PORT": str(self.first + offset)
             for name, (offset, _) in PORT_LAYOUT.items()
         }
-        for name in ("aggregator", "recommender", "autopilot", "actuator"):
+        for name in ("borgmaster", "scheduler", "aggregator", "recommender", "autopilot", "actuator"):
             env[f"CELLPILOT_{name.upper()}_METRICS_PORT"] = "0"  # any free port
-        for client in ("borglet", "autopilot", "actuator"):
+        for client in ("borglet", "scheduler", "autopilot", "actuator"):
             env[f"CELLPILOT_{client.upper()}_BORGMASTER_ADDRESSES"] = borgmasters
         return env
 

@@ -21,11 +21,14 @@ from typing import TypeVar
 
 from cellpilot.chaos import evidence as stores
 from cellpilot.chaos.chaos_run import ChaosRun, ServicePorts, free_port_block
+from cellpilot.chaos.forger import forge
 from cellpilot.chaos.plan import ChaosPlan, Fault
 from cellpilot.chaos.report import FaultRecord, Figure, RunFacts, all_figures
 from cellpilot.chaos.stream_ledger import StreamObserver
 from cellpilot.chaos.workload import PROBE_JOB, PROBE_LIMITS, ChaosCell, small_job
 from cellpilot.client import CellpilotError
+from cellpilot.platform.stream_access import StreamAccess
+from cellpilot.security.store_secrets import ADMIN_ACCOUNT
 from cellpilot.stack import StackEndpoints
 
 T = TypeVar("T")
@@ -86,7 +89,13 @@ class ChaosDriver:
                 f"starting cellpilot run in {self.run.data_dir} (services from port {self.run.ports.first})"
             )
             self._endpoints = await self.run.start()
-            observer = StreamObserver(self.endpoints.kafka_bootstrap)
+            observer = StreamObserver(
+                StreamAccess.observer(
+                    self.endpoints.kafka_bootstrap,
+                    Path(self.endpoints.certs_dir),
+                    self.endpoints.broker_login(ADMIN_ACCOUNT),
+                )
+            )
             await observer.start()
             self.progress.step("submitting the demo workload")
             jobs = await self.cell.submit_demo()
@@ -149,6 +158,12 @@ class ChaosDriver:
                 record.at = time.time()
                 record.poison = await self.cell.submit_poison(f"{index}")
                 record.target = "poison and crash-looping jobs"
+            elif fault.kind == "forge-records":
+                record.at = time.time()
+                stolen = self.endpoints.broker_login("dashboard")  # forger.py: a compromised service
+                access = StreamAccess.admin(self.endpoints.kafka_bootstrap, stolen)
+                record.forgery = await forge(access, int(record.at * 1000))
+                record.target = f"{len(record.forgery.written)} forged and replayed records"
             else:
                 unit = (fault.target, await self._replica_of(fault))
                 record.target = f"{unit[0]}[{unit[1]}]" if fault.kind == "kill-service" else fault.target

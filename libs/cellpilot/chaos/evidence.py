@@ -18,30 +18,25 @@ from pathlib import Path
 import asyncpg
 
 from cellpilot.api.v1 import checkpoint_pb2, machine_pb2
-from cellpilot.autopilot.job_recommendations import JobState
+from cellpilot.autopilot.job_recommendations import RecommenderState
+from cellpilot.chaos.forger import FORGED_JOB
+from cellpilot.platform import redis_keys
 from cellpilot.platform.leadership import Leadership
+from cellpilot.platform.postgres import asyncpg_dsn
 from cellpilot.platform.redis_client import connect_redis, reply_bytes, reply_text
 from cellpilot.platform.topics import TOPICS
 from cellpilot.stack import StackEndpoints
-from cellpilot_services.actuator.settings import ActuatorSettings
-from cellpilot_services.aggregator.history_store import asyncpg_dsn
-from cellpilot_services.autopilot.settings import AutopilotSettings
-from cellpilot_services.recommender.settings import RecommenderSettings
 
 CONNECT_TIMEOUT_S = 5.0
 CPU, MEMORY = 1, 2  # cellpilot.api.v1.Resource, as usage_job_histograms stores it
 RESET_MESSAGE = "is not the one applied"
 
 
-def _default(settings: type, name: str) -> str:
-    return str(settings.model_fields[name].default)  # type: ignore[attr-defined]
-
-
-AUTOPILOT_PREFIX = _default(AutopilotSettings, "redis_prefix")
-ACTUATOR_PREFIX = _default(ActuatorSettings, "redis_prefix")
-RECOMMENDER_STATE = (
-    f"{_default(RecommenderSettings, 'state_prefix')}:{_default(RecommenderSettings, 'consumer_group')}"
-)
+AUTOPILOT_PREFIX = redis_keys.AUTOPILOT_PREFIX
+ACTUATOR_PREFIX = redis_keys.ACTUATOR_PREFIX
+# The recommenders' consumer group is the one committing on usage.histograms (topics.py).
+RECOMMENDER_GROUP = next(t.committing_groups[0] for t in TOPICS if t.name == "usage.histograms")
+RECOMMENDER_STATE = f"{redis_keys.RECOMMENDER_PREFIX}:{RECOMMENDER_GROUP}"
 HISTOGRAM_PARTITIONS = next(t.partitions for t in TOPICS if t.name == "usage.histograms")
 
 
@@ -92,6 +87,8 @@ class StoreEvidence:
     autopilot_fencing_counter: int = 0  # the INCR counter behind every Autopilot master's token
     actuator_highest_token: int = 0
     actuator_replays: int = 0  # redelivered actuations the actuator settled as no-ops
+    forged_job_windows: int = 0  # the aggregator's task and job windows of the forger's job
+    forged_job_candidates: int = 0  # Autopilot's recommendation candidates for the forger's job
 
 
 async def _connect(endpoints: StackEndpoints) -> asyncpg.Connection:
@@ -191,6 +188,13 @@ async def _aggregator_tables(endpoints: StackEndpoints, evidence: StoreEvidence)
         evidence.accepted_samples = int(totals["accepted"])
         evidence.late_samples = int(totals["late"])
         evidence.duplicate_batches = int(totals["duplicates"])
+        evidence.forged_job_windows = int(
+            await conn.fetchval(
+                "SELECT (SELECT count(*) FROM usage_task_windows WHERE job_id = $1)"
+                " + (SELECT count(*) FROM usage_job_histograms WHERE job_id = $1)",
+                FORGED_JOB,
+            )
+        )
         if evidence.closed_through_ms is not None:
             evidence.aggregated_samples = int(
                 await conn.fetchval(
@@ -207,7 +211,7 @@ async def _redis_state(endpoints: StackEndpoints, evidence: StoreEvidence) -> No
     try:
         for partition in range(HISTOGRAM_PARTITIONS):
             for job_id, raw in (await redis.hgetall(f"{RECOMMENDER_STATE}:p{partition}:jobs")).items():
-                state = JobState.from_bytes(reply_bytes(raw))
+                state = RecommenderState.from_bytes(reply_bytes(raw))
                 job = reply_text(job_id)
                 for resource, candidates in ((CPU, state.cpu), (MEMORY, state.memory)):
                     evidence.recommender_windows[(job, resource)] = (
@@ -216,6 +220,7 @@ async def _redis_state(endpoints: StackEndpoints, evidence: StoreEvidence) -> No
                     )
         evidence.autopilot_fencing_counter = int(await redis.get(f"{AUTOPILOT_PREFIX}:fencing") or 0)
         evidence.actuator_highest_token = int(await redis.get(f"{ACTUATOR_PREFIX}:highest_token") or 0)
+        evidence.forged_job_candidates = int(await redis.hlen(f"{AUTOPILOT_PREFIX}:cand:{FORGED_JOB}"))
         replays = await redis.hgetall(f"{ACTUATOR_PREFIX}:replays")
         evidence.actuator_replays = sum(int(reply_text(v)) for v in replays.values())
     finally:

@@ -12,7 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from cellpilot.chaos.evidence import LoggedActuation, LoggedLogReset, StoreEvidence
-from cellpilot.chaos.stream_ledger import SAMPLES, ActuationSeen, SampleBatchSeen, StreamLedger
+from cellpilot.chaos.forger import FORGED_KEY_PREFIX, FORGED_TOKEN
+from cellpilot.chaos.stream_ledger import SAMPLES, ActuationSeen, RefusalSeen, SampleBatchSeen, StreamLedger
 
 
 def decreases(tokens: Iterable[int]) -> int:
@@ -166,3 +167,37 @@ def account_samples(
         unknown,
         evidence.duplicate_batches,
     )
+
+
+@dataclass(frozen=True)
+class ForgedApplied:
+    """Traces of the forger's records in the stores: each would mean a forged record was applied."""
+
+    actuations: int  # actuations the Borgmaster applied under the forged token or a forged key
+    sample_windows: int  # the aggregator's windows of the forged job
+    recommendation_candidates: int  # Autopilot's candidates for the forged job
+
+    @property
+    def total(self) -> int:
+        return self.actuations + self.sample_windows + self.recommendation_candidates
+
+    def describe(self) -> str:
+        return (
+            f"{self.actuations} actuations applied, {self.sample_windows} sample windows aggregated,"
+            f" {self.recommendation_candidates} recommendations taken as candidates"
+        )
+
+
+def forged_applied(evidence: StoreEvidence) -> ForgedApplied:
+    actuations = sum(
+        1
+        for a in evidence.actuations
+        if a.fencing_token == FORGED_TOKEN or a.request_id.startswith(FORGED_KEY_PREFIX)
+    )
+    return ForgedApplied(actuations, evidence.forged_job_windows, evidence.forged_job_candidates)
+
+
+def unrefused(written: Sequence[tuple[str, str, str]], refusals: Sequence[RefusalSeen]) -> list[str]:
+    """The forger's records (topic, value digest, what) no reader filed a refusal of."""
+    filed = {(r.topic, r.value_digest) for r in refusals if r.reason}
+    return [what for topic, digest, what in written if (topic, digest) not in filed]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-FaultKind = Literal["kill-service", "restart-component", "poison-jobs"]
+FaultKind = Literal["kill-service", "restart-component", "poison-jobs", "forge-records"]
 
 
 @dataclass(frozen=True)
@@ -13,7 +13,8 @@ class Fault:
     """One fault. ``target`` is a service (``kill-service``: ``replica`` None = its elected
     master) or an embedded component (``restart-component``: killed, the supervisor starts it
     again); ``poison-jobs`` submits the poison and crash-looping jobs, which ``with_poison``
-    also does while another fault lasts."""
+    also does while another fault lasts; ``forge-records`` writes forged and replayed records
+    with a plain Kafka client (:mod:`cellpilot.chaos.forger`)."""
 
     name: str  # as it appears in figure names, e.g. "kill_borgmaster_master"
     kind: FaultKind
@@ -30,10 +31,15 @@ class Fault:
             )
         if self.kind == "restart-component":
             return f"SIGKILL {self.target}; the supervisor restarts it"
+        if self.kind == "forge-records":
+            return (
+                "forge actuations (fencing token 10^12), samples and recommendations; replay genuine records"
+            )
         return "submit poison jobs (refused; failing on the Borglet) and a crash-looping job"
 
 
 KILL_BORGMASTER_MASTER = Fault("kill_borgmaster_master", "kill-service", "borgmaster")
+KILL_SCHEDULER = Fault("kill_scheduler", "kill-service", "scheduler", 0)
 KILL_AGGREGATOR = Fault("kill_aggregator", "kill-service", "aggregator", 0)
 KILL_RECOMMENDER = Fault("kill_recommender", "kill-service", "recommender", 1)
 KILL_AUTOPILOT_MASTER = Fault("kill_autopilot_master", "kill-service", "autopilot")
@@ -42,6 +48,7 @@ RESTART_POSTGRES = Fault("restart_postgres", "restart-component", "postgres")
 RESTART_REDIS = Fault("restart_redis", "restart-component", "redis")
 RESTART_BROKER = Fault("restart_broker", "restart-component", "kafka")
 POISON_JOBS = Fault("poison_jobs", "poison-jobs")
+FORGE_RECORDS = Fault("forge_records", "forge-records")
 
 
 @dataclass(frozen=True)
@@ -63,7 +70,9 @@ class ChaosPlan:
 FULL = ChaosPlan(
     "full",
     (
+        FORGE_RECORDS,
         KILL_BORGMASTER_MASTER,
+        KILL_SCHEDULER,
         KILL_AGGREGATOR,
         KILL_RECOMMENDER,
         KILL_AUTOPILOT_MASTER,
@@ -85,6 +94,7 @@ FULL = ChaosPlan(
 SHORT = ChaosPlan(
     "short",
     (
+        FORGE_RECORDS,
         KILL_BORGMASTER_MASTER,
         replace(KILL_ACTUATOR, name="kill_actuator_with_poison", with_poison=True),
         RESTART_BROKER,

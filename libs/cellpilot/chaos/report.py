@@ -8,12 +8,14 @@ invariant failed).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cellpilot.chaos import invariants
 from cellpilot.chaos.evidence import LoggedLogReset, StoreEvidence
+from cellpilot.chaos.forger import Forgery
 from cellpilot.chaos.plan import Fault
 from cellpilot.chaos.stream_ledger import StreamLedger
 from cellpilot.chaos.workload import PROBE_JOB, PoisonOutcome, TaskFailures
@@ -54,6 +56,7 @@ class FaultRecord:
     probe_edit_seq: int | None = None  # checkpoint-log position of the probe's re-inflation
     acknowledged_job: str | None = None  # the job submitted while the fault lasted, if acknowledged
     poison: PoisonOutcome | None = None
+    forgery: Forgery | None = None
     error: str = ""
 
 
@@ -204,6 +207,28 @@ def pipeline_figures(
     ]  # fmt: skip
 
 
+def forgery_figures(ledger: StreamLedger, evidence: StoreEvidence, facts: RunFacts) -> list[Figure]:
+    """What the forger's records did: nothing may have been applied, each must have been refused."""
+    written = [w for r in facts.faults if r.forgery is not None for w in r.forgery.written]
+    refused = Counter(r.reason or "undecodable" for r in ledger.refusals)
+    figures = [
+        Figure("records_refused", len(ledger.refusals), "records",
+               note=", ".join(f"{reason} {n}" for reason, n in sorted(refused.items())) or "none"),
+    ]  # fmt: skip
+    if not written:
+        return figures
+    applied = invariants.forged_applied(evidence)
+    unrefused = invariants.unrefused(written, ledger.refusals)
+    return [
+        *figures,
+        Figure("forged_records_written", len(written), "records",
+               note="; ".join(sorted({what for _, _, what in written}))),
+        zero("forged_records_applied", applied.total, "records", applied.describe()),
+        zero("forged_records_unrefused", len(unrefused), "records",
+             "written, never filed on deadletter by a reader: " + "; ".join(unrefused)),
+    ]  # fmt: skip
+
+
 def all_figures(
     ledger: StreamLedger, evidence: StoreEvidence, facts: RunFacts, resets: Sequence[LoggedLogReset]
 ) -> list[Figure]:
@@ -214,6 +239,7 @@ def all_figures(
         + job_figures(facts, evidence)
         + fault_figures(facts, evidence)
         + pipeline_figures(ledger, evidence, facts, resets)
+        + forgery_figures(ledger, evidence, facts)
     )
 
 

@@ -9,7 +9,9 @@ and it reads the new log from its start. Each partition's logs are numbered (gen
 
 It keeps, in a :class:`StreamLedger` (plain data, checked by :mod:`cellpilot.chaos.invariants`):
 every sample batch (its machine and sequence, and how many samples per window end), a digest of
-each job window's histogram and of each recommendation set, and every actuation's fencing token.
+each job window's histogram and of each recommendation set, every actuation's fencing token, and
+every record a service refused and filed on ``deadletter`` (topic, reason, a digest of its value).
+Like the services, it reads only records whose signature it has checked.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cellpilot.api.v1 import actuation_pb2, recommendation_pb2, usage_pb2
-from cellpilot.platform.kafka import AppliedOffsets, PoisonRecordError, Record
+from cellpilot.platform.kafka import DEADLETTER_TOPIC, AppliedOffsets, PoisonRecordError, Record
 from cellpilot.platform.kafka_consumers import AssignedConsumer
+from cellpilot.platform.stream_access import StreamAccess
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +39,7 @@ SAMPLES, HISTOGRAMS, RECOMMENDATIONS, ACTUATIONS = (
     "recommendations",
     "actuations",
 )
-OBSERVED_TOPICS = [SAMPLES, HISTOGRAMS, RECOMMENDATIONS, ACTUATIONS]
+OBSERVED_TOPICS = [SAMPLES, HISTOGRAMS, RECOMMENDATIONS, ACTUATIONS, DEADLETTER_TOPIC]
 WINDOW_MS = 300_000  # Autopilot §3.2.1: the aggregator's 5-minute windows
 LOG_CHECK_INTERVAL_S = 1.0
 
@@ -80,6 +83,17 @@ class LogResetSeen:
     records_read_from_old_log: int
 
 
+@dataclass(frozen=True)
+class RefusalSeen:
+    """A record a service refused, as filed on ``deadletter``."""
+
+    topic: str
+    reason: str  # the refusal code (cellpilot.security.record_signing), "" for an undecodable record
+    value_digest: str
+    claimed_producer: str
+    refused_by: str  # the service that filed it
+
+
 @dataclass
 class StreamLedger:
     samples: list[SampleBatchSeen] = field(default_factory=list)
@@ -91,11 +105,15 @@ class StreamLedger:
     recommendation_records: int = 0
     actuations: list[ActuationSeen] = field(default_factory=list)
     resets: list[LogResetSeen] = field(default_factory=list)
+    refusals: list[RefusalSeen] = field(default_factory=list)
     undecodable: int = 0
 
 
-def _digest(data: bytes) -> str:
+def value_digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=12).hexdigest()
+
+
+_digest = value_digest
 
 
 def samples_by_window_end(event_times_ms: list[int], window_ms: int = WINDOW_MS) -> dict[int, int]:
@@ -137,6 +155,17 @@ def take_record(ledger: StreamLedger, record: Record, generation: int) -> None:
         ledger.recommendation_sets[(sets.job_id, sets.window_end_ms)].add(
             _digest(sets.SerializeToString(deterministic=True))
         )
+    elif record.topic == DEADLETTER_TOPIC:
+        headers = {name: value.decode(errors="replace") for name, value in record.headers}
+        ledger.refusals.append(
+            RefusalSeen(
+                headers.get("source-topic", record.key),
+                headers.get("refusal", ""),
+                value_digest(record.value),
+                headers.get("claimed-producer", ""),
+                headers.get("cp-producer", ""),
+            )
+        )
     elif record.topic == ACTUATIONS:
         actuation = record.decode(actuation_pb2.Actuation)
         ledger.actuations.append(
@@ -155,8 +184,8 @@ def take_record(ledger: StreamLedger, record: Record, generation: int) -> None:
 class StreamObserver:
     """Follows the observed topics into a :class:`StreamLedger` until stopped."""
 
-    def __init__(self, bootstrap: str) -> None:
-        self.bootstrap = bootstrap
+    def __init__(self, access: StreamAccess) -> None:
+        self.access = access
         self.ledger = StreamLedger()
         self.fence = AppliedOffsets()
         self.generation: dict[tuple[str, int], int] = defaultdict(int)
@@ -166,7 +195,7 @@ class StreamObserver:
 
     async def start(self) -> None:
         consumer = AssignedConsumer(
-            self.bootstrap,
+            self.access,
             OBSERVED_TOPICS,
             client_id="chaos-observer",
             log_check_interval_s=LOG_CHECK_INTERVAL_S,

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Generic, TypeVar
 
 import typer
-from rich.table import Table
 
 from cellpilot.api.v1 import autopilot_pb2, job_pb2, recommendation_pb2, resources_pb2
 from cellpilot.cli.job import job_id, quantity
@@ -26,7 +25,9 @@ from cellpilot.cli.output import (
     DEFAULT_BORGMASTER,
     AutopilotOption,
     BorgmasterOption,
+    Column,
     JsonOption,
+    OutputOption,
     TimeoutOption,
     connect,
     console,
@@ -34,8 +35,10 @@ from cellpilot.cli.output import (
     message_dict,
     print_answer,
     print_json,
+    print_table,
     register_with_options,
     shared_option,
+    use_output,
 )
 from cellpilot.client import SyncCellpilotClient, UnavailableError
 from cellpilot.client.job_spec_file import RECOMMENDERS
@@ -56,28 +59,9 @@ def _print_recommendations(job: str, recs: autopilot_pb2.JobRecommendations) -> 
     for decision in recs.vertical:
         resource = enum_label(resources_pb2.Resource, decision.resource, "RESOURCE_")
         mode = _mode_label(decision.mode)
-        table = Table(
-            "recommender",
-            "value",
-            "raw",
-            "margin",
-            "why",
-            "",
-            title=f"{resource}: mode {mode}, limit now {amount(decision.resource, decision.current_limit)}",
-            title_justify="left",
-        )
+        title = f"{resource}: mode {mode}, limit now {amount(decision.resource, decision.current_limit)}"
+        print_table(title, _candidate_columns(decision), decision.candidates)
         chosen = decision.chosen
-        for candidate in decision.candidates:
-            selected = candidate.recommender == decision.selected
-            table.add_row(
-                recommender_name(candidate.recommender),
-                amount(decision.resource, candidate.value),
-                amount(decision.resource, candidate.raw_value),
-                amount(decision.resource, candidate.margin),
-                why(candidate),
-                "[green]selected[/green]" if selected else "",
-            )
-        console.print(table)
         if chosen.recommendation_id:
             console.print(
                 f"  chosen: {recommender_name(decision.selected)} -> "
@@ -97,6 +81,23 @@ def _print_recommendations(job: str, recs: autopilot_pb2.JobRecommendations) -> 
         )
 
 
+def _candidate_columns(decision: autopilot_pb2.VerticalDecision) -> tuple[Column, ...]:
+    def value(of: Callable[[recommendation_pb2.Recommendation], int]) -> Callable[[Any], str]:
+        return lambda candidate: amount(decision.resource, of(candidate))
+
+    return (
+        Column("recommender", lambda candidate: recommender_name(candidate.recommender), identifier=True),
+        Column("value", value(lambda candidate: candidate.value)),
+        Column(
+            "",
+            lambda candidate: "[green]selected[/green]" if candidate.recommender == decision.selected else "",
+        ),
+        Column("why", why, prose=True),
+        Column("raw", value(lambda candidate: candidate.raw_value)),
+        Column("margin", value(lambda candidate: candidate.margin)),
+    )
+
+
 @dataclass(frozen=True)
 class AutopilotQuery(Generic[T]):
     """What an Autopilot command asks (``call``), how it prints the answer without ``--json``, and
@@ -108,8 +109,14 @@ class AutopilotQuery(Generic[T]):
 
 
 def _ask_autopilot(
-    bound: Callable[[], AutopilotQuery[Any]], autopilot: str, borgmaster: str, as_json: bool, timeout: float
+    bound: Callable[[], AutopilotQuery[Any]],
+    autopilot: str,
+    borgmaster: str,
+    as_json: bool,
+    output: str,
+    timeout: float,
 ) -> None:
+    as_json = use_output(output, as_json)
     asked = bound()
     with connect(borgmaster, autopilot, timeout_s=timeout) as client:
         try:
@@ -124,13 +131,14 @@ _AUTOPILOT_OPTIONS = (
     shared_option("autopilot", AutopilotOption, DEFAULT_AUTOPILOT),
     shared_option("borgmaster", BorgmasterOption, DEFAULT_BORGMASTER),
     shared_option("as_json", JsonOption, False),
+    shared_option("output", OutputOption, ""),
     shared_option("timeout", TimeoutOption, 5.0),
 )
 
 
 def _autopilot_command(query: Callable[..., AutopilotQuery[Any]]) -> Callable[..., AutopilotQuery[Any]]:
     """Registers a command that asks Autopilot once (``--autopilot``, ``--borgmaster``, ``--json``,
-    ``--timeout`` after its own options)."""
+    ``-o``, ``--timeout`` after its own options)."""
     register_with_options(app, None, query, _AUTOPILOT_OPTIONS, _ask_autopilot)
     return query
 

@@ -7,7 +7,7 @@ This command loads the newest snapshot at or before ``SEQ``, applies the log up 
 with the same core the replicas run, and answers read-only queries:
 
     cellpilot borgmaster replay --to 120                  # where the log is, what it holds
-    cellpilot borgmaster replay --to 120 jobs [--json]
+    cellpilot borgmaster replay --to 120 jobs [--json | -o wide]
     cellpilot borgmaster replay --to 120 job alice/web [--json]
     cellpilot borgmaster replay --to 120 machines [--json]
     cellpilot borgmaster replay --to 120 --schedule-pending [--json]
@@ -26,12 +26,12 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from cellpilot.borg.cell_state import CellState
+from cellpilot.borg.cell_state import CellState, JobRecord, MachineRecord
 from cellpilot.borg.lifecycle import TaskState
 from cellpilot.borg.pending_reasons import explain
 from cellpilot.borg.scheduling_view import SchedulingView
+from cellpilot.cli.output import Column, OutputOption, print_table, use_output
 from cellpilot.cli.text_file import TextFileError, read_text_file
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.platform.store_outage import POSTGRES, describe, store_of
@@ -56,27 +56,24 @@ def borgmaster() -> None:
 
 async def load_state(database_url: str, to_seq: int | None) -> tuple[CellState, int, int]:
     """The state at ``to_seq`` (the log head if None); also the snapshot used and the log head."""
-    from cellpilot.platform.postgres import create_engine
-    from cellpilot_services.borgmaster.checkpoint_codec import record_in, snapshot_in
-    from cellpilot_services.borgmaster.checkpoint_log import CheckpointLog
+    from cellpilot.checkpoint_store import PostgresCheckpointStore
 
-    engine = create_engine(database_url, pool_size=1)
+    store = PostgresCheckpointStore.connect(database_url, pool_size=1)
     try:
-        log = CheckpointLog(engine)
-        head = await log.last_seq()
+        head = await store.last_sequence()
         target = head if to_seq is None else to_seq
         if target < 0 or target > head:
             raise typer.BadParameter(f"--to {target}: the log holds positions 0..{head}")
-        snapshot = await log.latest_snapshot(at_or_before=target)
-        state = snapshot_in(snapshot[1]) if snapshot is not None else CellState()
+        snapshot = await store.latest_snapshot(at_or_before=target)
+        state = snapshot.state if snapshot is not None else CellState()
         while state.last_sequence < target:
-            entries = await log.read(state.last_sequence, up_to_seq=target, limit=5000)
-            if not entries:
+            records = await store.read(state.last_sequence, up_to_seq=target, limit=5000)
+            if not records:
                 raise typer.BadParameter(f"the log has a gap after position {state.last_sequence}")
-            state.apply_all(record_in(e.record) for e in entries)
-        return state, snapshot[0] if snapshot is not None else 0, head
+            state.apply_all(records)
+        return state, snapshot.sequence if snapshot is not None else 0, head
     finally:
-        await engine.dispose()
+        await store.close()
 
 
 def _json(messages: Any) -> str:
@@ -88,45 +85,47 @@ def _json(messages: Any) -> str:
 
 
 def jobs_json(state: CellState) -> str:
-    from cellpilot_services.borgmaster import convert
+    from cellpilot.borg_wire import statuses
 
-    return _json([convert.job_status_out(state.jobs[j]) for j in sorted(state.jobs)])
+    return _json([statuses.job_status_out(state.jobs[j]) for j in sorted(state.jobs)])
 
 
 def job_json(state: CellState, job_id: str) -> str:
-    from cellpilot_services.borgmaster import convert
+    from cellpilot.borg_wire import statuses
 
-    return _json(convert.job_status_out(state.jobs[job_id], include_tasks=True))
+    return _json(statuses.job_status_out(state.jobs[job_id], include_tasks=True))
 
 
 def machines_json(state: CellState) -> str:
-    from cellpilot_services.borgmaster import convert
+    from cellpilot.borg_wire import statuses
 
-    return _json([convert.machine_out(state, state.machines[m]) for m in sorted(state.machines)])
+    return _json([statuses.machine_out(state, state.machines[m]) for m in sorted(state.machines)])
 
 
 def _print_jobs(state: CellState) -> None:
-    table = Table(
-        "job",
-        "state",
-        "priority",
-        "version",
-        "pending",
-        "running",
-        "dead",
-        title=f"jobs at log position {state.last_sequence}",
+    def count(of: TaskState) -> Column:
+        return Column(of.value, lambda job: str(job.task_counts()[of]))
+
+    columns = (
+        Column("job", lambda job: job.job_id, identifier=True),
+        Column("state", lambda job: job.state.value),
+        Column("priority", lambda job: str(job.spec.priority)),
+        Column("version", lambda job: str(job.spec_version)),
+        *(count(s) for s in (TaskState.PENDING, TaskState.RUNNING, TaskState.DEAD)),
     )
-    for job_id in sorted(state.jobs):
-        job = state.jobs[job_id]
-        counts = job.task_counts()
-        table.add_row(
-            job_id,
-            job.state.value,
-            str(job.spec.priority),
-            str(job.spec_version),
-            *(str(counts[s]) for s in (TaskState.PENDING, TaskState.RUNNING, TaskState.DEAD)),
-        )
-    console.print(table)
+    jobs: list[JobRecord] = [state.jobs[job_id] for job_id in sorted(state.jobs)]
+    print_table(f"jobs at log position {state.last_sequence}", columns, jobs)
+
+
+TASK_COLUMNS: tuple[Column, ...] = (
+    Column("task", lambda task: str(task.index), identifier=True),
+    Column("state", lambda task: task.state.value),
+    Column("reason", lambda task: task.reason.value),
+    Column("machine", lambda task: task.machine_id or "-", identifier=True),
+    Column("incarnation", lambda task: str(task.incarnation)),
+    Column("restarts", lambda task: str(task.restarts)),
+    Column("detail", lambda task: escape(task.reason_detail), prose=True),
+)
 
 
 def _print_job(state: CellState, job_id: str) -> None:
@@ -137,40 +136,29 @@ def _print_job(state: CellState, job_id: str) -> None:
         f"priority {job.spec.priority}, {job.spec.task_count} tasks of {limits.cpu / 1000:g} cores, "
         f"{limits.ram / GIB:.3g} GiB"
     )
-    table = Table("task", "state", "reason", "machine", "incarnation", "restarts", "detail")
-    for task in job.visible_tasks():
-        table.add_row(
-            str(task.index),
-            task.state.value,
-            task.reason.value,
-            task.machine_id or "-",
-            str(task.incarnation),
-            str(task.restarts),
-            task.reason_detail,
-        )
-    console.print(table)
+    print_table(None, TASK_COLUMNS, job.visible_tasks())
 
 
 def _print_machines(state: CellState) -> None:
-    table = Table(
-        *("machine", "state", "tasks", "cpu used/cap (cores)", "ram used/cap (GiB)"),
-        title=f"machines at log position {state.last_sequence}",
-    )
-    for machine_id in sorted(state.machines):
-        machine = state.machines[machine_id]
-        used = [0.0, 0.0]
-        for _, task in state.tasks_on(machine_id):
-            used[0] += task.limits.cpu
-            used[1] += task.limits.ram
+    def used(machine: MachineRecord) -> tuple[float, float]:
+        tasks = [task for _, task in state.tasks_on(machine.spec.machine_id)]
+        return sum(t.limits.cpu for t in tasks), sum(t.limits.ram for t in tasks)
+
+    def share(machine: MachineRecord, resource: int) -> str:
         cap = machine.spec.capacity
-        table.add_row(
-            machine_id,
-            machine.availability.value,
-            str(len(machine.tasks)),
-            f"{used[0] / 1000:g}/{cap.cpu / 1000:g}",
-            f"{used[1] / GIB:.3g}/{cap.ram / GIB:.3g}",
-        )
-    console.print(table)
+        if resource == 0:
+            return f"{used(machine)[0] / 1000:g}/{cap.cpu / 1000:g}"
+        return f"{used(machine)[1] / GIB:.3g}/{cap.ram / GIB:.3g}"
+
+    columns = (
+        Column("machine", lambda machine: machine.spec.machine_id, identifier=True),
+        Column("state", lambda machine: machine.availability.value),
+        Column("tasks", lambda machine: str(len(machine.tasks))),
+        Column("cpu used/cap (cores)", lambda machine: share(machine, 0)),
+        Column("ram used/cap (GiB)", lambda machine: share(machine, 1)),
+    )
+    machines = [state.machines[machine_id] for machine_id in sorted(state.machines)]
+    print_table(f"machines at log position {state.last_sequence}", columns, machines)
 
 
 def schedule_pending(state: CellState, packing: str, as_json: bool) -> None:
@@ -214,10 +202,11 @@ def schedule_pending(state: CellState, packing: str, as_json: bool) -> None:
     title = (
         f"{len(placements)} of {pending} pending tasks would schedule (log position {state.last_sequence})"
     )
-    table = Table("task", "machine", title=title)
-    for p in placements:
-        table.add_row(str(p["task"]), str(p["machine"]))
-    console.print(table)
+    columns = (
+        Column("task", lambda p: str(p["task"]), identifier=True),
+        Column("machine", lambda p: str(p["machine"]), identifier=True),
+    )
+    print_table(title, columns, placements)
     for victim in preempted:
         console.print(f"preempts {victim['task']}: {victim['detail']}")
     for reason in reasons:
@@ -233,6 +222,7 @@ def replay(
         int | None, typer.Option("--to", help="Log position to restore (default: the head).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the API's messages as JSON.")] = False,
+    output: OutputOption = "",
     schedule: Annotated[
         bool,
         typer.Option("--schedule-pending", help="Run a scheduling pass offline over the restored state."),
@@ -247,6 +237,7 @@ def replay(
     ] = None,
 ) -> None:
     """Restore the Borgmaster's state at a log position and query it read-only (Fauxmaster, Borg §3.1)."""
+    as_json = use_output(output, as_json)
     words = list(query or [])
     if words and words[0] not in QUERIES:
         raise typer.BadParameter(f"unknown query {words[0]!r}; one of {', '.join(QUERIES)}")

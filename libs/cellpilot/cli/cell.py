@@ -64,14 +64,14 @@ def _shares(m: machine_pb2.Machine, resource: str) -> str:
 
 
 MACHINE_COLUMNS: tuple[Column, ...] = (
-    ("machine", lambda m: m.spec.machine_id),
-    ("state", lambda m: enum_label(machine_pb2.MachineState, m.state, "MACHINE_STATE_")),
-    ("rack", lambda m: m.spec.rack or "-"),
-    ("tasks", lambda m: str(m.task_count)),
-    ("cores", lambda m: cores(m.spec.capacity.cpu_millicores)),
-    ("cpu u/r/a", lambda m: _shares(m, "cpu_millicores")),
-    ("memory", lambda m: gib(m.spec.capacity.memory_bytes)),
-    ("mem u/r/a", lambda m: _shares(m, "memory_bytes")),
+    Column("machine", lambda m: m.spec.machine_id, identifier=True),
+    Column("state", lambda m: enum_label(machine_pb2.MachineState, m.state, "MACHINE_STATE_")),
+    Column("rack", lambda m: m.spec.rack or "-"),
+    Column("tasks", lambda m: str(m.task_count)),
+    Column("cores", lambda m: cores(m.spec.capacity.cpu_millicores)),
+    Column("cpu u/r/a", lambda m: _shares(m, "cpu_millicores")),
+    Column("memory", lambda m: gib(m.spec.capacity.memory_bytes)),
+    Column("mem u/r/a", lambda m: _shares(m, "memory_bytes")),
 )
 
 
@@ -87,10 +87,10 @@ def quota(
 
 
 QUOTA_COLUMNS: tuple[Column, ...] = (
-    ("user", lambda q: q.user),
-    ("band", lambda q: enum_label(job_pb2.PriorityBand, q.band, "PRIORITY_BAND_")),
-    ("cpu cores", lambda q: f"{cores(q.used.cpu_millicores)} / {cores(q.limit.cpu_millicores)}"),
-    ("memory", lambda q: f"{gib(q.used.memory_bytes)} / {gib(q.limit.memory_bytes)}"),
+    Column("user", lambda q: q.user, identifier=True),
+    Column("band", lambda q: enum_label(job_pb2.PriorityBand, q.band, "PRIORITY_BAND_"), identifier=True),
+    Column("cpu cores", lambda q: f"{cores(q.used.cpu_millicores)} / {cores(q.limit.cpu_millicores)}"),
+    Column("memory", lambda q: f"{gib(q.used.memory_bytes)} / {gib(q.limit.memory_bytes)}"),
 )
 
 
@@ -146,7 +146,8 @@ def _print_quota(q: state_pb2.Quota, band: str) -> None:
 
 @borgmaster_command(app)
 def status() -> BorgmasterQuery[borgmaster_pb2.GetCellStatusResponse]:
-    """The GPA fit test's overflow probability rho next to the CPU overflow the polls observed."""
+    """The master's view of the cell: the GPA fit test's rho next to the CPU overflow the polls
+    observed, and the scheduler's proposals it accepted and refused as stale (Borg §3.4)."""
     return BorgmasterQuery(lambda client: client.borgmaster.get_cell_status(), _print_status)
 
 
@@ -162,6 +163,17 @@ def _print_status(answer: borgmaster_pb2.GetCellStatusResponse) -> None:
         f"(= {overall}) since it took over",
         highlight=False,
     )
+    proposed = answer.placements_accepted + answer.placements_stale
+    stale = f"{answer.placements_stale / proposed:.1%}" if proposed else "-"
+    console.print(
+        f"log position {answer.log_sequence}; {answer.tasks_pending} tasks pending; the scheduler's "
+        f"proposals since it took over: {answer.proposals} batches, {answer.placements_accepted} placements "
+        f"accepted, {answer.placements_stale} refused as stale ({stale}), "
+        f"{answer.placements_preempted} tasks preempted",
+        highlight=False,
+    )
+    for reason, count in sorted(answer.stale_reasons.items(), key=lambda item: -item[1]):
+        console.print(f"  stale: {count} {reason}", highlight=False)
 
 
 def _hours(seconds: float) -> str:
@@ -204,11 +216,11 @@ def lifetimes() -> BorgmasterQuery[lifetimes_pb2.GetLifetimesResponse]:
 
 
 LAVA_HOST_COLUMNS: tuple[Column, ...] = (
-    ("machine", lambda host: host.machine_id),
-    ("state", lambda host: enum_label(lifetimes_pb2.LavaHostState, host.state, "LAVA_HOST_STATE_")),
-    ("class", lambda host: f"LC{host.lifetime_class}"),
-    ("deadline (ms)", lambda host: str(host.deadline_ms)),
-    ("residual tasks", lambda host: str(len(host.residual))),
+    Column("machine", lambda host: host.machine_id, identifier=True),
+    Column("state", lambda host: enum_label(lifetimes_pb2.LavaHostState, host.state, "LAVA_HOST_STATE_")),
+    Column("class", lambda host: f"LC{host.lifetime_class}"),
+    Column("deadline (ms)", lambda host: str(host.deadline_ms)),
+    Column("residual tasks", lambda host: str(len(host.residual))),
 )
 
 

@@ -13,7 +13,10 @@ from cellpilot.platform.store_accounts import write_redis_acl
 from cellpilot.security.certificates import (
     DEFAULT_IDENTITIES,
     CertificateError,
+    IdentityRequest,
+    hosts_not_named,
     issue_all,
+    issue_missing_signing_certificates,
     parse_identity_requests,
 )
 from cellpilot.security.identity import ADMIN
@@ -73,7 +76,10 @@ def issue(
     ] = None,
     keep_existing: Annotated[
         bool,
-        typer.Option(help="Keep certificates that already exist (issue only the missing ones)."),
+        typer.Option(
+            help="Keep certificates that already exist and name every requested host (issue the "
+            "missing ones, and again those that lack a host)."
+        ),
     ] = False,
     days: Annotated[int, typer.Option(min=1, max=3650, help="Validity of the service certificates.")] = 825,
 ) -> None:
@@ -83,16 +89,24 @@ def issue(
         requests = parse_identity_requests([services], machines or [], hostnames or [])
         if not requests:
             raise CertificateError("--services names no identity")
+        kept: list[IdentityRequest] = []
         if keep_existing:
-            kept = [
+            existing = [
                 r
                 for r in requests
                 if (out / f"{r.identity}.crt").exists() and (out / f"{r.identity}.key").exists()
             ]
-            for request in kept:
-                typer.echo(f"{out / f'{request.identity}.crt'} (kept)")
+            for request in existing:
+                missing = hosts_not_named((out / f"{request.identity}.crt").read_bytes(), request)
+                if missing:  # issued again: a host was added since (a compose replica, a broker)
+                    typer.echo(f"{out / f'{request.identity}.crt'} (issued again for {', '.join(missing)})")
+                else:
+                    kept.append(request)
+                    typer.echo(f"{out / f'{request.identity}.crt'} (kept)")
             requests = [r for r in requests if r not in kept]
         paths = issue_all(out, requests, days) if requests else []
+        # Kept identities issued before records were signed get their record-signing key.
+        signing = issue_missing_signing_certificates(out, [r.identity for r in kept])
     except CertificateError as error:
         console.print(f"[red]cannot issue certificates:[/red] {error}")
         raise typer.Exit(2) from None
@@ -102,11 +116,14 @@ def issue(
     for request, path in zip(requests, paths, strict=True):
         scope = f" (machines {', '.join(request.machine_globs)})" if request.machine_globs else ""
         typer.echo(f"{path}{scope}")
+    for path in signing:
+        typer.echo(f"{path} (record-signing certificate)")
     for account in passwords:
         typer.echo(f"{password_path(out, account)} (store password, mode 0600)")
     typer.echo(f"{acl} (Redis users: password hashes only)")
     console.print(
-        f"[green]CA, {len(paths)} certificates, the token secret and the store passwords are in {out}[/green]"
+        f"[green]CA, {len(paths)} certificates (each service with its record-signing key), the token secret"
+        f" and the store passwords are in {out}[/green]"
     )
 
 

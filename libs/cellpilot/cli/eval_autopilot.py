@@ -2,16 +2,17 @@
 
 Outputs in ``--out DIR``: ``summary.json`` (one object per recommender: the §4.1.1 metrics),
 ``results.md`` (tables, Table 2, the goals), ``run.json`` (settings, goals, timing) and the
-CDF plots of Figures 3a, 3b, 3c, 5 and 7. ``cellpilot eval autopilot-tune`` runs the
-§3.2.3 hyperparameter sweep and writes the tuned configuration and its report.
+CDF plots of Figures 3a, 3b, 3c, 5 and 7. ``cellpilot eval autopilot-tune``
+(:mod:`cellpilot.cli.eval_autopilot_tune`) runs the §3.2.3 hyperparameter sweep.
 """
 
 from __future__ import annotations
 
 import resource
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, NamedTuple
 
 import numpy as np
 import typer
@@ -25,16 +26,21 @@ from cellpilot.cli.study_command import (
     OutOption,
     SyntheticJobsOption,
     WorkloadSeedOption,
-    comma_list,
     replay_progress,
 )
 from cellpilot.cli.study_runner import ShardPlacement, register_study
 from cellpilot.cli.text_file import TextFileError, read_text_file
 from cellpilot.evaluate.autopilot_deciders import parse_recommenders
-from cellpilot.evaluate.autopilot_metrics import CORE_KEYS, TABLE2_ROWS, JobDays, cdf, table2_label
+from cellpilot.evaluate.autopilot_metrics import (
+    CORE_KEYS,
+    LIMIT_CHANGE_KEYS,
+    TABLE2_ROWS,
+    JobDays,
+    cdf,
+    table2_label,
+)
 from cellpilot.evaluate.autopilot_replay import ReplayConfig, StudyResult, run_study
-from cellpilot.evaluate.autopilot_tuning import MODEL_GRIDS, TuningGrid, TuningSetup, run_sweep
-from cellpilot.evaluate.replay_machines import CellModel
+from cellpilot.evaluate.replay_machines import CELL_MODELS, DEFAULT_CELL, CellModel
 from cellpilot.evaluate.report import markdown_table, save_figure, write_markdown, write_summary
 from cellpilot.recommend.ml_ensemble import EnsembleConfig
 from cellpilot.traces.google import TRACES, open_google_trace
@@ -48,21 +54,27 @@ MAIN_COLUMNS = (
     "relative_slack_median",
     "absolute_slack_machines",
     "absolute_slack_vs_bound",
+    "slack_vs_bound",
     "footprint_machines",
     "relative_oom_rate_per_task_day",
     "oom_free_job_days_fraction",
-    "limit_changes_per_job_day_p99",
+    *LIMIT_CHANGE_KEYS,
     "job_days_without_limit_changes_fraction",
     "job_days",
 )
+# The breakdown tables: the main columns the breakdowns carry (CORE_KEYS and the bound ratio).
+BREAKDOWN_COLUMNS = tuple(c for c in MAIN_COLUMNS if c != "job_days_without_limit_changes_fraction")
 FORMATS = {
     "relative_slack_mean": ".3f",
     "relative_slack_median": ".3f",
     "absolute_slack_machines": ".1f",
     "absolute_slack_vs_bound": ".2f",
+    "slack_vs_bound": ".2f",
     "footprint_machines": ".1f",
     "relative_oom_rate_per_task_day": ".4f",
     "oom_free_job_days_fraction": ".2%",
+    "limit_changes_per_job_day": ".2f",
+    "limit_changes_per_job_day_p50": ".1f",
     "limit_changes_per_job_day_p99": ".1f",
     "job_days_without_limit_changes_fraction": ".1%",
     "cpu_relative_slack_mean": ".3f",
@@ -256,7 +268,7 @@ def _sections(result: StudyResult, description: str) -> list[str]:
             continue
         sections += [
             f"## Breakdown: {key.replace('_', ' ')}\n",
-            markdown_table(sub, (*MAIN_COLUMNS[:-3], "job_days"), FORMATS),
+            markdown_table(sub, BREAKDOWN_COLUMNS, FORMATS),
         ]
     return sections
 
@@ -290,6 +302,13 @@ def autopilot(
         float, typer.Option(help="from recommendation to limit in force")
     ] = 5.0,
     min_coverage: Annotated[float, typer.Option(help="trace jobs must run in this share of windows")] = 0.9,
+    cell: Annotated[
+        str,
+        typer.Option(
+            help="how the replayed tasks share machines: none (limits reserved in full, no overcommit), "
+            "borg (Borg §5.5's median cell: limits 1.25x a machine's memory) or tight (1.5x)"
+        ),
+    ] = DEFAULT_CELL,
     pool_jobs: Annotated[
         int, typer.Option(help="consecutive jobs whose tasks share machines (soft-limit pressure)")
     ] = CellModel.pool_jobs,
@@ -308,6 +327,8 @@ def autopilot(
         raise typer.BadParameter("--jobs, --days and --workers must be >= 1, --warmup-days >= 0")
     if population not in ("serving", "all"):
         raise typer.BadParameter("--population must be 'serving' or 'all'")
+    if cell not in CELL_MODELS:
+        raise typer.BadParameter(f"must be one of {', '.join(CELL_MODELS)}", param_hint="--cell")
     if pool_jobs < 1:
         raise typer.BadParameter("must be >= 1", param_hint="--pool-jobs")
     if not 0.0 <= free_memory <= 1.0:
@@ -318,7 +339,7 @@ def autopilot(
         actuation_delay_ms=int(actuation_delay_minutes * 60_000),
         cpu=cpu,
         ml=ml,
-        cell=CellModel(pool_jobs=pool_jobs, free_fraction=free_memory),
+        cell=replace(CELL_MODELS[cell], pool_jobs=pool_jobs, free_fraction=free_memory),
     )
     source: AutopilotWorkloadConfig | list[JobSignals]
     if trace:
@@ -328,7 +349,7 @@ def autopilot(
             raise typer.BadParameter("--workload must be 'synthetic' (or give --trace)")
         source = AutopilotWorkloadConfig(jobs=jobs, days=days + warmup_days, seed=seed, with_cpu=cpu)
         description = f"synthetic workload: {jobs} jobs, seed {seed}"
-    description += f"; ML hyperparameters: {ml_source}"
+    description += f"; ML hyperparameters: {ml_source}; cell: {cell} (overcommit {config.cell.overcommit:g})"
     cpu_started = _cpu_seconds()
     with (
         placement.runner() as runner,
@@ -367,7 +388,7 @@ def autopilot(
     sections.insert(
         1,
         f"Reproduce: `cellpilot eval autopilot {workload_args} --recommenders {recommenders} "
-        f"--warmup-days {warmup_days} --population {population} --out DIR`\n",
+        f"--warmup-days {warmup_days} --population {population} --cell {cell} --out DIR`\n",
     )
     plots = write_plots(out, result.rows, config.machine_memory_bytes, population)
     sections.append("## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n")
@@ -379,108 +400,5 @@ def autopilot(
     console.print(f"wrote {out / 'summary.json'} ({result.seconds:.0f} s, {cpu_seconds:.0f} CPU s)")
 
 
-def _tuning_markdown(sweep: dict[str, Any]) -> list[str]:
-    setup = sweep["setup"]
-    table = sorted(sweep["table"], key=lambda r: (r["violation"] > 0, r["relative_slack_mean"]))
-    columns = (
-        "variant",
-        "model_grid",
-        "cost_decay",
-        "w_underrun",
-        "w_limit_change",
-        "w_model_change",
-        "relative_slack_mean",
-        "relative_oom_rate_per_task_day",
-        "oom_free_job_days_fraction",
-        "limit_changes_per_job_day_p99",
-        "violation",
-    )
-    metrics = columns[6:10]
-    report_rows = [{"recommender": name, **m} for name, m in sweep["report"].items()]
-    per_variant = [{"variant": v, **p} for v, p in sweep["per_variant"].items()]
-    chosen = sweep["chosen"]
-    return [
-        f"Reproduce: `cellpilot eval autopilot-tune --jobs {setup['jobs']} --days {setup['measured_days']} "
-        f"--model-grids {','.join(setup['grid']['model_grids'])}`. "
-        f"Populations of {setup['jobs']} synthetic jobs, {setup['measured_days']} measured days after "
-        f"{setup['warmup_days']} warm-up days in the closed loop; tuned on seeds {setup['tune_seeds']}, "
-        f"reported on seeds {setup['report_seeds']}; {setup['configurations']} configurations; "
-        "serving jobs' memory (§4.1.2).\n",
-        "## Selection rule\n",
-        "A configuration is admissible when, on the tuning seeds, its relative OOM rate and its p99 limit "
-        "changes per job-day are no higher than the moving window's (§3.2.3: dominate the alternatives with "
-        "a similar number of overruns and limit adjustments) and its OOM-free job-days are at least "
-        f"{setup['required_oom_free_job_days_fraction']:.2%} (the moving window's, and no less than §4.3's "
-        "99.5 %); the admissible one with the lowest mean relative slack is chosen, or, when none is, the "
-        "lowest-slack one among the tenth with the smallest violation. The same rule picks each variant's "
-        "weights on the tuning seeds; the variants are then compared by the same rule on the report seeds. "
-        f"Admissible: {sweep['admissible']} of {len(sweep['table'])}. Best on the tuning seeds: "
-        f"`{sweep['tuned_choice']}`; supported by the report seeds: `{sweep['held_out_choice']}`.\n",
-        "## Each variant's tuned weights (tuning seeds)\n",
-        markdown_table(per_variant, ("variant", "model_grid", *HYPERPARAMETER_COLUMNS)),
-        "## Chosen configuration\n",
-        markdown_table(
-            [{"": "chosen", **chosen["options"], **chosen["hyperparameters"]}],
-            ("", "margin_mode", "cost_at_previous_limit", "normalise_histograms", *HYPERPARAMETER_COLUMNS),
-        ),
-        "## Report seeds (not used for the weights)\n",
-        markdown_table(report_rows, ("recommender", *metrics, "absolute_slack_machines"), FORMATS),
-        "## Tuning seeds: moving-window baseline\n",
-        markdown_table([sweep["tune_baseline_moving_window"]], metrics, FORMATS),
-        "## Sweep (tuning seeds; admissible first, by relative slack)\n",
-        markdown_table(table, columns, FORMATS),
-    ]
-
-
-HYPERPARAMETER_COLUMNS = ("cost_decay", "w_overrun", "w_underrun", "w_limit_change", "w_model_change")
-
-
-def autopilot_tune(
-    out: Annotated[Path, typer.Option("--out", help="the tuned configuration (JSON)")] = Path(
-        "libs/cellpilot/autopilot/data/ml_tuned.json"
-    ),
-    report: Annotated[Path, typer.Option(help="the markdown report")] = Path("docs/results/ml-tuning.md"),
-    jobs: SyntheticJobsOption = TuningSetup.jobs,
-    days: MeasuredDaysOption = TuningSetup.days,
-    model_grids: Annotated[
-        str, typer.Option(help=f"comma-separated d_m x M_m grids to sweep ({', '.join(MODEL_GRIDS)})")
-    ] = "10x10",
-    *,
-    placement: ShardPlacement,
-) -> None:
-    """The §3.2.3 off-line sweep over the ML recommender's hyperparameters."""
-    try:
-        grid = TuningGrid(model_grids=comma_list(model_grids))
-    except ValueError as error:
-        raise typer.BadParameter(str(error), param_hint="--model-grids") from None
-    setup = TuningSetup(jobs=jobs, days=days, grid=grid, incumbent=load_ml_config())
-    with (
-        placement.runner() as runner,
-        replay_progress() as progress,
-    ):
-        bar = progress.add_task("sweep replays", total=None)
-        sweep = run_sweep(
-            setup, runner=runner, progress=lambda d, t: progress.update(bar, completed=d, total=t)
-        )
-    config = {
-        "description": "ML recommender configuration from the §3.2.3 sweep (cellpilot eval autopilot-tune)",
-        **sweep["chosen"],
-        "chosen_variant": sweep["held_out_choice"],
-        "tuned_on": sweep["setup"],
-        "tune_metrics": sweep["chosen_tune_metrics"],
-        "report_metrics": sweep["report"],
-    }
-    write_summary(out.parent, config, name=out.name)
-    write_markdown(
-        report.parent,
-        report.name,
-        "ML recommender sweep (Autopilot §3.2.3)",
-        _tuning_markdown(sweep),
-    )
-    console.print(f"chosen: {sweep['held_out_choice']} {sweep['chosen']['hyperparameters']}")
-    console.print(f"wrote {out} and {report}")
-
-
 def register(eval_app: typer.Typer) -> None:
     register_study(eval_app, "autopilot", autopilot, workers=2)
-    register_study(eval_app, "autopilot-tune", autopilot_tune, workers=2)

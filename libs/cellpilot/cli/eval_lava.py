@@ -28,13 +28,14 @@ from cellpilot.cli.study_command import (
 )
 from cellpilot.cli.study_runner import ShardPlacement, register_study
 from cellpilot.cli.text_file import TextFileError, check_readable_file, check_text_file
-from cellpilot.evaluate.lava_simulator import POLICIES, DrainConfig
+from cellpilot.evaluate.lava_simulator import DrainConfig
 from cellpilot.evaluate.lava_study import PREDICTORS, StudyConfig, run_study
 from cellpilot.evaluate.report import markdown_table, write_markdown, write_summary
 from cellpilot.lifetimes.distribution_model import DistributionParams
 from cellpilot.lifetimes.model import LabelTransform, TrainingParams
 from cellpilot.lifetimes.predictors import DEFAULT_CLASS_RISK
 from cellpilot.lifetimes.vm_table import HOUR, VmTrace
+from cellpilot.schedule.lifetime_aware.policies import BASELINE, placement_names
 from cellpilot.traces.azure import read_azure_vm_table
 
 COLUMNS = (
@@ -79,7 +80,7 @@ def plot_lines(path: Path, series: Mapping[str, tuple[Sequence[float], Sequence[
     fig = Figure(figsize=(9, 5))
     ax = fig.add_subplot()
     for label, (xs, ys) in series.items():
-        ax.plot(list(xs), list(ys), label=label, linewidth=1.2 if label == "best-fit" else 0.9)
+        ax.plot(list(xs), list(ys), label=label, linewidth=1.2 if label == BASELINE else 0.9)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -212,8 +213,8 @@ def lava(
     hosts: Annotated[int, typer.Option(help="hosts in the pool")] = 100,
     days: ReplayDaysOption = 14.0,
     seed: Annotated[int, typer.Option(help="random seed (trace, history, inflation)")] = 0,
-    policies: Annotated[str, typer.Option(help="comma-separated: " + ",".join(POLICIES))] = ",".join(
-        POLICIES
+    policies: Annotated[str, typer.Option(help="comma-separated: " + ",".join(placement_names()))] = ",".join(
+        placement_names()
     ),
     predictor: Annotated[str, typer.Option(help="comma-separated: " + ",".join(PREDICTORS))] = ",".join(
         PREDICTORS
@@ -251,7 +252,7 @@ def lava(
             hosts=hosts,
             days=days,
             seed=seed,
-            policies=_split(policies, POLICIES, "policies"),
+            policies=_split(policies, placement_names(), "policies"),
             predictors=_split(predictor, PREDICTORS, "predictors"),
             utilisation=utilisation,
             history_days=history_days,

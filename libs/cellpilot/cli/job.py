@@ -102,15 +102,15 @@ def list_jobs(
 
 
 JOB_COLUMNS: tuple[Column, ...] = (
-    ("job", lambda job: job.job_id),
-    ("state", lambda job: enum_label(state_pb2.JobState, job.state, "JOB_STATE_")),
-    ("priority", lambda job: str(job.spec.priority)),
-    ("tasks", lambda job: str(job.spec.task_count)),
-    ("pending", lambda job: str(job.task_counts.pending)),
-    ("running", lambda job: str(job.task_counts.running)),
-    ("cpu", lambda job: cores(job.spec.task.limits.cpu_millicores)),
-    ("memory", lambda job: gib(job.spec.task.limits.memory_bytes)),
-    ("autopilot", lambda job: autopilot_modes(job.spec.autopilot)),
+    Column("job", lambda job: job.job_id, identifier=True),
+    Column("state", lambda job: enum_label(state_pb2.JobState, job.state, "JOB_STATE_")),
+    Column("priority", lambda job: str(job.spec.priority)),
+    Column("tasks", lambda job: str(job.spec.task_count)),
+    Column("pending", lambda job: str(job.task_counts.pending)),
+    Column("running", lambda job: str(job.task_counts.running)),
+    Column("cpu", lambda job: cores(job.spec.task.limits.cpu_millicores)),
+    Column("memory", lambda job: gib(job.spec.task.limits.memory_bytes)),
+    Column("autopilot", lambda job: autopilot_modes(job.spec.autopilot)),
 )
 
 
@@ -126,15 +126,15 @@ def show(
 
 
 TASK_COLUMNS: tuple[Column, ...] = (
-    ("task", lambda task: str(task.task_index)),
-    ("state", lambda task: enum_label(state_pb2.TaskState, task.state, "TASK_STATE_")),
-    ("reason", lambda task: enum_label(state_pb2.TaskEventKind, task.reason, "TASK_EVENT_KIND_")),
-    ("machine", lambda task: task.machine_id or "-"),
-    ("cpu used", lambda task: cores(task.usage.cpu_millicores)),
-    ("mem used", lambda task: gib(task.usage.memory_bytes)),
-    ("restarts", lambda task: str(task.restarts)),
-    ("next restart", lambda task: restart_backoff(task)),
-    ("detail", lambda task: task.reason_detail),
+    Column("task", lambda task: str(task.task_index), identifier=True),
+    Column("state", lambda task: enum_label(state_pb2.TaskState, task.state, "TASK_STATE_")),
+    Column("reason", lambda task: enum_label(state_pb2.TaskEventKind, task.reason, "TASK_EVENT_KIND_")),
+    Column("machine", lambda task: task.machine_id or "-", identifier=True),
+    Column("cpu used", lambda task: cores(task.usage.cpu_millicores)),
+    Column("mem used", lambda task: gib(task.usage.memory_bytes)),
+    Column("restarts", lambda task: str(task.restarts)),
+    Column("next restart", lambda task: restart_backoff(task)),
+    Column("detail", lambda task: task.reason_detail, prose=True),
 )
 
 

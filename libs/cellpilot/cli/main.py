@@ -13,6 +13,7 @@ from cellpilot.cli import (
     certs,
     dashboard_cmd,
     eval_autopilot,
+    eval_autopilot_tune,
     eval_compaction,
     eval_gpa,
     eval_horizontal,
@@ -41,7 +42,7 @@ app.add_typer(autopilot_cmd.app, name="autopilot")
 app.add_typer(cell.app, name="cell")
 app.add_typer(certs.app, name="certs")
 app.add_typer(dashboard_cmd.app, name="dashboard")
-for study in (eval_autopilot, eval_gpa, eval_compaction, eval_lava, eval_horizontal):
+for study in (eval_autopilot, eval_autopilot_tune, eval_gpa, eval_compaction, eval_lava, eval_horizontal):
     study.register(eval_app)
 app.command("run")(run.run)
 app.command("stop")(run.stop)

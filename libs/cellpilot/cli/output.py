@@ -1,6 +1,7 @@
 """What the API commands share: service addresses, the client, JSON output, error messages
 (the words for API messages are :mod:`cellpilot.client.wording`, shared with the dashboard),
-tables, and the options every command of a kind takes (:func:`register_with_options`).
+tables (:func:`print_table`, the one way a command prints rows), and the options every command
+of a kind takes (:func:`register_with_options`).
 
 Addresses default to the stack's agreed ports (Borgmaster 7100-7102, Monitoring 7300-7301,
 Autopilot 7400-7401) and can be set per command (``--borgmaster``, ``--autopilot``) or
@@ -25,7 +26,9 @@ import typer
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from rich.console import Console
+from rich.errors import MarkupError
 from rich.table import Table
+from rich.text import Text
 
 from cellpilot.client import CellpilotError, RetryPolicy, SyncCellpilotClient
 from cellpilot.client import errors as refusals
@@ -55,6 +58,16 @@ AutopilotOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the API's answer as JSON.")]
+OUTPUT_FORMATS = ("wide", "json")
+OutputOption = Annotated[
+    str,
+    typer.Option(
+        "--output",
+        "-o",
+        help="wide: every column of a table, however wide the lines; json: as --json.",
+        show_default=False,
+    ),
+]
 TimeoutOption = Annotated[
     float, typer.Option("--timeout", min=0.5, help="Seconds to keep trying unreachable replicas.")
 ]
@@ -187,6 +200,18 @@ def print_answer(answer: T, as_json: bool, show: Callable[[T], None]) -> None:
         show(answer)
 
 
+_tables = {"wide": False}
+
+
+def use_output(output: str, as_json: bool = False) -> bool:
+    """Take ``-o``/``--output`` (``wide`` or ``json``): remember whether tables show every column;
+    returns whether the answer is printed as JSON."""
+    if output and output not in OUTPUT_FORMATS:
+        raise typer.BadParameter(f"{output!r}; one of {', '.join(OUTPUT_FORMATS)}", param_hint="--output")
+    _tables["wide"] = output == "wide"
+    return as_json or output == "json"
+
+
 @dataclass(frozen=True)
 class BorgmasterQuery(Generic[T]):
     """What a Borgmaster command asks (``call``) and how it prints the answer without ``--json``."""
@@ -238,12 +263,14 @@ def borgmaster_command(
     options = [
         shared_option("borgmaster", BorgmasterOption, DEFAULT_BORGMASTER),
         shared_option("as_json", JsonOption, False),
+        shared_option("output", OutputOption, ""),
         shared_option("timeout", TimeoutOption, timeout_s),
     ]
 
     def run(
-        bound: Callable[[], BorgmasterQuery[Any]], borgmaster: str, as_json: bool, timeout: float
+        bound: Callable[[], BorgmasterQuery[Any]], borgmaster: str, as_json: bool, output: str, timeout: float
     ) -> None:
+        as_json = use_output(output, as_json)
         asked = bound()
         with connect(borgmaster, timeout_s=timeout) as client:
             answer = asked.call(client)
@@ -256,15 +283,77 @@ def borgmaster_command(
     return register
 
 
-Column = tuple[str, Callable[[Any], str]]  # a table's header and how one row's cell is written
+@dataclass(frozen=True)
+class Column:
+    """A table's column: its header and how one row's cell is written. An ``identifier`` names
+    the row (a job, a task, a machine) and is never cut; when a table is wider than the terminal
+    (80 columns when piped), the other columns give way, the last listed first (kubectl's habit):
+    left out while more than one of them remains, then folded. A ``prose`` column (an
+    explanation, a detail) is kept, folded, while :data:`PROSE_WIDTH` of it fits. ``-o wide``
+    shows every column whole."""
+
+    header: str
+    cell: Callable[[Any], str]
+    identifier: bool = False
+    prose: bool = False
+
+
+PROSE_WIDTH = 20  # the narrowest a prose column is folded to before it is left out
+
+
+def _cell_len(markup: str) -> int:
+    try:
+        return Text.from_markup(markup).cell_len
+    except MarkupError:
+        return Text(markup).cell_len
+
+
+def _table_width(widths: Sequence[int]) -> int:
+    """The width of a table whose columns are ``widths`` wide (a cell's padding, and the rules)."""
+    return sum(widths) + 3 * len(widths) + 1
 
 
 def print_table(title: str | None, columns: Sequence[Column], rows: Iterable[Any]) -> None:
-    """One table row per item, its cells written by the columns' functions."""
-    table = Table(*(header for header, _ in columns), title=title)
-    for row in rows:
-        table.add_row(*(cell(row) for _, cell in columns))
-    console.print(table)
+    """One table row per item, its cells written by the columns' functions, fitted to the
+    terminal as :class:`Column` says (all of it with ``-o wide``)."""
+    cells = [[column.cell(row) for column in columns] for row in rows]
+    widths = [
+        max([_cell_len(column.header), *(_cell_len(line[i]) for line in cells)])
+        for i, column in enumerate(columns)
+    ]
+    fitted = [
+        min(widths[i], max(_cell_len(column.header), PROSE_WIDTH)) if column.prose else widths[i]
+        for i, column in enumerate(columns)
+    ]
+    shown = list(range(len(columns)))
+    wide, room = _tables["wide"], console.width
+    for i in reversed(range(len(columns))):
+        others = [j for j in shown if not columns[j].identifier]
+        if wide or _table_width([fitted[j] for j in shown]) <= room:
+            break
+        if not columns[i].identifier and len(others) > 1:
+            shown.remove(i)
+    hidden = [columns[i].header or f"column {i + 1}" for i in range(len(columns)) if i not in shown]
+    caption = f"-o wide adds {', '.join(hidden)}" if hidden else None
+    table = Table(title=title, caption=caption, caption_justify="left")
+    least = []  # what each shown column needs: an identifier (any column with -o wide) all of its
+    for i in shown:  # width, another that of its header (its cells fold)
+        column = columns[i]
+        fixed = column.identifier or wide
+        least.append(widths[i] if fixed else _cell_len(column.header))
+        table.add_column(column.header, no_wrap=fixed, min_width=least[-1], overflow="fold")
+    for line in cells:
+        table.add_row(*(line[i] for i in shown))
+    # What cannot fold keeps its width, past the terminal's if need be.
+    _console_at_least(_table_width(least)).print(table)
+
+
+def _console_at_least(width: int) -> Console:
+    """The CLI's console, or one like it as wide as ``width`` (a console never prints wider)."""
+    if width <= console.width:
+        return console
+    colours: Any = console.color_system  # its name, one of those the constructor takes
+    return Console(file=console.file, width=width, force_terminal=console.is_terminal, color_system=colours)
 
 
 def state_filter(names: list[str] | None, states: Mapping[str, int], option: str = "--state") -> list[int]:

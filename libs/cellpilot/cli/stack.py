@@ -10,11 +10,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from cellpilot.cli.output import Column, OutputOption, print_table, use_output
 from cellpilot.stack import Stack, StackConfig, StackEndpoints
 from cellpilot.stack.supervision import stack_status, stop_data_dir
-from cellpilot.stack.supervision_state import SupervisorState
+from cellpilot.stack.supervision_state import SupervisorState, UnitStatus
 from cellpilot.stack.supervisor import StackError
 
 app = typer.Typer(help="Start, inspect and stop the embedded stack (no Docker needed).", no_args_is_help=True)
@@ -91,9 +91,11 @@ def down(data_dir: DataDir = Path(".cellpilot/stack")) -> None:
 def status(
     data_dir: DataDir = Path(".cellpilot/stack"),
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    output: OutputOption = "",
 ) -> None:
     """Show every embedded component and service replica: pid, state (running, restarting,
     gave-up, stopped), restarts and ports. Exit code 1 if anything is not running."""
+    as_json = use_output(output, as_json)
     current = stack_status(data_dir)
     supervisor = current.supervisor
     if as_json:
@@ -111,18 +113,23 @@ def status(
             title = "no supervisor: `cellpilot run` is not running for this data directory"
         else:
             title = f"supervised by cellpilot run (pid {supervisor.pid}, {supervisor.phase})"
-        table = Table("name", "replica", "pid", "state", "restarts", "port", "last exit", title=title)
-        for unit in current.units:
-            state = unit.state if unit.name not in current.not_listening else f"{unit.state} (not listening)"
-            table.add_row(
-                unit.name,
-                str(unit.replica),
-                str(unit.pid or "-"),
-                state if unit.state != "restarting" else f"restarting in {unit.restart_in_s or 0:.1f} s",
-                str(unit.restarts),
-                ",".join(str(port) for port in unit.ports) or "-",
-                unit.last_exit or "-",
+
+        def state(unit: UnitStatus) -> str:
+            if unit.name in current.not_listening:
+                return f"{unit.state} (not listening)"
+            return (
+                unit.state if unit.state != "restarting" else f"restarting in {unit.restart_in_s or 0:.1f} s"
             )
-        Console(width=max(Console().width, 120)).print(table)
+
+        columns = (
+            Column("name", lambda unit: unit.name, identifier=True),
+            Column("replica", lambda unit: str(unit.replica), identifier=True),
+            Column("pid", lambda unit: str(unit.pid or "-")),
+            Column("state", state),
+            Column("restarts", lambda unit: str(unit.restarts)),
+            Column("port", lambda unit: ",".join(str(port) for port in unit.ports) or "-"),
+            Column("last exit", lambda unit: unit.last_exit or "-"),
+        )
+        print_table(title, columns, current.units)
     if not current.healthy:
         raise typer.Exit(1)

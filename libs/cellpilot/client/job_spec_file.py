@@ -50,8 +50,8 @@ import yaml
 
 from cellpilot.api.v1 import job_pb2, resources_pb2
 from cellpilot.borg.validation import validate_job_spec
+from cellpilot.borg_wire.specs import job_spec_in
 from cellpilot.platform.request_validation import InvalidField
-from cellpilot_services.borgmaster.convert import job_spec_in
 
 # Where each API field of the spec came from: its path relative to JobSpec (as the Borgmaster's
 # validation names it, without the leading "spec.") -> the YAML node that set it.

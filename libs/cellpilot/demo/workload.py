@@ -28,6 +28,15 @@ from cellpilot.client import SyncCellpilotClient
 from cellpilot.client.job_spec_file import parse_job_spec
 
 DEMO_USER = "demo"
+DEMO_QUOTA = resources_pb2.Resources(
+    cpu_millicores=200_000, memory_bytes=400 << 30, disk_bytes=1 << 44, ports=10_000
+)
+# The users of the job specs in examples/ (the README's first commands submit them): the demo
+# cell gives them a quota too, so those commands work on the stack `make run` started.
+EXAMPLE_USERS = ("alice", "bob")
+EXAMPLE_QUOTA = resources_pb2.Resources(
+    cpu_millicores=32_000, memory_bytes=128 << 30, disk_bytes=1 << 40, ports=1_000
+)
 
 _FAT = """
 name: web-fat
@@ -128,22 +137,23 @@ DEMO_JOBS: tuple[DemoJob, ...] = (
 )
 
 
+def grant_demo_quotas(client: SyncCellpilotClient) -> None:
+    """Quota in the production and batch bands (Borg §2.5) for the demo user and the example
+    users (needs an admin token)."""
+    grants = [(DEMO_USER, DEMO_QUOTA), *((user, EXAMPLE_QUOTA) for user in EXAMPLE_USERS)]
+    for user, limit in grants:
+        for band in (job_pb2.PRIORITY_BAND_PRODUCTION, job_pb2.PRIORITY_BAND_BATCH):
+            client.borgmaster.set_quota(borgmaster_pb2.SetQuotaRequest(user=user, band=band, limit=limit))
+
+
 def submit_demo_workload(client: SyncCellpilotClient) -> list[tuple[DemoJob, str]]:
-    """Grant the demo user quota (needs an admin token) and submit every demo job not yet running.
+    """Grant the demo cell's quotas (:func:`grant_demo_quotas`) and submit every demo job not yet
+    running.
 
     Returns (job, job id) pairs; a job of the same name already alive is reused (a second
     ``cellpilot run`` on the same data directory does not double the workload).
     """
-    for band in (job_pb2.PRIORITY_BAND_PRODUCTION, job_pb2.PRIORITY_BAND_BATCH):
-        client.borgmaster.set_quota(
-            borgmaster_pb2.SetQuotaRequest(
-                user=DEMO_USER,
-                band=band,
-                limit=resources_pb2.Resources(
-                    cpu_millicores=200_000, memory_bytes=400 << 30, disk_bytes=1 << 44, ports=10_000
-                ),
-            )
-        )
+    grant_demo_quotas(client)
     existing = {j.spec.name: j.job_id for j in _alive_jobs(client)}
     submitted = []
     for job in DEMO_JOBS:

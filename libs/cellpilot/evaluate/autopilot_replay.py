@@ -38,6 +38,7 @@ import numpy.typing as npt
 from cellpilot.array_types import BoolArray, Float32Array, FloatArray
 from cellpilot.autopilot.decisions import DecisionPolicy
 from cellpilot.autopilot.ml_config import hyperparameters, load_ml_config, options
+from cellpilot.evaluate.autopilot_bound import bound_limits, usage_floor
 from cellpilot.evaluate.autopilot_deciders import (
     AutopilotDecider,
     ChunkLayout,
@@ -146,14 +147,19 @@ class Chunk:
         limit_hard = stack("memory_limit_hard")
         with np.errstate(invalid="ignore"):
             requests = np.nanmax(np.where(np.isfinite(limit_hard), limit_hard, np.nan), axis=0, initial=0.0)
+        cell = config.cell
         machine, count = place_tasks(
-            requests, pools_of(len(jobs), config.cell.pool_jobs)[job_of_task], config.machine_memory_bytes
+            requests,
+            pools_of(len(jobs), cell.pool_jobs)[job_of_task],
+            cell.overcommit * config.machine_memory_bytes,
         )
         machines = ReplayMachines(
             machine=machine,
             count=count,
             priority=np.array([j.traits.priority for j in jobs], dtype=np.int64)[job_of_task],
-            free_bytes=config.cell.free_fraction * config.machine_memory_bytes,
+            free_bytes=cell.free_fraction * config.machine_memory_bytes,
+            memory_bytes=config.machine_memory_bytes,
+            overcommit=cell.overcommit,
         )
         return cls(
             job_ids=np.array([j.job_id for j in jobs], dtype=np.int64),
@@ -257,6 +263,7 @@ class _Run:
         self.rows: list[JobDays] = []
         self.cpu_setter = _decider(spec, layout, Resource.CPU, config) if config.cpu else None
         self.cpu_actuation = Actuation(layout.jobs, config.delay_windows)
+        self.floor = np.full(layout.jobs, np.nan)  # the bound's, for the current day
 
     def _limits(self, manual: Float32Array, actuation: Actuation) -> FloatArray:
         job = self.chunk.layout.job_of_task
@@ -265,24 +272,40 @@ class _Run:
             return np.fmax(manual.astype(np.float64), applied)  # NaN floor: the manual limit
         return np.where(np.isnan(applied), manual, applied)
 
-    def _clairvoyant(self, manual: Float32Array, peak: FloatArray, running: BoolArray) -> FloatArray:
-        """The bound: every task's limit is its job's peak of this very window, known ahead."""
-        job_peak = self.chunk.layout.per_job_max(np.where(running, peak, np.nan))
-        limit = job_peak[self.chunk.layout.job_of_task]
+    def _clairvoyant(self, manual: Float32Array, job_limit: FloatArray) -> FloatArray:
+        """The bound's job limits on every task; where it has none, the manual limit."""
+        limit = job_limit[self.chunk.layout.job_of_task]
         return np.where(np.isnan(limit), manual.astype(np.float64), limit)
+
+    def _day_floor(self, t: int) -> None:
+        """The bound's floor for the day starting at window ``t``, from the growth before
+        window ``t``'s restarts (:func:`~cellpilot.evaluate.autopilot_bound.usage_floor`)."""
+        chunk, day = self.chunk, slice(t, t + WINDOWS_PER_DAY)
+        self.floor = usage_floor(
+            chunk.layout,
+            chunk.memory_mean[day],
+            chunk.running[day],
+            chunk.restart[day],
+            chunk.leak,
+            self.growth,
+        )
 
     def window(self, t: int) -> None:
         chunk, layout = self.chunk, self.chunk.layout
         self.actuation.start_window(t)
         running = chunk.running[t]
+        hard = self.spec.enforcement is Enforcement.HARD
+        bound = self.spec.kind is PolicyKind.CLAIRVOYANT
+        if bound and t % WINDOWS_PER_DAY == 0:
+            self._day_floor(t)
         self.growth[chunk.restart[t]] = 0.0
         peak = chunk.memory_peak[t] + self.growth
         mean = chunk.memory_mean[t] + self.growth
-        if self.spec.kind is PolicyKind.CLAIRVOYANT:
-            limit = self._clairvoyant(self.manual[t], peak, running)
+        if bound:
+            job_limit = bound_limits(layout, chunk.machines, running, peak, self.floor, hard)
+            limit = self._clairvoyant(self.manual[t], job_limit)
         else:
             limit = self._limits(self.manual[t], self.actuation)
-        hard = self.spec.enforcement is Enforcement.HARD
         oom = chunk.machines.memory_kills(running, peak, limit, hard)
         # A hard limit kills at the limit; a soft-limit task dies at the machine's shortage,
         # at its peak (replay_machines).
@@ -306,7 +329,9 @@ class _Run:
         points, fractions = cpu_points(chunk.cpu_mean[t], chunk.cpu_peak[t], deciles)
         points = np.where(running[:, None], points, 0.0)
         if self.spec.kind is PolicyKind.CLAIRVOYANT:
-            limit = self._clairvoyant(chunk.cpu_limit[t], points.max(axis=1), running)
+            # CPU is throttled, never killed: the bound is each window's job peak, known ahead.
+            job_peak = chunk.layout.per_job_max(np.where(running, points.max(axis=1), np.nan))
+            limit = self._clairvoyant(chunk.cpu_limit[t], job_peak)
         else:
             limit = self._limits(chunk.cpu_limit[t], self.cpu_actuation)
         capped = np.where(np.isnan(limit)[:, None], points, np.minimum(points, limit[:, None]))

@@ -24,7 +24,7 @@ import numpy as np
 
 from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner
 from cellpilot.schedule.cell import Cell
-from cellpilot.schedule.model import MachineSpec, TaskSpec
+from cellpilot.schedule.model import CellMachine, PlacementTask
 from cellpilot.schedule.profile import packing_profile
 from cellpilot.schedule.scheduler import Scheduler, SchedulerConfig
 from cellpilot.schedule.scorers import PACKING_SCORERS
@@ -60,8 +60,8 @@ class CompactionConfig:
 
 @dataclass(frozen=True)
 class Workload:
-    machines: list[MachineSpec]
-    tasks: list[TaskSpec]
+    machines: list[CellMachine]
+    tasks: list[PlacementTask]
     name: str = "synthetic"
     notes: dict[str, Any] = field(default_factory=dict)
 
@@ -75,8 +75,8 @@ def synthetic_workload(config: CompactionConfig) -> Workload:
 
 
 def pack_workload(
-    machines: Sequence[MachineSpec],
-    tasks: Sequence[TaskSpec],
+    machines: Sequence[CellMachine],
+    tasks: Sequence[PlacementTask],
     policy: str,
     config: CompactionConfig,
     seed: int,
@@ -94,7 +94,7 @@ def pack_workload(
     return len(result.pending)
 
 
-def demand_estimate(machines: Sequence[MachineSpec], tasks: Sequence[TaskSpec]) -> int:
+def demand_estimate(machines: Sequence[CellMachine], tasks: Sequence[PlacementTask]) -> int:
     """Machines needed if the cell's capacity could be used perfectly (a lower-bound guess)."""
     cap = np.sum([m.capacity.array() for m in machines], axis=0)
     need = np.zeros_like(cap)

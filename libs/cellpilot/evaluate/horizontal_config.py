@@ -6,12 +6,14 @@ See :mod:`cellpilot.evaluate.horizontal_study` for what the study does with them
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
+from cellpilot.autopilot.decisions import HorizontalConfig
+from cellpilot.evaluate.hpa import DEFAULT_SCALE_DOWN
 from cellpilot.recommend.horizontal import raw_task_count
 from cellpilot.units import MIB
 from cellpilot.world.job_demand import DemandSeries, JobDemand
@@ -24,6 +26,20 @@ BOUND_FACTOR_GOAL = 1.3
 MAX_DAYS = 60
 MAX_SEEDS = 100
 MAX_TASKS = 10_000
+HOUR_S = 3600.0
+MIN_WINDOW_H = 5 / 60  # Autopilot's 5-minute averaging and deferral slots: the shortest window
+# Each decider's knobs (what its owner sets) in the sweep's settings; a setting maps every knob
+# of its decider to a value. HPA: its target and scale-down stabilisation window; Autopilot §3.3:
+# r*, the horizon T of the CPU source, the deferred-downscaling window T_d.
+KNOBS: dict[str, tuple[str, ...]] = {
+    "autopilot-cpu": ("target_utilisation", "horizon_h", "deferral_h"),
+    "autopilot-target-size": ("target_utilisation", "deferral_h"),
+    "hpa": ("target_utilisation", "downscale_window_s"),
+    "bound": ("target_utilisation",),
+    "fixed-peak": ("target_utilisation",),
+    "fixed-mean": ("target_utilisation",),
+}
+Setting = tuple[tuple[str, float], ...]  # (knob, value) in KNOBS order: hashable, JSON-able as a dict
 # Each task's own usage (its base, under the job's share): idle, so all CPU is the job's demand.
 TASK_BASE = (
     "steady",
@@ -83,6 +99,55 @@ def synthetic_workloads(days: float) -> tuple[Workload, ...]:
     )
 
 
+def _checked_values(name: str, values: Sequence[float], low: float, high: float, low_open: bool) -> None:
+    ok = bool(values) and all(
+        math.isfinite(v) and (v > low if low_open else v >= low) and v <= high for v in values
+    )
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise ValueError(
+            f"--{name} must be a non-empty list of values in {bracket}{low:g}, {high:g}], got {values}"
+        )
+
+
+@dataclass(frozen=True)
+class SweepGrid:
+    """The knob values the sweep replays: the HPA at every (target, window), Autopilot's CPU
+    source at every (r*, horizon, deferral). The study's default settings are run besides."""
+
+    hpa_targets: tuple[float, ...] = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+    hpa_windows_s: tuple[float, ...] = (0.0, 300.0, 1800.0)
+    autopilot_targets: tuple[float, ...] = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+    autopilot_horizons_h: tuple[float, ...] = (0.5, 72.0)
+    autopilot_deferrals_h: tuple[float, ...] = (0.25, 6.0, 48.0)
+
+    def __post_init__(self) -> None:
+        _checked_values("hpa-targets", self.hpa_targets, 0.0, 1.0, low_open=True)
+        _checked_values("hpa-windows", self.hpa_windows_s, 0.0, 3600.0, low_open=False)
+        _checked_values("autopilot-targets", self.autopilot_targets, 0.0, 1.0, low_open=True)
+        _checked_values("autopilot-horizons", self.autopilot_horizons_h, MIN_WINDOW_H, 24.0 * MAX_DAYS, False)
+        _checked_values(
+            "autopilot-deferrals", self.autopilot_deferrals_h, MIN_WINDOW_H, 24.0 * MAX_DAYS, False
+        )
+
+    def settings(self, decider: str) -> list[Setting]:
+        """The grid's settings of ``decider`` (none for a decider the sweep does not vary)."""
+        if decider == "hpa":
+            return [
+                (("target_utilisation", t), ("downscale_window_s", w))
+                for t in self.hpa_targets
+                for w in self.hpa_windows_s
+            ]
+        if decider == "autopilot-cpu":
+            return [
+                (("target_utilisation", t), ("horizon_h", h), ("deferral_h", d))
+                for t in self.autopilot_targets
+                for h in self.autopilot_horizons_h
+                for d in self.autopilot_deferrals_h
+            ]
+        return []
+
+
 @dataclass(frozen=True)
 class HorizontalStudyConfig:
     days: float = 7.0
@@ -96,6 +161,7 @@ class HorizontalStudyConfig:
     machine_cpu_millicores: float | None = None  # None: a task gets at most its limit
     workloads: tuple[Workload, ...] = ()
     deciders: tuple[str, ...] = DECIDERS
+    sweep: SweepGrid | None = None  # None: every decider at its default setting only
 
     def __post_init__(self) -> None:
         problems = [
@@ -133,6 +199,24 @@ class HorizontalStudyConfig:
     @property
     def steps(self) -> int:
         return int(self.days * DAY_S // self.step_s)
+
+    def default_setting(self, decider: str) -> Setting:
+        """``decider``'s knobs as the study sets them by default: r* for everyone, the HPA's
+        documented 5-minute scale-down window, Autopilot's API defaults (72 h, 48 h)."""
+        autopilot = HorizontalConfig()
+        values = {
+            "target_utilisation": self.target_utilisation,
+            "downscale_window_s": DEFAULT_SCALE_DOWN.stabilisation_window_s,
+            "horizon_h": autopilot.horizon_ms / (1000 * HOUR_S),
+            "deferral_h": autopilot.deferred_downscaling_ms / (1000 * HOUR_S),
+        }
+        return tuple((knob, values[knob]) for knob in KNOBS[decider])
+
+    def settings(self, decider: str) -> list[Setting]:
+        """Every setting ``decider`` is replayed at: its default first, then the sweep's others."""
+        default = self.default_setting(decider)
+        swept = self.sweep.settings(decider) if self.sweep is not None else []
+        return [default, *(s for s in dict.fromkeys(swept) if s != default)]
 
     @property
     def task_capacity(self) -> float:

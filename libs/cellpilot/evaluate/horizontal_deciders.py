@@ -1,7 +1,8 @@
 """The deciders of the horizontal autoscaling study: each turns what it sees into a task count.
 
 * ``autopilot-cpu`` / ``autopilot-target-size``: Autopilot §3.3 through the shared
-  recommender (:mod:`cellpilot.recommend.horizontal`) at the API's defaults;
+  recommender (:mod:`cellpilot.recommend.horizontal`) at the API's defaults but for the knobs
+  of the setting (r*, horizon T, deferred-downscaling window T_d);
 * ``hpa``: the Kubernetes rule (:mod:`cellpilot.evaluate.hpa`);
 * ``bound``: clairvoyant, from the demand ahead; ``fixed-peak`` / ``fixed-mean``: one count.
 """
@@ -9,7 +10,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Protocol
 
@@ -17,8 +18,14 @@ import numpy as np
 import numpy.typing as npt
 
 from cellpilot.autopilot.decisions import HorizontalConfig
-from cellpilot.evaluate.horizontal_config import DECIDERS, HorizontalStudyConfig
-from cellpilot.evaluate.hpa import HpaConfig, HpaState, hpa_step
+from cellpilot.evaluate.horizontal_config import (
+    DECIDERS,
+    HOUR_S,
+    MAX_TASKS,
+    HorizontalStudyConfig,
+    Setting,
+)
+from cellpilot.evaluate.hpa import DEFAULT_SCALE_DOWN, HpaConfig, HpaState, hpa_step
 from cellpilot.job_vocabulary import HorizontalStatistic
 from cellpilot.recommend.horizontal import (
     CpuHorizontalRecommender,
@@ -50,10 +57,23 @@ class Decider(Protocol):
     def decide(self, observation: Observation) -> int: ...
 
 
+def autopilot_config(knobs: Mapping[str, float]) -> HorizontalConfig:
+    """The API's defaults (``HorizontalConfig``) with the setting's horizon and deferral."""
+    defaults = HorizontalConfig()
+    hour_ms = 1000 * HOUR_S
+    return replace(
+        defaults,
+        horizon_ms=round(knobs.get("horizon_h", defaults.horizon_ms / hour_ms) * hour_ms),
+        deferred_downscaling_ms=round(
+            knobs.get("deferral_h", defaults.deferred_downscaling_ms / hour_ms) * hour_ms
+        ),
+    )
+
+
 class AutopilotCpu:
-    def __init__(self, config: HorizontalStudyConfig, defaults: HorizontalConfig) -> None:
+    def __init__(self, config: HorizontalStudyConfig, defaults: HorizontalConfig, target: float) -> None:
         source = CpuUtilisationSource(
-            config.target_utilisation,
+            target,
             horizon_ms=defaults.horizon_ms,
             statistic=HorizontalStatistic(defaults.statistic.value),
         )
@@ -73,10 +93,8 @@ def _tasks_for_offered_load(signals: Mapping[str, FloatArray], target: float, li
 
 
 class AutopilotTargetSize:
-    def __init__(self, config: HorizontalStudyConfig, defaults: HorizontalConfig) -> None:
-        function = partial(
-            _tasks_for_offered_load, target=config.target_utilisation, limit=config.task_cpu_limit
-        )
+    def __init__(self, config: HorizontalStudyConfig, defaults: HorizontalConfig, target: float) -> None:
+        function = partial(_tasks_for_offered_load, target=target, limit=config.task_cpu_limit)
         self.source = TargetSizeSource(function)
         self.stabiliser = defaults.stabiliser_config()
         self.state = initial_stabiliser_state(1, self.stabiliser)
@@ -89,9 +107,20 @@ class AutopilotTargetSize:
         return int(decision.target[0])
 
 
+def hpa_config(config: HorizontalStudyConfig, setting: Setting | None = None) -> HpaConfig:
+    """The HPA of the study: the documented defaults with the setting's target (default r*) and
+    scale-down stabilisation window, at most the study's task cap as maxReplicas."""
+    knobs = dict(setting if setting is not None else config.default_setting("hpa"))
+    return HpaConfig(
+        knobs["target_utilisation"],
+        max_replicas=MAX_TASKS,
+        scale_down=replace(DEFAULT_SCALE_DOWN, stabilisation_window_s=knobs["downscale_window_s"]),
+    )
+
+
 class Hpa:
-    def __init__(self, config: HorizontalStudyConfig) -> None:
-        self.config = HpaConfig(config.target_utilisation)
+    def __init__(self, config: HorizontalStudyConfig, setting: Setting) -> None:
+        self.config = hpa_config(config, setting)
         self.state = HpaState()
         self.request = config.task_cpu_limit
 
@@ -142,14 +171,20 @@ def fixed_count(config: HorizontalStudyConfig, outlook: DemandOutlook, statistic
     return max(1, int(config.tasks_for(load)))
 
 
-def make_decider(name: str, config: HorizontalStudyConfig, outlook: DemandOutlook) -> Decider:
-    defaults = HorizontalConfig()
+def make_decider(
+    name: str, config: HorizontalStudyConfig, outlook: DemandOutlook, setting: Setting | None = None
+) -> Decider:
+    """``name`` at ``setting`` (default: the study's default setting of that decider); the
+    bound and fixed counts always serve at the study's r*."""
+    if name not in DECIDERS:
+        raise ValueError(f"unknown decider {name!r}; known: {', '.join(DECIDERS)}")
+    knobs = dict(setting if setting is not None else config.default_setting(name))
     if name == "autopilot-cpu":
-        return AutopilotCpu(config, defaults)
+        return AutopilotCpu(config, autopilot_config(knobs), knobs["target_utilisation"])
     if name == "autopilot-target-size":
-        return AutopilotTargetSize(config, defaults)
+        return AutopilotTargetSize(config, autopilot_config(knobs), knobs["target_utilisation"])
     if name == "hpa":
-        return Hpa(config)
+        return Hpa(config, tuple(knobs.items()))
     if name == "bound":
         return Scripted(partial(bound_count, config, outlook))
     if name in ("fixed-peak", "fixed-mean"):

@@ -22,14 +22,20 @@ Deciders:
   function f is the job's offered load (a monitored request-rate signal, here the demand
   measured at the balancer over the last step) over one task's load at the target
   utilisation;
-* ``hpa``: :mod:`cellpilot.evaluate.hpa`, the Kubernetes rule with its documented defaults;
+* ``hpa``: :mod:`cellpilot.evaluate.hpa`, the Kubernetes HPA controller with its documented
+  defaults (15 s syncs, stabilisation windows, scaling policies);
 * ``bound``: clairvoyant; knows the demand ahead and keeps the fewest tasks that serve every
   sample of the next step at the target utilisation, started early enough to be ready;
 * ``fixed-peak`` / ``fixed-mean``: the count that serves the horizon's peak (or mean) demand at
   the target utilisation, all along.
 
-Every decider aims at the same target utilisation r* of the task's CPU limit, and "tasks
-for a load" is the same function everywhere (:func:`~cellpilot.recommend.horizontal.raw_task_count`).
+Every decider aims at the same target utilisation r* of the task's CPU limit by default, and
+"tasks for a load" is the same function everywhere (:func:`~cellpilot.recommend.horizontal.raw_task_count`).
+
+With a sweep (``config.sweep``), the HPA and Autopilot's CPU source are also replayed at every
+setting of their knobs (HPA: target and scale-down window; Autopilot §3.3: r*, horizon and
+deferred downscaling), one row per workload, decider and setting; those rows place Autopilot
+against the HPA's task-hours/overload frontier (:mod:`cellpilot.evaluate.horizontal_frontiers`).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from cellpilot.evaluate.horizontal_config import (
     MAX_TASKS,
     TASK_BASE,
     HorizontalStudyConfig,
+    Setting,
     Workload,
     synthetic_workloads,
 )
@@ -57,10 +64,12 @@ from cellpilot.evaluate.horizontal_deciders import (
     bound_count,
     demand_outlook,
     fixed_count,
+    hpa_config,
     make_decider,
 )
+from cellpilot.evaluate.horizontal_frontiers import frontier_report
 from cellpilot.evaluate.horizontal_metrics import series_metrics
-from cellpilot.evaluate.hpa import HpaConfig
+from cellpilot.evaluate.hpa import HpaConfig, HpaRules
 from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner, counting_shards
 from cellpilot.world.step import WorldTasks, step_world
 
@@ -81,11 +90,18 @@ class Replay:
     changes: int
 
 
-def replay(config: HorizontalStudyConfig, workload: Workload, decider_name: str, seed: int) -> Replay:
-    """One job under one decider, in event time from 0 over ``config.days``."""
+def replay(
+    config: HorizontalStudyConfig,
+    workload: Workload,
+    decider_name: str,
+    seed: int,
+    setting: Setting | None = None,
+) -> Replay:
+    """One job under one decider at ``setting`` (default: the decider's default setting), in
+    event time from 0 over ``config.days``."""
     demand = workload.demand(seed)
     outlook = demand_outlook(config, demand)
-    decider = make_decider(decider_name, config, outlook)
+    decider = make_decider(decider_name, config, outlook, setting)
     first = (
         fixed_count(config, outlook, decider_name.removeprefix("fixed-"))
         if decider_name.startswith("fixed-")
@@ -169,17 +185,19 @@ class Shard:
     workload: int
     decider: str
     seed: int
+    setting: Setting = ()  # empty: the decider's default setting
 
 
 PLOT_POINTS = 2000
 
 
 def run_shard(config: HorizontalStudyConfig, shard: Shard) -> dict[str, Any]:
-    """One (workload, decider, seed) replay: its metrics, and its series for the plots (first seed)."""
+    """One (workload, decider, setting, seed) replay: its metrics, and its series for the plots
+    (first seed, default setting)."""
     workload = config.workloads[shard.workload]
-    result = replay(config, workload, shard.decider, shard.seed)
+    result = replay(config, workload, shard.decider, shard.seed, shard.setting or None)
     out: dict[str, Any] = {"metrics": replay_metrics(config, workload, result)}
-    if shard.seed == config.seed:
+    if shard.seed == config.seed and not shard.setting:
         stride = max(1, result.seconds.shape[0] // PLOT_POINTS)
         out["series"] = {
             "hours": result.seconds[::stride] / 3600.0,
@@ -191,11 +209,14 @@ def run_shard(config: HorizontalStudyConfig, shard: Shard) -> dict[str, Any]:
 
 
 def shards(config: HorizontalStudyConfig) -> list[Shard]:
+    """Every replay: each workload, seed and decider at its default setting (``setting`` empty),
+    then at each other setting of the sweep."""
     return [
-        Shard(w, decider, config.seed + s)
+        Shard(w, decider, config.seed + s, () if i == 0 else setting)
         for w in range(len(config.workloads))
         for s in range(config.seeds)
         for decider in config.deciders
+        for i, setting in enumerate(config.settings(decider))
     ]
 
 
@@ -204,21 +225,40 @@ def run_study(
     progress: Callable[[int], None] | None = None,
     runner: ShardRunner = IN_PROCESS,
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """(summary: rows per workload and decider, goals, settings; plot series per workload and decider)."""
+    """(summary: rows per workload, decider and setting, goals, the frontier check, settings;
+    plot series per workload and decider at its default setting).
+
+    ``rows`` hold the means over seeds; the row of a decider's default setting has ``default``
+    true (one per workload and decider, what ``goals`` and the per-workload tables use)."""
     plan = shards(config)
     results = runner.map(run_shard, config, plan, on_done=counting_shards(progress))
-    by_key: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    by_key: dict[tuple[int, str, Setting], list[dict[str, Any]]] = {}
     series: dict[str, dict[str, Any]] = {}
     for shard, result in zip(plan, results, strict=True):
-        by_key.setdefault((shard.workload, shard.decider), []).append(result["metrics"])
+        setting = shard.setting or config.default_setting(shard.decider)
+        by_key.setdefault((shard.workload, shard.decider, setting), []).append(result["metrics"])
         if "series" in result:
             series.setdefault(config.workloads[shard.workload].name, {})[shard.decider] = result["series"]
     rows = [
-        {"workload": config.workloads[w].name, "decider": decider, **_mean_over_seeds(by_key[(w, decider)])}
+        {
+            "workload": config.workloads[w].name,
+            "decider": decider,
+            "setting": dict(setting),
+            "default": i == 0,
+            **_mean_over_seeds(by_key[(w, decider, setting)]),
+        }
         for w in range(len(config.workloads))
         for decider in config.deciders
+        for i, setting in enumerate(config.settings(decider))
     ]
-    return {"rows": rows, "goals": goals(rows), "settings": settings(config)}, series
+    defaults = [row for row in rows if row["default"]]
+    summary = {
+        "rows": rows,
+        "goals": goals(defaults),
+        "frontier": frontier_report(rows),
+        "settings": settings(config),
+    }
+    return summary, series
 
 
 def _mean_over_seeds(metrics: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -280,6 +320,7 @@ def settings(config: HorizontalStudyConfig) -> dict[str, Any]:
         "startup_s": config.startup_s,
         "target_utilisation": config.target_utilisation,
         "task_cpu_limit_millicores": config.task_cpu_limit,
+        "deciders": config.deciders,
         "machine_cpu_millicores": config.machine_cpu_millicores,
         "autopilot_defaults": {
             "horizon_h": defaults.horizon_ms / 3_600_000,
@@ -289,7 +330,18 @@ def settings(config: HorizontalStudyConfig) -> dict[str, Any]:
             "small_change_fraction": defaults.small_change_fraction,
             "max_initializing_fraction": defaults.max_initializing_fraction,
         },
-        "hpa": {"tolerance": HpaConfig(config.target_utilisation).tolerance, "downscale_window_s": 300},
+        "hpa": hpa_settings(hpa_config(config)),
+        "sweep": (
+            None
+            if config.sweep is None
+            else {
+                "hpa_targets": config.sweep.hpa_targets,
+                "hpa_windows_s": config.sweep.hpa_windows_s,
+                "autopilot_targets": config.sweep.autopilot_targets,
+                "autopilot_horizons_h": config.sweep.autopilot_horizons_h,
+                "autopilot_deferrals_h": config.sweep.autopilot_deferrals_h,
+            }
+        ),
         "workloads": [
             {
                 "name": w.name,
@@ -313,3 +365,25 @@ def with_workloads(
         raise ValueError(f"--workloads: unknown {', '.join(unknown)}; known: {', '.join(known)}")
     chosen = tuple(known[n] for n in names) if names else synthetic
     return replace(config, workloads=chosen + tuple(traces))
+
+
+def hpa_settings(config: HpaConfig) -> dict[str, Any]:
+    """The HPA's settings as the study's summary reports them."""
+
+    def rules(r: HpaRules) -> dict[str, Any]:
+        return {
+            "stabilisation_window_s": r.stabilisation_window_s,
+            "select": r.select,
+            "policies": [{"kind": p.kind, "value": p.value, "period_s": p.period_s} for p in r.policies],
+        }
+
+    return {
+        "tolerance": config.tolerance,
+        "downscale_window_s": config.downscale_window_s,
+        "upscale_window_s": config.scale_up.stabilisation_window_s,
+        "sync_period_s": config.sync_period_s,
+        "min_replicas": config.min_replicas,
+        "max_replicas": config.max_replicas,
+        "scale_up": rules(config.scale_up),
+        "scale_down": rules(config.scale_down),
+    }

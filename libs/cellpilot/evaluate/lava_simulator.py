@@ -1,9 +1,11 @@
 """Event-driven replay of VM creations and exits against a host pool (LAVA §5.1).
 
-One run = one trace, one pool, one placement policy and (for lifetime-aware
-policies) one predictor. VMs already running at time 0 are placed first, in
-creation order and with their uptime; then creations and exits are replayed in time
-order (exits first at equal times). Measured over [warmup, end]:
+One run = one trace, one pool, one registered placement policy and (for lifetime-aware
+policies) one predictor. The policy schedules the pool through :class:`PoolPlacement`:
+the same scorer plugins the Borg scheduler stacks for it, above best fit. VMs already
+running at time 0 are placed first, in creation order and with their uptime; then
+creations and exits are replayed in time order (exits first at equal times). Measured
+over [warmup, end]:
 
 * empty hosts as a percentage of the pool, sampled every ``sample_every`` (§2.3);
 * CPU and memory stranding by inflation (§2.3, :mod:`lava_inflation`), every
@@ -31,19 +33,18 @@ from cellpilot.evaluate.lava_diagnostics import ANY, ReplayDiagnostics, per_host
 from cellpilot.evaluate.lava_inflation import ShapeMix, shape_mix, stranding_pct
 from cellpilot.lifetimes.predictors import LifetimePredictor
 from cellpilot.lifetimes.vm_table import DAY, HOUR, VmTrace
-from cellpilot.schedule.lifetime_aware.host_pool import CORES, MEMORY, HostPool, HostShape
+from cellpilot.schedule.lifetime_aware.host_pool import CORES, MEMORY, HostPool, HostShape, VmRequest
 from cellpilot.schedule.lifetime_aware.lars import (
     MIGRATION_SECONDS,
     MIGRATION_SLOTS,
     MigrationOrder,
     migration_key,
 )
-from cellpilot.schedule.lifetime_aware.lava import RANK_OPEN_SAME, Lava
+from cellpilot.schedule.lifetime_aware.lava import RANK_OPEN_SAME
 from cellpilot.schedule.lifetime_aware.lifetime_ledger import LifetimeLedger
-from cellpilot.schedule.lifetime_aware.policies import BestFit, LaBinary, Las, PlacementPolicy, VmRequest
+from cellpilot.schedule.lifetime_aware.policies import placement_policy
+from cellpilot.schedule.lifetime_aware.pool_placement import PoolPlacement
 
-POLICIES = ("best-fit", "la-binary", "las", "lava")
-LIFETIME_POLICIES = ("la-binary", "las", "lava")
 Progress = Callable[[float], None]
 
 _SAMPLE, _STRANDING, _DEFRAG, _MAINTENANCE, _MIGRATED = range(5)
@@ -136,20 +137,6 @@ class SimulationResult:
         }
 
 
-def build_policy(name: str, pool: HostPool, ledger: LifetimeLedger | None) -> PlacementPolicy:
-    if name == "best-fit":
-        return BestFit(pool)
-    if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
-    if ledger is None:
-        raise ValueError(f"policy {name!r} needs a lifetime predictor")
-    if name == "la-binary":
-        return LaBinary(pool, ledger)
-    if name == "las":
-        return Las(pool, ledger)
-    return Lava(pool, ledger)
-
-
 class _Run:
     """The mutable state of one simulation."""
 
@@ -163,7 +150,7 @@ class _Run:
         self.ledger = (
             LifetimeLedger(predictor, trace.created, config.hosts) if predictor is not None else None
         )
-        self.policy = build_policy(policy, self.pool, self.ledger)
+        self.policy = PoolPlacement(placement_policy(policy), self.pool, self.ledger)
         self.demand = np.column_stack([trace.cores, trace.memory_gib, trace.ssd_gib]).astype(np.float64)
         self.vm_host = np.full(len(trace), -1, dtype=np.int64)
         self.mix: ShapeMix = shape_mix(trace, 0.0, self.end)
@@ -193,7 +180,7 @@ class _Run:
         config = self.config
         if kind == _SAMPLE:
             self.samples.append((when, 100.0 * float(np.mean(self.pool.vm_count == 0))))
-            lava = self.policy if isinstance(self.policy, Lava) else None
+            lava = self.policy.hosts
             self.diagnostics.sample(
                 when,
                 self.pool,
@@ -236,8 +223,8 @@ class _Run:
 
     def note_placement(self, host: int, vm: VmRequest, now: float) -> None:
         reason = ANY
-        if isinstance(self.policy, Lava):
-            rank = int(self.policy.ranks(vm.vm_class, np.array([host], dtype=np.int64))[0])
+        if self.policy.hosts is not None:
+            rank = int(self.policy.hosts.ranks(vm.vm_class, np.array([host], dtype=np.int64))[0])
             reason = placement_reason(rank, RANK_OPEN_SAME)
         self.diagnostics.placed(
             vm.row,
@@ -422,8 +409,8 @@ class _Run:
         requests = np.array(self.requests, dtype=np.float64).reshape(-1, 3)
         measured = max(self.end - self.config.warmup, 0.0)
         extra: dict[str, Any] = {"diagnostics": self.diagnostics.summary(measured / DAY)}
-        if isinstance(self.policy, Lava):
-            lava, hosts = self.policy, self.config.hosts
+        if self.policy.hosts is not None:
+            lava, hosts = self.policy.hosts, self.config.hosts
             extra["diagnostics"]["host_class_changes_per_host_day"] = {
                 "down": per_host_day(lava.reclassified_down, hosts, self.end),
                 "up": per_host_day(lava.reclassified_up, hosts, self.end),

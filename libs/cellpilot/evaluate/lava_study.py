@@ -28,8 +28,6 @@ from typing import Any
 import numpy as np
 
 from cellpilot.evaluate.lava_simulator import (
-    LIFETIME_POLICIES,
-    POLICIES,
     DrainConfig,
     SimulationConfig,
     SimulationResult,
@@ -58,6 +56,7 @@ from cellpilot.lifetimes.predictors import (
 from cellpilot.lifetimes.vm_table import DAY, HOUR, VmTrace, lifetime_shape, thin_to_pool, window_trace
 from cellpilot.schedule.lifetime_aware.host_pool import HostShape
 from cellpilot.schedule.lifetime_aware.lars import MigrationOrder, MigrationRequests, replay_migrations
+from cellpilot.schedule.lifetime_aware.policies import BASELINE, placement_names, placement_policy
 from cellpilot.workloads.vm_trace import VmTraceConfig, generate_vm_trace
 
 PREDICTORS = ("model", "oracle")
@@ -81,7 +80,7 @@ class StudyConfig:
     hosts: int = 100
     days: float = 14.0
     seed: int = 0
-    policies: tuple[str, ...] = POLICIES
+    policies: tuple[str, ...] = field(default_factory=placement_names)  # every registered policy
     predictors: tuple[str, ...] = PREDICTORS
     host_shape: HostShape = field(default_factory=HostShape)
     utilisation: float = 0.7  # synthetic demand (and Azure thinning) target, share of cores
@@ -106,9 +105,10 @@ class StudyConfig:
     stranding_every_hours: float = 6.0
 
     def __post_init__(self) -> None:
-        unknown = [p for p in self.policies if p not in POLICIES]
+        known = placement_names()
+        unknown = [p for p in self.policies if p not in known]
         if unknown or not self.policies:
-            raise ValueError(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
+            raise ValueError(f"unknown policies {unknown}; known: {', '.join(known)}")
         bad = [p for p in self.predictors if p not in PREDICTORS]
         if bad or not self.predictors:
             raise ValueError(f"unknown predictors {bad}; known: {', '.join(PREDICTORS)}")
@@ -125,7 +125,7 @@ class StudyConfig:
         """(policy, predictor) pairs: best fit once, lifetime-aware policies per predictor."""
         out: list[tuple[str, str | None]] = []
         for policy in self.policies:
-            if policy in LIFETIME_POLICIES:
+            if placement_policy(policy).needs_lifetimes:
                 out.extend((policy, p) for p in self.predictors)
             else:
                 out.append((policy, None))
@@ -289,7 +289,7 @@ class RunContext:
 def simulate_run(context: RunContext, run: tuple[str, str | None] | None) -> SimulationResult:
     """One shard: one policy x predictor run, or (``None``) §5.1's best-fit run with maintenance drains."""
     if run is None:
-        return simulate(context.trace, "best-fit", None, replace(context.sim, drain=context.lars_drain))
+        return simulate(context.trace, BASELINE, None, replace(context.sim, drain=context.lars_drain))
     policy, predictor_name = run
     predictor: LifetimePredictor | None = None
     if predictor_name == "oracle":
@@ -354,7 +354,7 @@ def run_study(
     context = RunContext(trace, model, sim, config.lars_drain, config.class_risk)
     outcomes = runner.map(simulate_run, context, runs, on_done=lambda i: tell(run_label(runs[i]), 1.0))
     results = {run_label(run): result for run, result in zip(runs, outcomes, strict=True) if run is not None}
-    baseline = results.get("best-fit")
+    baseline = results.get(BASELINE)
     rows: dict[str, dict[str, Any]] = {}
     for name, result in results.items():
         row = result.summary()
@@ -368,7 +368,7 @@ def run_study(
         if source.migration_requests:
             lars = lars_replay(source, trace, model, config.lars_drain)
             lars["source_run"] = (
-                f"best-fit, maintenance {config.lars_drain.maintenance_hosts} hosts every "
+                f"{BASELINE}, maintenance {config.lars_drain.maintenance_hosts} hosts every "
                 f"{config.lars_drain.maintenance_every / HOUR:g} h, defrag below "
                 f"{config.lars_drain.defrag_below_pct:g} % empty"
             )

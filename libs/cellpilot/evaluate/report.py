@@ -86,18 +86,31 @@ def plot_scatter(
     ylabel: str,
     title: str,
     log_y: bool = False,
+    lines: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
+    linear_below: float = 1e-6,
+    colormap: str = "tab20",
 ) -> Path:
-    """One marker series per label, e.g. (machines, overflow frequency) per method."""
+    """One marker series per label, e.g. (machines, overflow frequency) per method; ``lines``
+    adds labelled lines through points (e.g. a frontier). ``log_y``: a symmetric-log y axis,
+    linear below ``linear_below`` (so zeros show)."""
     fig = Figure(figsize=(7, 5))
     ax = fig.add_subplot()
-    palette = colormaps["tab20"]
+    palette = colormaps[colormap]
+    colours = getattr(palette, "N", 20)
     markers = "os^Dv"
     for i, (label, (xs, ys)) in enumerate(series.items()):
         ax.scatter(
-            list(xs), list(ys), label=label, s=16, color=palette(i % 20), marker=markers[(i // 20) % 5]
+            list(xs),
+            list(ys),
+            label=label,
+            s=16,
+            color=palette(i % colours),
+            marker=markers[(i // colours) % 5],
         )
+    for label, (xs, ys) in (lines or {}).items():
+        ax.plot(list(xs), list(ys), label=label, color="black", linewidth=1.0, drawstyle="steps-post")
     if log_y:
-        ax.set_yscale("symlog", linthresh=1e-6)
+        ax.set_yscale("symlog", linthresh=linear_below)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

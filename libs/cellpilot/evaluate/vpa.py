@@ -32,6 +32,17 @@ documented behaviour, not from its code:
   min(days between the first and last sample, samples / (60 x 24)), (1.0, +1.0) for the
   upper bound and (0.001, -2.0) for the lower; minimum resources applied last.
 
+Edge behaviour, as the Kubernetes VPA recommender documents and its design describes it:
+
+* a histogram's percentile is 0 while it is empty, and the scan for a percentile runs from
+  its first non-empty bucket to its last, so a level <= 0 gives the first non-empty bucket
+  and a level >= 1 the last (a subtraction that leaves only rounding residue empties a bucket);
+* a usage sample must be valid: negative (or missing) CPU and memory usage is discarded, and
+  a container's CPU sample must start after its previous one (a duplicate or out-of-order CPU
+  sample is discarded);
+* an OOM event older than the container's current memory aggregation interval (its window
+  end minus memory-aggregation-interval) is too old and is ignored.
+
 What this model takes as given (documented choices): one VPA per job, all its tasks
 aggregated as containers of one controller; a sample per task and 5-minute window (the
 metrics server samples every minute, so a window counts as 5 samples for confidence);
@@ -58,6 +69,10 @@ IntpArray = npt.NDArray[np.intp]
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 _MAX_EXPONENT = 50.0  # re-base the decay reference before weights grow past 2**50
+# A bucket left by a subtraction with at most this fraction of the subtracted weight is empty
+# (the Kubernetes VPA recommender's histogram treats a bucket below a tiny epsilon as empty).
+_RESIDUE = 1e-9
+_NEVER_MS = np.iinfo(np.int64).min
 
 
 @dataclass(frozen=True)
@@ -140,6 +155,7 @@ class VpaState:
     interval_end_ms: Int64Array  # (N,) -1 before the task's first memory sample
     usage_peak: FloatArray  # (N,) the task's non-OOM peak in its current interval
     oom_peak: FloatArray  # (N,) the task's OOM sample in its current interval
+    last_cpu_ms: Int64Array  # (N,) the start of the task's last accepted CPU sample
 
 
 @dataclass(frozen=True, eq=False)
@@ -180,6 +196,7 @@ class VpaRecommender:
             interval_end_ms=np.full(tasks, -1, dtype=np.int64),
             usage_peak=np.zeros(tasks),
             oom_peak=np.zeros(tasks),
+            last_cpu_ms=np.full(tasks, _NEVER_MS, dtype=np.int64),
         )
 
     # -- the decaying histogram ------------------------------------------------------------
@@ -198,8 +215,13 @@ class VpaRecommender:
                 state.weights[job] *= 2.0 ** (-(new_ref - int(state.reference_ms[job])) / half)
                 state.reference_ms[job] = new_ref
         decay = np.exp2((time_ms - state.reference_ms[jobs]) / half)
-        np.add.at(state.weights, (jobs, self.options.bucket_of(values)), weights * decay)
-        np.maximum(state.weights, 0.0, out=state.weights)
+        buckets = self.options.bucket_of(values)
+        np.add.at(state.weights, (jobs, buckets), weights * decay)
+        removed = weights < 0.0
+        if removed.any():  # SubtractSample: what is left of a bucket at rounding level is empty
+            rows, cols = jobs[removed], buckets[removed]
+            residue = state.weights[rows, cols] <= _RESIDUE * (-weights[removed] * decay[removed])
+            state.weights[rows[residue], cols[residue]] = 0.0
 
     def _count(self, state: VpaState, jobs: IntpArray, samples: FloatArray, time_ms: int) -> None:
         np.add.at(state.samples, jobs, samples)
@@ -224,7 +246,11 @@ class VpaRecommender:
         In its current interval (24 h) a task contributes one sample, its peak, stamped at
         the interval's end: a higher value replaces it (the old one is subtracted); a sample
         past the interval's end opens the next interval that holds it and starts a new peak.
+        A negative (or NaN) usage is an invalid sample and is discarded.
         """
+        valid = usage >= 0.0
+        if not valid.all():
+            tasks, usage = tasks[valid], usage[valid]
         if tasks.size == 0:
             return
         t = np.int64(time_ms)
@@ -262,8 +288,15 @@ class VpaRecommender:
         """OOM events of the listed tasks (``request`` per task): bump-up samples (in place).
 
         Memory at the OOM = max(the request, the task's recent non-OOM peak); the sample is
-        max(that + oom-min-bump-up-bytes, that x oom-bump-up-ratio).
+        max(that + oom-min-bump-up-bytes, that x oom-bump-up-ratio). An OOM older than the
+        start of the task's current memory aggregation interval is ignored (the Kubernetes VPA
+        recommender discards such an OOM as too old); before the task's first memory sample
+        every OOM counts.
         """
+        end = state.interval_end_ms[tasks]
+        recent = (end < 0) | (np.int64(time_ms) >= end - self.config.memory_aggregation_ms)
+        if not recent.all():
+            tasks, request = tasks[recent], request[recent]
         if tasks.size == 0:
             return
         used = np.maximum(request, state.usage_peak[tasks])
@@ -275,43 +308,77 @@ class VpaRecommender:
     def add_cpu_samples(
         self,
         state: VpaState,
-        jobs: IntpArray,
+        job_of_task: IntpArray,
+        tasks: IntpArray,
         values: FloatArray,
         fractions: FloatArray,
         time_ms: int,
     ) -> None:
-        """CPU usage points of task-windows (in place).
+        """CPU usage points of the task-windows starting at ``time_ms`` (in place).
 
-        Each point stands for ``fractions`` of a window's samples (the fractions of one
-        task-window sum to 1); every sample weighs ``cpu_sample_weight`` (0.1, as VPA 1.4+).
+        ``tasks`` names each point's task. Each point stands for ``fractions`` of a window's
+        samples (the fractions of one task-window sum to 1); every sample weighs
+        ``cpu_sample_weight`` (0.1, as VPA 1.4+). As the Kubernetes VPA recommender does, a
+        task's CPU sample that does not start after its previous accepted one (out of time
+        order, or a duplicate) is discarded, and so is a negative (or NaN) usage point.
         """
+        t = np.int64(time_ms)
+        keep = (values >= 0.0) & (t > state.last_cpu_ms[tasks])
+        if not keep.all():
+            tasks, values, fractions = tasks[keep], values[keep], fractions[keep]
+        if tasks.size == 0:
+            return
+        state.last_cpu_ms[tasks] = t
+        jobs = job_of_task[tasks]
         weight = fractions * self.config.samples_per_window * self.config.cpu_sample_weight
-        self._add(state, jobs, values, weight, np.full(jobs.size, time_ms, dtype=np.int64))
+        self._add(state, jobs, values, weight, np.full(jobs.size, t, dtype=np.int64))
         self._count(state, jobs, fractions * self.config.samples_per_window, time_ms)
 
     # -- estimation ---------------------------------------------------------------------------
 
     def percentile(self, state: VpaState, level: float) -> FloatArray:
-        """Per job: the end of the bucket where the cumulative weight reaches ``level`` (NaN if empty)."""
-        cum = np.cumsum(state.weights, axis=1)
-        total = cum[:, -1]
-        bucket = np.argmax(cum >= (level * total)[:, None], axis=1).astype(np.intp)
-        return np.where(total > 0.0, self.options.percentile_value(bucket), np.nan)
+        """Per job: the end of the bucket where the cumulative weight reaches ``level``.
+
+        As the Kubernetes VPA recommender's histogram: 0 for an empty histogram; the scan
+        starts at the first non-empty bucket and stops at the last one, so ``level <= 0``
+        gives the first non-empty bucket and ``level >= 1`` the last.
+        """
+        return self._percentiles(state, (level,))[0]
+
+    def _percentiles(self, state: VpaState, levels: tuple[float, ...]) -> list[FloatArray]:
+        weights = state.weights
+        occupied = weights > 0.0
+        first = np.argmax(occupied, axis=1)
+        last = weights.shape[1] - 1 - np.argmax(occupied[:, ::-1], axis=1)
+        nonempty = occupied[np.arange(weights.shape[0]), first]
+        cum = np.cumsum(weights, axis=1)
+        out = []
+        for level in levels:
+            reached = cum >= (level * cum[:, -1])[:, None]
+            bucket = np.where(reached.any(axis=1), np.argmax(reached, axis=1), last)
+            bucket = np.clip(bucket, first, last).astype(np.intp)
+            out.append(np.where(nonempty, self.options.percentile_value(bucket), 0.0))
+        return out
 
     def confidence(self, state: VpaState) -> FloatArray:
         lifespan = np.where(state.first_ms >= 0, (state.last_ms - state.first_ms) / DAY_MS, 0.0)
         return np.asarray(np.minimum(lifespan, state.samples / (60.0 * 24.0)), dtype=np.float64)
 
     def estimate(self, state: VpaState) -> VpaEstimate:
+        """Per job target and bounds; NaN for a job whose histogram is empty (no recommendation)."""
         c = self.config
         confidence = self.confidence(state)
         with np.errstate(divide="ignore", invalid="ignore"):
             up_mult = (1.0 + c.upper_confidence[0] / confidence) ** c.upper_confidence[1]
             low_mult = (1.0 + c.lower_confidence[0] / confidence) ** c.lower_confidence[1]
         margin = 1.0 + c.margin
-        target = self.percentile(state, c.target_percentile) * margin
-        lower = self.percentile(state, c.lower_percentile) * margin * low_mult
-        upper = self.percentile(state, c.upper_percentile) * margin * up_mult
+        levels = (c.target_percentile, c.lower_percentile, c.upper_percentile)
+        p_target, p_lower, p_upper = self._percentiles(state, levels)
+        empty = ~(state.weights > 0.0).any(axis=1)
+        with np.errstate(invalid="ignore"):  # an empty histogram: 0 x an infinite multiplier
+            target = np.where(empty, np.nan, p_target * margin)
+            lower = np.where(empty, np.nan, p_lower * margin * low_mult)
+            upper = np.where(empty, np.nan, p_upper * margin * up_mult)
         return VpaEstimate(
             target=np.where(np.isnan(target), np.nan, np.maximum(target, self.minimum)),
             lower=np.where(np.isnan(lower), np.nan, np.maximum(lower, self.minimum)),

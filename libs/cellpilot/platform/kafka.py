@@ -8,6 +8,12 @@ offset it has already applied. Every consumer checks those positions against the
 logs, at assignment and periodically (:class:`LogPositions`), so a log the broker lost and
 began again is applied from its start, never skipped. Trace context travels in the message
 headers (W3C ``traceparent``), so one trace follows a sample from the Borglet to an actuation.
+
+Every record a :class:`MessageProducer` writes is signed by the service that writes it, and
+every consumer (:mod:`cellpilot.platform.kafka_consumers`) applies only records whose signature
+and producer it has checked (:mod:`cellpilot.security.record_signing`); both take the process's
+:class:`~cellpilot.platform.stream_access.StreamAccess`, which also says how they log in to the
+broker.
 """
 
 from __future__ import annotations
@@ -23,12 +29,20 @@ from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import TopicAlreadyExistsError, for_code
 from aiokafka.protocol.metadata import MetadataRequest
+from aiokafka.structs import RecordMetadata
 from google.protobuf.message import DecodeError, Message
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
+from cellpilot.platform.stream_access import (
+    Broker,
+    StreamAccess,
+    client_options,
+    durability_of,
+    producer_options,
+)
 from cellpilot.platform.topics import TOPICS, Topic
 
 log = logging.getLogger(__name__)
@@ -53,18 +67,20 @@ DEADLETTER_TOPIC = "deadletter"
 Headers = list[tuple[str, bytes]]
 
 
-async def ensure_topics(bootstrap: str, topics: Iterable[Topic] = TOPICS) -> list[str]:
-    """Create the topics that do not exist yet; returns the names created."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+async def ensure_topics(broker: Broker, topics: Iterable[Topic] = TOPICS) -> list[str]:
+    """Create the topics that do not exist yet, with the broker's replication factor
+    (:class:`~cellpilot.platform.stream_access.WriteDurability`); returns the names created."""
+    admin = AIOKafkaAdminClient(**client_options(broker), request_timeout_ms=15000)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
         missing = [t for t in topics if t.name not in existing]
+        replicas = durability_of(broker).replication_factor
         created = []
         for topic in missing:
+            new = NewTopic(topic.name, topic.partitions, replicas, topic_configs=topic.configs())
             try:
-                new = NewTopic(topic.name, topic.partitions, 1, topic_configs=topic.configs())
-                await admin.create_topics([new])
+                _raise_topic_errors(await admin.create_topics([new]))
                 created.append(topic.name)
             except TopicAlreadyExistsError:
                 pass
@@ -73,12 +89,22 @@ async def ensure_topics(bootstrap: str, topics: Iterable[Topic] = TOPICS) -> lis
         await admin.close()
 
 
+def _raise_topic_errors(response: object) -> None:
+    """Raise the error a CreateTopics response holds (aiokafka returns it): the topic exists, or the
+    brokers could not create it (three replicas asked before three brokers registered)."""
+    for entry in getattr(response, "topic_errors", ()):
+        name, code = entry[0], entry[1]
+        if code:
+            message = entry[2] if len(entry) > 2 and entry[2] else f"cannot create topic {name}"
+            raise for_code(code)(message)
+
+
 LAYOUT_ATTEMPTS = 5
 
 
-async def partition_counts(bootstrap: str, names: Collection[str]) -> dict[str, int]:
+async def partition_counts(broker: Broker, names: Collection[str]) -> dict[str, int]:
     """How many partitions each of the (existing) topics ``names`` has now."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    admin = AIOKafkaAdminClient(**client_options(broker), request_timeout_ms=15000)
     await admin.start()
     try:
         described = await admin.describe_topics(list(names))
@@ -87,7 +113,7 @@ async def partition_counts(bootstrap: str, names: Collection[str]) -> dict[str, 
     return {str(t["topic"]): len(t["partitions"]) for t in described if not t.get("error_code")}
 
 
-async def ensure_topic_layout(bootstrap: str, topics: Iterable[Topic] = TOPICS) -> list[str]:
+async def ensure_topic_layout(broker: Broker, topics: Iterable[Topic] = TOPICS) -> list[str]:
     """Every topic exists with its declared partition count, on a broker that just lost its log.
 
     A restarted broker knows no topic, and a client's first metadata request or record creates
@@ -102,8 +128,8 @@ async def ensure_topic_layout(bootstrap: str, topics: Iterable[Topic] = TOPICS) 
     wanted = {t.name: t for t in topics}
     recreated: list[str] = []
     for _ in range(LAYOUT_ATTEMPTS):
-        await ensure_topics(bootstrap, wanted.values())
-        counts = await partition_counts(bootstrap, wanted)
+        await ensure_topics(broker, wanted.values())
+        counts = await partition_counts(broker, wanted)
         wrong = sorted(name for name, t in wanted.items() if counts.get(name, t.partitions) != t.partitions)
         if not wrong:
             return recreated
@@ -115,7 +141,7 @@ async def ensure_topic_layout(bootstrap: str, topics: Iterable[Topic] = TOPICS) 
                 }
             },
         )
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+        admin = AIOKafkaAdminClient(**client_options(broker), request_timeout_ms=15000)
         await admin.start()
         try:
             await admin.delete_topics(wrong)
@@ -161,15 +187,37 @@ def record_links(records: Iterable[Record], limit: int = MAX_SPAN_LINKS) -> list
 
 
 class MessageProducer:
-    """Publishes protobuf messages keyed for ordering, with trace context in the headers."""
+    """Publishes records keyed for ordering, signed by the service, with trace context in the headers.
 
-    def __init__(self, bootstrap: str, client_id: str = "cellpilot") -> None:
+    Records are signed in the order they are appended to the producer's buffer (one at a time:
+    appending is quick, delivery is still pipelined), so each partition sees the producer's
+    sequence numbers rise (:class:`~cellpilot.security.record_signing.RecordSigner`).
+
+    Every write waits for ``acks=all``, idempotent where the broker allows (``options``, from
+    :class:`~cellpilot.platform.stream_access.WriteDurability`): every producer of the records
+    that must not be lost (``actuations``, ``borg.events``, ``recommendations``) is one of these.
+    """
+
+    def __init__(
+        self, access: StreamAccess, client_id: str = "cellpilot", compression_type: str | None = "gzip"
+    ) -> None:
         # gzip: a usage sample batch shrinks ~3.5x, a recommendation set ~10x (the embedded
         # broker keeps every record in memory, compressed as sent).
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap, client_id=client_id, acks="all", linger_ms=5, compression_type="gzip"
-        )
+        self.options = {
+            **producer_options(access),
+            "client_id": client_id,
+            "linger_ms": 5,
+            "compression_type": compression_type,
+        }
+        self._producer = AIOKafkaProducer(**self.options)
+        # A session of its own per producer (None only for a benchmark's unsigned baseline).
+        self._signer = access.signer.fork() if access.signer is not None else None
+        self._appending = asyncio.Lock()
         self._tracer = trace.get_tracer(__name__)
+
+    @property
+    def identity(self) -> str:
+        return self._signer.identity if self._signer is not None else ""
 
     async def start(self) -> None:
         await self._producer.start()
@@ -177,20 +225,41 @@ class MessageProducer:
     async def stop(self) -> None:
         await self._producer.stop()
 
+    async def enqueue(
+        self,
+        topic: str,
+        key: str,
+        value: bytes,
+        headers: Headers | None = None,
+        timestamp_ms: int | None = None,
+        partition: int | None = None,
+    ) -> asyncio.Future[RecordMetadata]:
+        """Sign and append one record (to the key's partition unless ``partition`` is given);
+        returns the future of the broker's acknowledgement."""
+        key_bytes = key.encode()
+        all_headers = inject_trace_headers(headers)
+        async with self._appending:
+            if self._signer is not None:
+                all_headers += self._signer.sign(topic, key_bytes, value)
+            return await self._producer.send(
+                topic,
+                value,
+                key=key_bytes,
+                headers=all_headers,
+                timestamp_ms=timestamp_ms,
+                partition=partition,
+            )
+
     async def send(self, topic: str, key: str, message: Message, headers: Headers | None = None) -> int:
         """Publish and wait for the broker's acknowledgement; returns the record's offset."""
         with self._tracer.start_as_current_span(f"{topic} publish", kind=trace.SpanKind.PRODUCER) as span:
             span.set_attribute("messaging.system", "kafka")
             span.set_attribute("messaging.destination.name", topic)
-            metadata = await self._producer.send_and_wait(
-                topic, message.SerializeToString(), key=key.encode(), headers=inject_trace_headers(headers)
-            )
-            return int(metadata.offset)
+            delivered = await self.enqueue(topic, key, message.SerializeToString(), headers)
+            return int((await delivered).offset)
 
     async def send_raw(self, topic: str, key: str, value: bytes, headers: Headers | None = None) -> None:
-        await self._producer.send_and_wait(
-            topic, value, key=key.encode(), headers=inject_trace_headers(headers)
-        )
+        await (await self.enqueue(topic, key, value, headers))
 
 
 @dataclass(frozen=True)
@@ -229,19 +298,28 @@ class PoisonRecordError(Exception):
         self.reason = reason
 
 
-async def dead_letter(producer: MessageProducer, poison: PoisonRecordError) -> None:
+async def dead_letter(
+    producer: MessageProducer,
+    poison: PoisonRecordError,
+    extra: Sequence[tuple[str, bytes]] = (),
+    quiet: bool = False,
+) -> None:
+    """File ``poison``'s record on the dead-letter topic with where it was and why, as the
+    producer's service (the one that skipped it); logged at WARNING unless ``quiet``."""
     record = poison.record
     headers: Headers = [
         ("source-topic", record.topic.encode()),
         ("source-partition", str(record.partition).encode()),
         ("source-offset", str(record.offset).encode()),
         ("reason", poison.reason.encode()[:1000]),
+        *extra,
     ]
     await producer.send_raw(DEADLETTER_TOPIC, record.topic, record.value, headers)
-    log.warning(
-        "dead-lettered a record",
-        extra={"topic": record.topic, "offset": record.offset, "reason": poison.reason},
-    )
+    if not quiet:
+        log.warning(
+            "dead-lettered a record",
+            extra={"topic": record.topic, "offset": record.offset, "reason": poison.reason},
+        )
 
 
 Key = tuple[str, int]  # (topic, partition)
@@ -410,7 +488,7 @@ def record_of(message: ConsumerRecord[bytes, bytes]) -> Record:
         offset=message.offset,
         key=(message.key or b"").decode(errors="replace"),
         value=message.value or b"",
-        headers=tuple(message.headers or ()),
+        headers=tuple((name, value or b"") for name, value in message.headers or ()),
         timestamp_ms=message.timestamp,
     )
 
@@ -428,9 +506,9 @@ class LogPositions:
     """
 
     def __init__(
-        self, bootstrap: str, client_id: str = "cellpilot", interval_s: float = DEFAULT_LOG_CHECK_INTERVAL_S
+        self, broker: Broker, client_id: str = "cellpilot", interval_s: float = DEFAULT_LOG_CHECK_INTERVAL_S
     ) -> None:
-        self.bootstrap = bootstrap
+        self.broker = broker
         self.client_id = client_id
         self.interval_s = interval_s
         self._reader: AIOKafkaConsumer | None = None
@@ -495,7 +573,7 @@ class LogPositions:
     async def _started_reader(self) -> AIOKafkaConsumer:
         if self._reader is None:
             reader = AIOKafkaConsumer(
-                bootstrap_servers=self.bootstrap,
+                **client_options(self.broker),
                 group_id=None,
                 client_id=f"{self.client_id}-log-check",
                 enable_auto_commit=False,

@@ -21,10 +21,12 @@ suffix):
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics.export import MetricReader
 
 DEFAULT_METRICS_PORT_OFFSET = 1000  # metrics port = gRPC port + this (docs: agreed service layout)
@@ -112,3 +114,13 @@ class MetricsEndpoint:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+def observed(read: Callable[[], float]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    """A callback for an observable instrument that reports ``read()`` when scraped: a service
+    exports what it already counts without recording anything on its hot paths."""
+
+    def observe(_: CallbackOptions) -> Iterable[Observation]:
+        yield Observation(read())
+
+    return observe

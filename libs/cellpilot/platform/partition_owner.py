@@ -108,6 +108,9 @@ class PartitionOwner(Generic[P]):
                 return
             try:
                 change = await self.follow_assignment()
+                if change.claimed:  # the replay guard starts from what each claim applied last
+                    claimed = [self.owned[p].fence for p in change.claimed if p in self.owned]
+                    records = self.consumer.resume_claimed(records, claimed)
                 records = await self.consumer.follow_log_resets(
                     records, self.fences(), force=bool(change.claimed)
                 )

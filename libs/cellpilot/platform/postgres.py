@@ -19,6 +19,11 @@ MIGRATIONS_DIR = REPO_ROOT / "infra" / "migrations"
 _MIGRATION_LOCK_KEY = 0x43656C6C  # any constant shared by every migrator
 
 
+def asyncpg_dsn(url: str) -> str:
+    """A SQLAlchemy URL (``postgresql+asyncpg://...``) as a plain libpq DSN for asyncpg."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 def create_engine(url: str, pool_size: int = 5) -> AsyncEngine:
     return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
 

@@ -1,12 +1,28 @@
 """Redis connections (``redis.asyncio`` for services, a blocking PING for health checks), and
-writes fenced by a token (docs/architecture.md rule 7)."""
+writes fenced by a token (docs/architecture.md rule 7).
+
+A service names its Redis with one URL (``CELLPILOT_REDIS_URL``), in either form:
+
+* ``redis://[user:password@]host:port/<db>``: one server (the embedded stack);
+* ``redis+sentinel://[user:password@]host:port,host:port,.../<master-name>[/<db>]``: the
+  Sentinels that watch a replicated Redis; the client asks them which server is the master
+  now (``redis.asyncio.sentinel.Sentinel.master_for``) and asks again after a failover. The
+  user and password are the master's ACL user (added by ``PlatformSettings.redis_url_for``
+  like any other URL); the Sentinels themselves are asked without credentials (they answer
+  only where the master is).
+
+Every service uses :func:`connect_redis` whichever the form, so nothing is specific to one stack.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.sentinel as aiosentinel
+import redis.sentinel
 
 # Applies the batch only while KEYS[1] holds ARGV[1] (the writer's fencing token or lease
 # value); each op i >= 2 writes KEYS[i] with ARGV[3i-4] (op), ARGV[3i-3] (field), ARGV[3i-2].
@@ -26,12 +42,70 @@ return 1
 """
 
 
+SENTINEL_SCHEME = "redis+sentinel"
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """A ``redis+sentinel://`` URL: the Sentinels, the master's name, the database, the ACL login."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    master_name: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+    @classmethod
+    def parse(cls, url: str) -> SentinelTarget | None:
+        """The target of a ``redis+sentinel://`` URL; None for any other URL."""
+        parts = urlsplit(url)
+        if parts.scheme != SENTINEL_SCHEME:
+            return None
+        hosts = parts.netloc.rpartition("@")[2]
+        sentinels = []
+        for address in hosts.split(","):
+            host, _, port = address.strip().rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"{url!r}: each Sentinel is host:port, got {address!r}")
+            sentinels.append((host.strip("[]"), int(port)))
+        path = [segment for segment in parts.path.split("/") if segment]
+        if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+            raise ValueError(f"{url!r}: the path is /<master-name>[/<db>]")
+        return cls(
+            tuple(sentinels),
+            unquote(path[0]),
+            int(path[1]) if len(path) == 2 else 0,
+            unquote(parts.username) if parts.username else None,
+            unquote(parts.password) if parts.password else None,
+        )
+
+
 def connect_redis(url: str) -> aioredis.Redis:
-    return aioredis.Redis.from_url(url, decode_responses=False, health_check_interval=10)
+    """A client of the Redis ``url`` names: one server, or the master the Sentinels point at."""
+    target = SentinelTarget.parse(url)
+    if target is None:
+        return aioredis.Redis.from_url(url, decode_responses=False, health_check_interval=10)
+    sentinel = aiosentinel.Sentinel(list(target.sentinels), socket_timeout=5.0, socket_connect_timeout=5.0)
+    return sentinel.master_for(
+        target.master_name,
+        db=target.db,
+        username=target.username,
+        password=target.password,
+        decode_responses=False,
+        health_check_interval=10,
+    )
 
 
 def ping_redis(url: str, timeout_s: float = 1.0) -> bool:
-    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    timeouts = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    target = SentinelTarget.parse(url)
+    if target is None:
+        client = redis.Redis.from_url(url, **timeouts)
+    else:
+        sentinel = redis.sentinel.Sentinel(list(target.sentinels), **timeouts)
+        client = sentinel.master_for(
+            target.master_name, db=target.db, username=target.username, password=target.password, **timeouts
+        )
     try:
         return bool(client.ping())
     finally:

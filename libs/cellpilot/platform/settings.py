@@ -16,7 +16,7 @@ prefix (``CELLPILOT_<SERVICE>_``):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import AliasChoices, BeforeValidator, Field, ValidationError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -24,6 +24,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from cellpilot.platform.metrics import DEFAULT_METRICS_PORT_OFFSET
 from cellpilot.platform.stack_env import DEFAULT_STACK_ENV, stack_env_file
 from cellpilot.security.tls import SecuritySettings
+
+if TYPE_CHECKING:
+    from cellpilot.platform.stream_access import BrokerLogin, StreamAccess, WriteDurability
 
 __all__ = [
     "DEFAULT_STACK_ENV",
@@ -56,6 +59,17 @@ class PlatformSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CELLPILOT_", extra="ignore")
 
     kafka_bootstrap: str = "127.0.0.1:9092"
+    # How Kafka clients log in: PLAINTEXT (anonymous: the embedded broker), or SASL as the
+    # service's own broker user (its account, its <account>.password) — over TLS (SASL_SSL,
+    # the stack's CA: the registry path's Kafka in compose) or not (SASL_PLAINTEXT).
+    kafka_security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    # What a write asks of the broker (cellpilot.platform.stream_access.WriteDurability): every
+    # producer waits for acks=all; idempotent producers only where the broker grants producer
+    # ids (Kafka: compose's registry path; never Tansu 0.6, which refuses aiokafka's request).
+    # Topics are created with this many replicas (3 under docker-compose.kafka-ha.yml).
+    kafka_idempotence: bool = False
+    kafka_replication_factor: int = Field(default=1, ge=1)
     # Store URLs without a user: each service connects as its own account (postgres_url_for,
     # redis_url_for). A URL that names a user is used as given (an operator's explicit credential).
     postgres_url: str = "postgresql+asyncpg://127.0.0.1:5432/cellpilot"
@@ -77,6 +91,20 @@ class PlatformSettings(BaseSettings):
         from cellpilot.platform.store_accounts import service_postgres_url
 
         return service_postgres_url(self.postgres_url, account, self.certs_dir)
+
+    def broker_login(self, account: str) -> BrokerLogin:
+        """How ``account``'s Kafka clients log in to the broker (cellpilot.platform.stream_access)."""
+        from cellpilot.platform.stream_access import BrokerLogin
+
+        return BrokerLogin.of_account(
+            self.kafka_security_protocol, self.kafka_sasl_mechanism, account, self.certs_dir
+        )
+
+    def write_durability(self) -> WriteDurability:
+        """What every producer and every topic creation asks of the broker."""
+        from cellpilot.platform.stream_access import WriteDurability
+
+        return WriteDurability(self.kafka_idempotence, self.kafka_replication_factor)
 
     def redis_url_for(self, account: str) -> str:
         """The Redis URL as ``account``'s ACL user (cellpilot.platform.store_accounts)."""
@@ -133,6 +161,23 @@ class ServiceSettings(BaseSettings):
     def metrics_port_to_serve(self) -> int | None:
         """Where the service serves Prometheus ``/metrics`` on its own; None: it does not."""
         return None
+
+    def stream_identity(self) -> str:
+        """The identity whose record-signing key signs what this service writes."""
+        return self.service_name
+
+    def stream_access(self) -> StreamAccess:
+        """How this service uses the streams: it signs as :meth:`stream_identity`, checks what it
+        reads against the stack's CA, and logs in to the broker as its own account."""
+        from cellpilot.platform.stream_access import StreamAccess
+
+        return StreamAccess.service(
+            self.platform.kafka_bootstrap,
+            self.security.certs_dir,
+            self.stream_identity(),
+            self.platform.broker_login(self.service_name),
+            self.platform.write_durability(),
+        )
 
 
 class ReplicaServerSettings(ServiceSettings):

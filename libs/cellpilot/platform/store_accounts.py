@@ -37,7 +37,7 @@ POSTGRES_ROLE_PREFIX = "cellpilot_"
 POSTGRES_SUPERUSER = "postgres"
 # The accounts with a PostgreSQL role; what each may touch is in 0013_service_roles.sql. The
 # dashboard, Autopilot, the actuator and the recommenders read and write no table.
-POSTGRES_ACCOUNTS = ("borgmaster", "aggregator", "fauxmaster")
+POSTGRES_ACCOUNTS = ("borgmaster", "scheduler", "aggregator", "fauxmaster")
 
 # Each Redis account's keys (the services' default prefixes; a prefix set elsewhere is refused
 # with NOPERM). The Borgmaster, the aggregator and the Borglet use no Redis.
@@ -48,6 +48,9 @@ REDIS_KEY_PATTERNS: dict[str, tuple[str, ...]] = {
     "dashboard": ("dashboard:*",),
 }
 REDIS_SERVICE_COMMANDS = "-@all +@read +@write +@scripting +@transaction +@connection -@dangerous"
+# Commands one account needs beyond those: Autopilot WAITs until a new fencing token is on the
+# replicas before it uses it (cellpilot_services.autopilot.leader_lock).
+REDIS_EXTRA_COMMANDS: dict[str, str] = {"autopilot": "+wait"}
 REDIS_ACL_FILE = "redis-users.acl"
 
 
@@ -96,7 +99,8 @@ def redis_acl_text(certs_dir: Path) -> str:
     ]
     for account, patterns in REDIS_KEY_PATTERNS.items():
         keys = " ".join(f"~{pattern}" for pattern in patterns)
-        lines.append(f"user {account} on {secret(account)} resetchannels {keys} {REDIS_SERVICE_COMMANDS}")
+        commands = f"{REDIS_SERVICE_COMMANDS} {REDIS_EXTRA_COMMANDS.get(account, '')}".rstrip()
+        lines.append(f"user {account} on {secret(account)} resetchannels {keys} {commands}")
     return "\n".join(lines) + "\n"
 
 

@@ -29,11 +29,15 @@ Eq. 9  model choice with switch penalties    "Eq. 9" block of ``update_ensemble`
 §3.3 source + stabilisers, restartable       :class:`horizontal.CpuHorizontalRecommender`
 ===========================================  =================================================
 
-Composition is in one place, :mod:`cellpilot.autopilot.candidates`: each estimator (every
-moving-window statistic, the ML ensemble) plus its post-processors (margin, max over the
-last hour, the OOM reaction), as the recommender workers and the studies both run it; the
-master's selection and bounds are :mod:`cellpilot.autopilot.selection` and
-:mod:`cellpilot.autopilot.vertical_targets`. Every state is
+Recommenders compose: every vertical recommender kind is an :class:`estimator.Estimator`
+over the per-job states all kinds share (each moving-window statistic,
+:mod:`window_statistic_kind`; the ML ensemble, :mod:`ml_kind`), with decorators for the
+safety margin (:class:`estimator.WithMargin`) and the max over the last hour
+(:class:`post_processing.LastHourMax`). The kinds are registered data,
+:mod:`cellpilot.autopilot.recommender_registry`, and one batch step runs them all,
+:mod:`cellpilot.autopilot.candidates` (with the OOM reaction), as the recommender workers and
+the studies both run it; the master's selection and bounds are
+:mod:`cellpilot.autopilot.selection` and :mod:`cellpilot.autopilot.vertical_targets`. Every state is
 a :class:`job_arrays.JobArrays` of stacked per-job arrays: one job is J = 1, a batch is
 many jobs updated in one call, and any state serialises with ``to_bytes`` / ``from_bytes``.
 Each update costs O(buckets x models) per job and never rescans history.

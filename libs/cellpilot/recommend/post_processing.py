@@ -3,7 +3,9 @@
 1. Safety margin: a raw recommendation is increased by 10-15 %, less for large limits
    (:class:`MarginCurve`).
 2. The maximum recommendation seen over the last hour, to damp fluctuations
-   (:func:`update_window_max`, also used by horizontal deferred downscaling, §3.3).
+   (:class:`LastHourMax` over :func:`update_window_max`, also used by horizontal deferred
+   downscaling, §3.3).
+Both decorate a recommender kind (:mod:`cellpilot.recommend.estimator`).
 User bounds are the master's (:mod:`cellpilot.autopilot.vertical_targets`), not a
 recommender's: one assembly of Autopilot, shared by the services and the studies.
 
@@ -120,3 +122,27 @@ def update_window_max(
         window_max = np.where(valid, stored, -np.inf).max(axis=1)
     window_max = np.where(np.isneginf(window_max), np.nan, window_max)
     return WindowMaxState(slot_ids, stored), window_max
+
+
+@dataclass(frozen=True)
+class LastHourMax:
+    """§3.2.2 post-processing: "the maximum recommendation value seen over the last hour".
+
+    A decorator with state: the caller keeps one :class:`WindowMaxState` ring per recommender
+    kind (``slots`` slots of ``slot_ms``, spanning ``span_ms``) and passes it in."""
+
+    span_ms: int = HOUR_MS
+    slot_ms: int = 5 * MINUTE_MS
+
+    @property
+    def slots(self) -> int:
+        return -(-self.span_ms // self.slot_ms)
+
+    def initial(self, jobs: int) -> WindowMaxState:
+        return initial_window_max(jobs, self.slots)
+
+    def record(
+        self, ring: WindowMaxState, values: npt.ArrayLike, time_ms: npt.ArrayLike
+    ) -> tuple[WindowMaxState, FloatArray]:
+        """Record (J,) values at (J,) times; (new ring, the max over the last hour)."""
+        return update_window_max(ring, values, time_ms, self.slot_ms)

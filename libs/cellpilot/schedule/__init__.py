@@ -20,7 +20,7 @@ from cellpilot.schedule.cell import Cell, ResizeOutcome, placement_basis
 from cellpilot.schedule.composition import Level, Lexicographic, Weighted
 from cellpilot.schedule.filters import HardConstraints, ResourceFit
 from cellpilot.schedule.gpa import Packing, gaussian_fits, gaussian_z, overflow_probability, pack
-from cellpilot.schedule.model import Constraint, JobSpec, MachineSpec, TaskShape, TaskSpec
+from cellpilot.schedule.model import CellMachine, PlacementConstraint, PlacementJob, PlacementTask, TaskShape
 from cellpilot.schedule.plugins import Filter, Preemptor, Request, Scorer, build_plugin, registered
 from cellpilot.schedule.preemption import LowestPriorityFirst
 from cellpilot.schedule.priority import NUM_PRIORITIES, band_of, is_prod, may_preempt, preemption_threshold
@@ -54,21 +54,22 @@ __all__ = [
     "Admitted",
     "BestFit",
     "Cell",
-    "Constraint",
+    "CellMachine",
     "FailureDomainSpread",
     "Filter",
     "HardConstraints",
     "HybridStranding",
-    "JobSpec",
     "Level",
     "Lexicographic",
     "LowestPriorityFirst",
-    "MachineSpec",
     "PackageLocality",
     "Packing",
     "PassResult",
     "PendingExplanation",
     "Placement",
+    "PlacementConstraint",
+    "PlacementJob",
+    "PlacementTask",
     "PreemptionCost",
     "Preemptor",
     "PriorityMixing",
@@ -86,7 +87,6 @@ __all__ = [
     "Scorer",
     "SoftConstraints",
     "TaskShape",
-    "TaskSpec",
     "Unschedulable",
     "Weighted",
     "WorstFit",

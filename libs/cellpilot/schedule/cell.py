@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 from cellpilot.array_types import FloatArray, IntpArray
 from cellpilot.schedule.constraints import AttributeTable
-from cellpilot.schedule.model import MachineSpec, TaskSpec
+from cellpilot.schedule.model import CellMachine, PlacementTask
 from cellpilot.schedule.priority import NUM_PRIORITIES, is_prod
 from cellpilot.schedule.reservation import ReclamationParams, next_reservation
 from cellpilot.schedule.resources import CPU, EPSILON, NUM_RESOURCES, RESOURCE_NAMES, Resources
@@ -97,7 +97,7 @@ class Cell:
         self.t_inner = np.zeros((t, NUM_RESOURCES))  # for allocs: limits of tasks inside
         self.t_started = np.zeros(t)
         self.t_updated = np.zeros(t)
-        self.t_spec: list[TaskSpec | None] = [None] * t
+        self.t_spec: list[PlacementTask | None] = [None] * t
         self.task_handle: dict[str, int] = {}
         self._free: list[int] = list(range(t - 1, -1, -1))
         self.alloc_sets: dict[str, set[int]] = {}
@@ -110,7 +110,7 @@ class Cell:
         self._scratch = np.zeros(m)
 
     # ------------------------------------------------------------------ machines
-    def add_machine(self, spec: MachineSpec) -> int:
+    def add_machine(self, spec: CellMachine) -> int:
         if spec.name in self.machine_index:
             raise ValueError(f"machine {spec.name!r} already in the cell")
         m = self.n_machines
@@ -132,16 +132,16 @@ class Cell:
         self.machine_epoch += 1
         return m
 
-    def add_machines(self, specs: Sequence[MachineSpec]) -> list[int]:
+    def add_machines(self, specs: Sequence[CellMachine]) -> list[int]:
         needed = self.n_machines + len(specs)
         if needed > self.capacity.shape[0]:
             self._grow_machines(max(needed, 2 * self.capacity.shape[0]))
         return [self.add_machine(s) for s in specs]
 
-    def remove_machine(self, machine: int) -> list[TaskSpec]:
+    def remove_machine(self, machine: int) -> list[PlacementTask]:
         """Takes a machine out of the cell; its tasks come back to be rescheduled (§3.3)."""
         self._check_machine(machine)
-        evicted: list[TaskSpec] = []
+        evicted: list[PlacementTask] = []
         for handle in sorted(self.machine_tasks[machine]):
             if self.t_alive[handle]:
                 evicted += self.unbind(handle)
@@ -223,7 +223,7 @@ class Cell:
         return counts
 
     # ------------------------------------------------------------------ tasks
-    def task_amount(self, spec: TaskSpec, reservation: FloatArray | None = None) -> FloatArray:
+    def task_amount(self, spec: PlacementTask, reservation: FloatArray | None = None) -> FloatArray:
         shape = spec.shape
         limits = shape.limits.array()
         amount = np.empty(NUM_CHANNELS)
@@ -240,7 +240,7 @@ class Cell:
 
     def bind(
         self,
-        spec: TaskSpec,
+        spec: PlacementTask,
         machine: int,
         now: float,
         alloc: int | None = None,
@@ -301,11 +301,11 @@ class Cell:
         self._bumped_at[machine] = self.below[machine, NUM_LEVELS]
         return h
 
-    def unbind(self, handle: int) -> list[TaskSpec]:
+    def unbind(self, handle: int) -> list[PlacementTask]:
         """Removes a task (and, for an alloc, the tasks inside it); returns their specs."""
         if not (0 <= handle < self.t_alive.shape[0] and self.t_alive[handle]):
             raise KeyError(f"no live task {handle}")
-        removed: list[TaskSpec] = []
+        removed: list[PlacementTask] = []
         for member in sorted(self.alloc_members.get(handle, ())):
             removed += self.unbind(member)
         spec = self.t_spec[handle]
@@ -408,6 +408,19 @@ class Cell:
         delta[:, RESERVATION] = new - old
         self._apply_deltas(h, delta)
 
+    def set_reservations(self, handles: npt.ArrayLike, reservations: npt.ArrayLike) -> None:
+        """Sets the reservations of ``handles`` as another copy of the cell computed them (§5.5):
+        a scheduler's cached copy takes the elected master's, so both judge fits alike."""
+        h = np.asarray(handles, dtype=np.intp)
+        if h.size == 0:
+            return
+        if not self.t_alive[h].all():
+            raise KeyError("set_reservations on a task that is not running")
+        rows = np.asarray(reservations, dtype=np.float64).reshape(h.size, NUM_RESOURCES)
+        delta = np.zeros((h.size, NUM_CHANNELS))
+        delta[:, RESERVATION] = np.minimum(rows, self.t_amount[h, LIMIT]) - self.t_amount[h, RESERVATION]
+        self._apply_deltas(h, delta)
+
     def set_cpu_stats(self, handles: npt.ArrayLike, mean: npt.ArrayLike, std: npt.ArrayLike) -> None:
         """Sets the measured mean and std of instantaneous CPU usage (for the GPA fit test)."""
         h = np.asarray(handles, dtype=np.intp)
@@ -470,7 +483,7 @@ class Cell:
             self.score_epoch += 1
 
     # ------------------------------------------------------------------ queries
-    def spec(self, handle: int) -> TaskSpec:
+    def spec(self, handle: int) -> PlacementTask:
         spec = self.t_spec[handle] if 0 <= handle < len(self.t_spec) else None
         if spec is None:
             raise KeyError(f"no live task {handle}")

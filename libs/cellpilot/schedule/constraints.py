@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cellpilot.array_types import BoolArray, IntpArray
-from cellpilot.schedule.model import Constraint
+from cellpilot.schedule.model import PlacementConstraint
 
 MISSING_CODE = -1
 
@@ -82,7 +82,7 @@ class AttributeTable:
             return None
         return next(k for k, v in column.codes.items() if v == code)
 
-    def satisfies(self, constraint: Constraint, machines: IntpArray) -> BoolArray:
+    def satisfies(self, constraint: PlacementConstraint, machines: IntpArray) -> BoolArray:
         """Which of ``machines`` satisfy ``constraint`` (hard or soft alike)."""
         column = self.columns.get(constraint.attribute)
         negative = constraint.op in ("!=", "not-in")

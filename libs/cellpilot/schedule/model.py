@@ -9,6 +9,17 @@ class (§3.4).
 Allocs (§2.4) are tasks whose shape has ``is_alloc=True``; the job of an alloc is
 its alloc set. A task runs inside an alloc set when its shape names the set in
 ``alloc_set``; it then consumes the alloc's resources, not the machine's.
+
+The names (distinct from the API-side specs in :mod:`cellpilot.borg.model`, which the
+Borgmaster translates into these in :mod:`cellpilot.borg.scheduling_view` and
+:mod:`cellpilot.borg.cell_state`):
+
+* :class:`CellMachine` – a machine as the scheduler sees it: capacity, attributes, rack
+  and power domain.
+* :class:`PlacementConstraint` – a hard or soft predicate on a machine attribute.
+* :class:`TaskShape` – what placement depends on; shared by a job's tasks.
+* :class:`PlacementTask` – one task (or alloc) to place: job, index, user, shape.
+* :class:`PlacementJob` – a job (or alloc set) for admission control: a task count and a shape.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ CONSTRAINT_OPS = ("==", "!=", "<", ">", "in", "not-in")
 
 
 @dataclass(frozen=True)
-class Constraint:
+class PlacementConstraint:
     """A constraint on a machine attribute (Borg §2.3): hard ones filter, soft ones score.
 
     ``op`` is one of ``==``, ``!=``, ``<``, ``>`` (numeric), ``in`` and ``not-in``
@@ -55,7 +66,7 @@ class Constraint:
 
 
 @dataclass(frozen=True)
-class MachineSpec:
+class CellMachine:
     """A machine: capacity, attributes for constraints and its failure domains (§2.2, §4)."""
 
     name: str
@@ -72,7 +83,7 @@ class MachineSpec:
         rack: str = "rack-0",
         power_domain: str = "power-0",
         attributes: Mapping[str, str | float] | None = None,
-    ) -> MachineSpec:
+    ) -> CellMachine:
         return cls(name, capacity, rack, power_domain, tuple(sorted((attributes or {}).items())))
 
 
@@ -83,7 +94,7 @@ class TaskShape:
     priority: int
     limits: Resources
     app_class: AppClass = AppClass.BATCH
-    constraints: tuple[Constraint, ...] = ()
+    constraints: tuple[PlacementConstraint, ...] = ()
     packages: tuple[str, ...] = ()
     alloc_set: str | None = None  # run inside an alloc of this alloc set (§2.4)
     is_alloc: bool = False  # this "task" is an alloc: it reserves ``limits`` on a machine
@@ -122,16 +133,16 @@ class TaskShape:
         return is_prod(self.priority)
 
     @property
-    def hard_constraints(self) -> tuple[Constraint, ...]:
+    def hard_constraints(self) -> tuple[PlacementConstraint, ...]:
         return tuple(c for c in self.constraints if c.hard)
 
     @property
-    def soft_constraints(self) -> tuple[Constraint, ...]:
+    def soft_constraints(self) -> tuple[PlacementConstraint, ...]:
         return tuple(c for c in self.constraints if not c.hard)
 
 
 @dataclass(frozen=True)
-class TaskSpec:
+class PlacementTask:
     """One task of a job (or one alloc of an alloc set)."""
 
     job: str
@@ -152,7 +163,7 @@ class TaskSpec:
 
 
 @dataclass(frozen=True)
-class JobSpec:
+class PlacementJob:
     """A job (or alloc set): a name, an owner, a task count and the tasks' shape (§2.3)."""
 
     name: str
@@ -168,5 +179,5 @@ class JobSpec:
     def priority(self) -> int:
         return self.shape.priority
 
-    def tasks(self) -> list[TaskSpec]:
-        return [TaskSpec(self.name, i, self.user, self.shape) for i in range(self.task_count)]
+    def tasks(self) -> list[PlacementTask]:
+        return [PlacementTask(self.name, i, self.user, self.shape) for i in range(self.task_count)]

@@ -32,7 +32,7 @@ from cellpilot.schedule.cell import (
     Cell,
     placement_basis,
 )
-from cellpilot.schedule.model import Constraint, TaskShape
+from cellpilot.schedule.model import PlacementConstraint, TaskShape
 from cellpilot.schedule.priority import preemption_threshold
 from cellpilot.schedule.resources import CPU
 
@@ -50,8 +50,8 @@ class Request:
     threshold: int  # tasks below this priority level may be preempted
     basis: slice  # LIMIT for prod, RESERVATION for non-prod (§5.5)
     prod: bool
-    hard: tuple[Constraint, ...]
-    soft: tuple[Constraint, ...]
+    hard: tuple[PlacementConstraint, ...]
+    soft: tuple[PlacementConstraint, ...]
     job: int = -1  # job code of the task being placed (set per task)
 
     @classmethod
@@ -151,13 +151,19 @@ def registered(kind: str) -> list[str]:
     return sorted(_REGISTRY[kind])
 
 
-def build_plugin(kind: str, name: str, args: Mapping[str, Any] | None = None) -> Any:
-    """Builds a registered plugin, validating its arguments against its dataclass fields."""
+def plugin_class(kind: str, name: str) -> type:
+    """The class registered as ``name`` of ``kind`` (what it reads, before building one)."""
     if kind not in _REGISTRY:
         raise ValueError(f"unknown plugin kind {kind!r}")
     cls = _REGISTRY[kind].get(name)
     if cls is None:
         raise ValueError(f"unknown {kind} {name!r}; known: {', '.join(registered(kind))}")
+    return cls
+
+
+def build_plugin(kind: str, name: str, args: Mapping[str, Any] | None = None) -> Any:
+    """Builds a registered plugin, validating its arguments against its dataclass fields."""
+    cls = plugin_class(kind, name)
     given = dict(args or {})
     fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
     unknown = sorted(set(given) - set(fields))

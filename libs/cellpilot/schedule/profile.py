@@ -25,7 +25,8 @@ from typing import Any
 from cellpilot.array_types import BoolArray, FloatArray
 from cellpilot.schedule.composition import Level, Lexicographic, Weighted
 from cellpilot.schedule.filters import HardConstraints, ResourceFit
-from cellpilot.schedule.lifetime_aware.borg_scorers import LasScorer, LavaScorer, LifetimeSource
+from cellpilot.schedule.lifetime_aware.borg_scorers import CELL_SOURCE_GIVES, LifetimeSource
+from cellpilot.schedule.lifetime_aware.policies import BASELINE, placement_names, placement_policy
 from cellpilot.schedule.plugins import Filter, Preemptor, Request, Scorer, build_plugin
 from cellpilot.schedule.preemption import LowestPriorityFirst
 from cellpilot.schedule.scorers import (
@@ -56,29 +57,24 @@ class Profile:
         return self.resource_fit.fits(capacity, used, req)
 
 
-# Placement policies (LAVA §5.3): the baseline packs by the packing scorer alone; LAS (§4.2)
-# adds its temporal cost one level above packing; LAVA (§4.3) its host preference above LAS.
-PLACEMENT_POLICIES = ("best-fit", "las", "lava")
+# Placement policies (LAVA §5.3; registered in schedule/lifetime_aware/policies.py) that a cell's
+# source of lifetimes serves: the baseline packs by the packing scorer alone; LAS (§4.2) adds its
+# temporal cost one level above packing; LAVA (§4.3) its host preference above LAS.
+PLACEMENT_POLICIES = placement_names(CELL_SOURCE_GIVES)
 
 
 def lifetime_levels(placement: str, lifetimes: LifetimeSource | None) -> tuple[Level, ...]:
-    """The lifetime-aware levels a placement policy puts right above packing (LAVA §4.2-4.3)."""
-    if placement not in PLACEMENT_POLICIES:
-        raise ValueError(
-            f"placement policy must be one of {', '.join(PLACEMENT_POLICIES)}; got {placement!r}"
-        )
-    if placement == "best-fit":
-        return ()
-    if lifetimes is None:
+    """The registered scorers a placement policy puts right above packing (LAVA §4.2-4.3)."""
+    policy = placement_policy(placement, CELL_SOURCE_GIVES)
+    if policy.needs_lifetimes and lifetimes is None:
         raise ValueError(f"placement policy {placement!r} needs a source of lifetime predictions")
-    las = Level(LasScorer(lifetimes))
-    return (Level(LavaScorer(lifetimes)), las) if placement == "lava" else (las,)
+    return tuple(Level(build_plugin("scorer", name, {"lifetimes": lifetimes})) for name in policy.levels)
 
 
 def default_profile(
     packing: str = "hybrid",
     gpa_rho: float = 0.0,
-    placement: str = "best-fit",
+    placement: str = BASELINE,
     lifetimes: LifetimeSource | None = None,
 ) -> Profile:
     """Borg-like defaults (§3.2): fewest/lowest preemptions, then spreading across failure

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cellpilot.job_vocabulary import PriorityBand
-from cellpilot.schedule.model import JobSpec
+from cellpilot.schedule.model import PlacementJob
 from cellpilot.schedule.priority import band_of
 from cellpilot.schedule.resources import EPSILON, NUM_RESOURCES, RESOURCE_NAMES, Resources, format_amount
 
@@ -59,12 +59,12 @@ class QuotaBook:
         return Resources.from_array(self._used.get((user, band), np.zeros(NUM_RESOURCES)))
 
     @staticmethod
-    def demand(job: JobSpec) -> np.ndarray:
+    def demand(job: PlacementJob) -> np.ndarray:
         if job.shape.alloc_set is not None:
             return np.zeros(NUM_RESOURCES)
         return job.task_count * job.shape.limits.array()
 
-    def check(self, job: JobSpec, replacing: str | None = None) -> Admitted | Rejected:
+    def check(self, job: PlacementJob, replacing: str | None = None) -> Admitted | Rejected:
         """Would ``job`` be admitted (optionally in place of the admitted job ``replacing``)?"""
         demand = self.demand(job)
         if job.priority == 0:
@@ -91,7 +91,7 @@ class QuotaBook:
         )
         return Rejected(job.name, name, float(demand[r]), available, reason)
 
-    def admit(self, job: JobSpec) -> Admitted | Rejected:
+    def admit(self, job: PlacementJob) -> Admitted | Rejected:
         """Checks quota at submission; an admitted job's demand is charged to its user."""
         if job.name in self._jobs:
             raise ValueError(f"job {job.name} is already admitted")
@@ -100,7 +100,7 @@ class QuotaBook:
             self._charge(job)
         return verdict
 
-    def update(self, job: JobSpec) -> Admitted | Rejected:
+    def update(self, job: PlacementJob) -> Admitted | Rejected:
         """Re-admits a changed job (more tasks, bigger limits, another priority)."""
         verdict = self.check(job, replacing=job.name)
         if isinstance(verdict, Admitted):
@@ -123,7 +123,7 @@ class QuotaBook:
         other._jobs = dict(self._jobs)
         return other
 
-    def _charge(self, job: JobSpec) -> None:
+    def _charge(self, job: PlacementJob) -> None:
         band = band_of(job.priority)
         demand = self.demand(job)
         key = (job.user, band)

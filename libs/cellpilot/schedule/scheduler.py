@@ -32,7 +32,7 @@ import numpy as np
 
 from cellpilot.array_types import BoolArray, FloatArray, IntpArray
 from cellpilot.schedule.cell import LIMIT, Cell
-from cellpilot.schedule.model import TaskShape, TaskSpec
+from cellpilot.schedule.model import PlacementTask, TaskShape
 from cellpilot.schedule.plugins import Request
 from cellpilot.schedule.profile import Profile
 from cellpilot.schedule.resources import EPSILON, Resources
@@ -74,17 +74,17 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class Placement:
-    task: TaskSpec
+    task: PlacementTask
     machine: int
     machine_name: str
     handle: int
     alloc: int | None = None
-    preempted: tuple[TaskSpec, ...] = ()
+    preempted: tuple[PlacementTask, ...] = ()
 
 
 @dataclass(frozen=True)
 class Unschedulable:
-    task: TaskSpec
+    task: PlacementTask
     reason: str
 
 
@@ -92,10 +92,10 @@ class Unschedulable:
 class PassResult:
     placements: tuple[Placement, ...]
     unschedulable: tuple[Unschedulable, ...]
-    preempted: tuple[TaskSpec, ...]
+    preempted: tuple[PlacementTask, ...]
 
     @property
-    def pending(self) -> tuple[TaskSpec, ...]:
+    def pending(self) -> tuple[PlacementTask, ...]:
         """What goes back to the pending queue: unplaced tasks and preemption victims."""
         return tuple(u.task for u in self.unschedulable) + self.preempted
 
@@ -124,12 +124,12 @@ class _Pool:
         self.placed = 0
 
 
-def pending_order(tasks: Sequence[TaskSpec]) -> list[TaskSpec]:
+def pending_order(tasks: Sequence[PlacementTask]) -> list[PlacementTask]:
     """High to low priority; round-robin across users within a priority (§3.2)."""
-    by_priority: dict[int, dict[str, list[TaskSpec]]] = {}
+    by_priority: dict[int, dict[str, list[PlacementTask]]] = {}
     for task in tasks:
         by_priority.setdefault(task.priority, {}).setdefault(task.user, []).append(task)
-    ordered: list[TaskSpec] = []
+    ordered: list[PlacementTask] = []
     for priority in sorted(by_priority, reverse=True):
         queues = list(by_priority[priority].values())
         longest = max(len(q) for q in queues)
@@ -157,13 +157,13 @@ class Scheduler:
         self._order_epoch = -1
 
     # ------------------------------------------------------------------ API
-    def schedule(self, cell: Cell, pending: Sequence[TaskSpec], now: float) -> PassResult:
+    def schedule(self, cell: Cell, pending: Sequence[PlacementTask], now: float) -> PassResult:
         """One scheduling pass over ``pending``."""
         self._attach(cell)
         self._publish_shape(cell, pending)
         placements: list[Placement] = []
         failed: list[Unschedulable] = []
-        preempted: list[TaskSpec] = []
+        preempted: list[PlacementTask] = []
         for task in pending_order(pending):
             outcome = self._place(cell, task, now)
             if isinstance(outcome, Placement):
@@ -175,10 +175,45 @@ class Scheduler:
         # later in this pass: they all go back to the pending queue (§3.2).
         return PassResult(tuple(placements), tuple(failed), tuple(preempted))
 
-    def place(self, cell: Cell, task: TaskSpec, now: float) -> Placement | Unschedulable:
+    def place(self, cell: Cell, task: PlacementTask, now: float) -> Placement | Unschedulable:
         """Places one task (an online arrival)."""
         self._attach(cell)
         return self._place(cell, task, now)
+
+    def place_on(
+        self, cell: Cell, task: PlacementTask, machine: int, now: float
+    ) -> Placement | Unschedulable:
+        """Places ``task`` on the named ``machine`` if it still fits there, with the checks a pass
+        makes (every filter, then the exact fit with the preemptor's victims), and binds it.
+
+        Borg §3.4: the elected master accepts a scheduler's assignment "unless it is
+        inappropriate (e.g., based on out of date state)"; this is that test, so a proposal is
+        judged by the very code that chose it. A task of an alloc set goes into the alloc on
+        that machine with the least room left after it.
+        """
+        self._attach(cell)
+        if task.task_id in cell.task_handle:
+            return Unschedulable(task, "already running")
+        if not 0 <= machine < cell.n_machines or not cell.alive[machine]:
+            return Unschedulable(task, "the machine is gone")
+        if task.shape.alloc_set is not None:
+            return self._place_in_alloc(cell, task, now, only_machine=machine)
+        req = self._request(task.shape)
+        req.job = cell.job_code(task.job)
+        rows = np.array([machine], dtype=np.intp)
+        for f in self.profile.filters:
+            if not f.feasible(cell, req, rows)[0]:
+                return Unschedulable(task, f"no longer feasible there ({f.name})")
+        victims = self.profile.preemptor.victims(cell, req, machine, self.profile.fits)
+        if victims is None:
+            return Unschedulable(task, "no longer fits there")
+        evicted: list[PlacementTask] = []
+        for victim in victims.tolist():
+            if cell.t_alive[victim]:
+                evicted += cell.unbind(victim)
+        handle = cell.bind(task, machine, now, amount=self._amount(cell, task, req))
+        self.stats.placements += 1
+        return Placement(task, machine, cell.machine_names[machine], handle, None, tuple(evicted))
 
     def invalidate(self) -> None:
         """Drops every cached pool (e.g. after swapping the profile)."""
@@ -200,7 +235,7 @@ class Scheduler:
             )
             self._order_epoch = cell.machine_epoch
 
-    def _publish_shape(self, cell: Cell, pending: Sequence[TaskSpec]) -> None:
+    def _publish_shape(self, cell: Cell, pending: Sequence[PlacementTask]) -> None:
         counts: dict[TaskShape, int] = {}
         for task in pending:
             if task.shape.alloc_set is None:
@@ -213,7 +248,7 @@ class Scheduler:
     def _request(self, shape: TaskShape) -> Request:
         return _memoised(self._requests, shape, lambda: Request.compile(shape))
 
-    def _place(self, cell: Cell, task: TaskSpec, now: float) -> Placement | Unschedulable:
+    def _place(self, cell: Cell, task: PlacementTask, now: float) -> Placement | Unschedulable:
         if task.task_id in cell.task_handle:
             return Unschedulable(task, "already running")
         if task.shape.alloc_set is not None:
@@ -232,7 +267,7 @@ class Scheduler:
                 pool.feas[row] = False
                 pool.ver[row] = cell.version[machine]
                 continue
-            evicted: list[TaskSpec] = []
+            evicted: list[PlacementTask] = []
             for victim in victims.tolist():
                 if cell.t_alive[victim]:
                     evicted += cell.unbind(victim)
@@ -242,13 +277,13 @@ class Scheduler:
             return Placement(task, machine, cell.machine_names[machine], handle, None, tuple(evicted))
         return Unschedulable(task, "feasible machines kept failing the exact fit check")
 
-    def _amount(self, cell: Cell, task: TaskSpec, req: Request) -> FloatArray:
+    def _amount(self, cell: Cell, task: PlacementTask, req: Request) -> FloatArray:
         """The task's channel vector; tasks of a job share it, so it is computed once."""
         if task.reservation is None:
             return req.amount
         return _memoised(self._amounts, (task.shape, task.reservation), lambda: cell.task_amount(task))
 
-    def _pool_for(self, cell: Cell, task: TaskSpec) -> _Pool:
+    def _pool_for(self, cell: Cell, task: PlacementTask) -> _Pool:
         key: Hashable = task.shape if self.config.equivalence_classes else task.task_id
         if self.config.score_cache:
             pool = self._pools.get(key)
@@ -336,11 +371,16 @@ class Scheduler:
         while self._entries > self.config.max_cached_entries and len(self._pools) > 1:
             self._drop(next(iter(self._pools)))
 
-    def _place_in_alloc(self, cell: Cell, task: TaskSpec, now: float) -> Placement | Unschedulable:
-        """A task of an alloc set goes into the alloc with the least room left after it (§2.4)."""
+    def _place_in_alloc(
+        self, cell: Cell, task: PlacementTask, now: float, only_machine: int | None = None
+    ) -> Placement | Unschedulable:
+        """A task of an alloc set goes into the alloc with the least room left after it (§2.4)
+        (among those on ``only_machine`` if given)."""
         name = task.shape.alloc_set
         assert name is not None
         allocs = np.array(sorted(cell.alloc_sets.get(name, ())), dtype=np.intp)
+        if only_machine is not None:
+            allocs = allocs[cell.t_machine[allocs] == only_machine] if allocs.size else allocs
         if allocs.size == 0:
             return Unschedulable(task, f"alloc set {name!r} has no allocs")
         need = task.shape.limits.array()

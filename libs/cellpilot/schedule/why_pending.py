@@ -16,7 +16,7 @@ import numpy as np
 
 from cellpilot.array_types import BoolArray, IntpArray
 from cellpilot.schedule.cell import LIMIT, Cell
-from cellpilot.schedule.model import Constraint, TaskSpec
+from cellpilot.schedule.model import PlacementConstraint, PlacementTask
 from cellpilot.schedule.plugins import Request
 from cellpilot.schedule.profile import Profile
 from cellpilot.schedule.resources import EPSILON, RESOURCE_NAMES, format_amount
@@ -30,7 +30,7 @@ class RequestChange:
     resource: str | None = None
     amount: float = 0.0  # how much to take off ``resource`` (its unit)
     factor: float = 1.0  # for "scale": multiply every limit by this
-    constraint: Constraint | None = None
+    constraint: PlacementConstraint | None = None
     machines: int = 0  # machines on which the changed request would fit
 
 
@@ -104,7 +104,7 @@ def _resource_options(
     return options
 
 
-def explain_pending(cell: Cell, task: TaskSpec, profile: Profile) -> PendingExplanation:
+def explain_pending(cell: Cell, task: PlacementTask, profile: Profile) -> PendingExplanation:
     """Counts the machines each constraint and resource excludes, and the smallest fix."""
     if task.shape.alloc_set is not None:
         return _explain_in_alloc(cell, task)
@@ -148,7 +148,7 @@ def explain_pending(cell: Cell, task: TaskSpec, profile: Profile) -> PendingExpl
     )
 
 
-def _explain_in_alloc(cell: Cell, task: TaskSpec) -> PendingExplanation:
+def _explain_in_alloc(cell: Cell, task: PlacementTask) -> PendingExplanation:
     name = task.shape.alloc_set
     assert name is not None
     allocs = np.array(sorted(cell.alloc_sets.get(name, ())), dtype=np.intp)

@@ -5,6 +5,9 @@
     ca.crt                 the CA certificate every process trusts
     ca.key                 the CA's private key (only the issuing command needs it; mode 0600)
     <identity>.crt/.key    one certificate per service identity (server and client use)
+    <identity>.signing.crt/.key
+                           the identity's record-signing key and its certificate: every Kafka
+                           record the service writes is signed with it (record_signing.py)
     token-secret.key       the HMAC secret bearer tokens are signed with (see tokens.py)
 
 A certificate's common name is the service identity (``borgmaster``, ``actuator``,
@@ -13,6 +16,13 @@ A certificate's common name is the service identity (``borgmaster``, ``actuator`
 kind, e.g. ``borglet-r0`` and ``borglet``), plus two URIs the authoriser reads back:
 ``spiffe://cellpilot.local/service/<identity>`` and, for Borglets, one
 ``spiffe://cellpilot.local/machines/<glob>`` per machine-id pattern the Borglet may report for.
+
+A signing certificate names the same identity and machines, and nothing else: no host names,
+key usage ``digitalSignature`` only and one extended key usage, :data:`RECORD_SIGNING_OID`, that
+the record verifier requires (so an mTLS certificate cannot sign records, and a signing
+certificate cannot serve TLS). Its key is a P-256 key like the others: ECDSA P-256 verifies
+about twice as fast as Ed25519 with this platform's OpenSSL (measured: ~150 µs against ~300 µs
+on the development machine), and readers verify every record.
 """
 
 from __future__ import annotations
@@ -41,8 +51,13 @@ LOCAL_IPS = ("127.0.0.1", "::1")
 
 # The identities of the embedded stack (ports.md): one certificate per service kind, the
 # Borglet fleet replica 0 scoped to the machines it generates ("machine-r0-<i>").
+# The extended key usage of a record-signing certificate: an OID under 2.25 (a UUID, ITU-T X.667).
+RECORD_SIGNING_OID = x509.ObjectIdentifier("2.25.310491265455656029409977112353278362622")
+SIGNING_SUFFIX = ".signing"  # <identity>.signing.crt / <identity>.signing.key
+
 DEFAULT_IDENTITIES = (
     "borgmaster",
+    "scheduler",
     "borglet-r0",
     "aggregator",
     "recommender",
@@ -51,6 +66,8 @@ DEFAULT_IDENTITIES = (
     "dashboard",
     "client",  # user programs (CLI, scripts): transport only, the user comes from a bearer token
 )
+# Identities of user programs: they write no stream, so they get no record-signing key.
+USER_IDENTITIES = ("client",)
 
 
 class CertificateError(ValueError):
@@ -223,10 +240,89 @@ def issue_certificate(
     return path
 
 
+def signing_paths(certs_dir: Path, identity: str) -> tuple[Path, Path]:
+    """``<identity>.signing.crt`` and ``<identity>.signing.key`` in ``certs_dir``."""
+    stem = certs_dir / f"{identity}{SIGNING_SUFFIX}"
+    return stem.with_name(stem.name + ".crt"), stem.with_name(stem.name + ".key")
+
+
+def issue_signing_certificate(
+    ca: CertificateAuthority, request: IdentityRequest, out_dir: Path, valid_days: int = 825
+) -> Path:
+    """Issue the identity's record-signing key and certificate; returns the certificate's path."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(SPIFFE_SERVICE_PREFIX + request.identity)]
+    names += [x509.UniformResourceIdentifier(SPIFFE_MACHINES_PREFIX + g) for g in request.machine_globs]
+    now = _now()
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, request.identity)]))
+        .issuer_name(ca.certificate.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=valid_days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([RECORD_SIGNING_OID]), critical=True)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .sign(ca.key, hashes.SHA256())
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    crt, key_path = signing_paths(out_dir, request.identity)
+    write_private_file(key_path, _key_pem(key))
+    crt.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    return crt
+
+
 def issue_all(out_dir: Path, requests: Sequence[IdentityRequest], valid_days: int = 825) -> list[Path]:
-    """The CA (kept if it exists, so earlier certificates stay valid) and every requested certificate."""
+    """The CA (kept if it exists, so earlier certificates stay valid) and every requested
+    identity's mTLS certificate and record-signing certificate; returns the mTLS certificates."""
     ca = load_or_create_ca(out_dir)
-    return [issue_certificate(ca, request, out_dir, valid_days) for request in requests]
+    paths = []
+    for request in requests:
+        paths.append(issue_certificate(ca, request, out_dir, valid_days))
+        if request.identity not in USER_IDENTITIES:
+            issue_signing_certificate(ca, request, out_dir, valid_days)
+    return paths
+
+
+def has_signing_key(certs_dir: Path, identity: str) -> bool:
+    return all(path.exists() for path in signing_paths(certs_dir, identity))
+
+
+def issue_missing_signing_certificates(certs_dir: Path, identities: Iterable[str]) -> list[Path]:
+    """A record-signing key for each service identity whose mTLS certificate exists but which has
+    none yet (a directory issued before records were signed), scoped to the machines its mTLS
+    certificate names; returns the certificates issued."""
+    missing = [
+        i
+        for i in identities
+        if i not in USER_IDENTITIES
+        and (certs_dir / f"{i}.crt").exists()
+        and not has_signing_key(certs_dir, i)
+    ]
+    if not missing:
+        return []
+    ca = load_ca(certs_dir)
+    issued = []
+    for identity in missing:
+        scope = identity_from_certificate((certs_dir / f"{identity}.crt").read_bytes()).machine_globs
+        issued.append(issue_signing_certificate(ca, IdentityRequest(identity, scope), certs_dir))
+    return issued
 
 
 @dataclass(frozen=True)
@@ -239,7 +335,11 @@ class CertificateIdentity:
 
 def identity_from_certificate(pem: bytes) -> CertificateIdentity:
     """The service identity (the SPIFFE service URI, else the common name) and machine scopes."""
-    certificate = x509.load_pem_x509_certificate(pem)
+    return identity_of(x509.load_pem_x509_certificate(pem))
+
+
+def identity_of(certificate: x509.Certificate) -> CertificateIdentity:
+    """What a (verified) certificate says about its holder: identity and machine scopes."""
     uris: list[str] = []
     try:
         san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -253,6 +353,24 @@ def identity_from_certificate(pem: bytes) -> CertificateIdentity:
         u.removeprefix(SPIFFE_MACHINES_PREFIX) for u in uris if u.startswith(SPIFFE_MACHINES_PREFIX)
     )
     return CertificateIdentity(identity, globs)
+
+
+def hosts_not_named(pem: bytes, request: IdentityRequest) -> list[str]:
+    """The extra host names and addresses ``request`` asks for that the certificate does not name
+    (an identity kept from an earlier issue, before a replica was added)."""
+    try:
+        san = x509.load_pem_x509_certificate(pem).extensions.get_extension_for_class(
+            x509.SubjectAlternativeName
+        )
+    except x509.ExtensionNotFound:
+        return list(request.extra_dns_names)
+    named = {*san.value.get_values_for_type(x509.DNSName)}
+    named |= {str(ip) for ip in san.value.get_values_for_type(x509.IPAddress)}
+    return [
+        name
+        for name in request.extra_dns_names
+        if (str(ipaddress.ip_address(name)) if _is_ip(name) else name) not in named
+    ]
 
 
 HOSTNAME_PATTERN = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")

@@ -33,6 +33,7 @@ AUTOPILOT = "/cellpilot.api.v1.Autopilot/"
 BORGLET = "/cellpilot.api.v1.Borglet/"
 MONITORING = "/cellpilot.api.v1.Monitoring/"
 LINK_SHARDS = "/cellpilot.api.v1.LinkShards/"
+SCHEDULER_LINK = "/cellpilot.api.v1.SchedulerLink/"
 
 # Update-mask paths the actuator may write, and the Autopilot dimension each needs ON.
 ACTUATOR_PATHS = {
@@ -247,6 +248,12 @@ def borgmaster_only(principal: Principal, request: Message, lookups: Lookups) ->
     return deny(f"only the Borgmaster drives Borglets, not {principal.describe()}")
 
 
+def scheduler_only(principal: Principal, request: Message, lookups: Lookups) -> Decision:
+    if principal.service_kind == "scheduler" and not principal.user:
+        return ALLOW
+    return deny(f"only the cell's scheduler proposes placements, not {principal.describe()}")
+
+
 RULES: Mapping[str, Rule] = {
     BORGMASTER + "SubmitJob": submit_job,
     BORGMASTER + "UpdateJob": update_job,
@@ -286,6 +293,9 @@ RULES: Mapping[str, Rule] = {
     # Only Borgmaster replicas forward their link shards' reports (Borg §3.3).
     LINK_SHARDS + "ReportMachineChanges": borgmaster_only,
     LINK_SHARDS + "GetLinkShards": authenticated,
+    # Only the scheduler process reads the master's soft state and proposes placements (Borg §3.4).
+    SCHEDULER_LINK + "GetSoftState": scheduler_only,
+    SCHEDULER_LINK + "ProposePlacements": scheduler_only,
     BORGLET + "StartTask": borgmaster_only,
     BORGLET + "StopTask": borgmaster_only,
     BORGLET + "UpdateTask": borgmaster_only,

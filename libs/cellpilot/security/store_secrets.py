@@ -13,6 +13,8 @@ The accounts are the services that touch a store, plus two that are not services
   (peer authentication, ``cellpilot.stack.components``).
 * ``fauxmaster``: ``cellpilot borgmaster replay`` reading the checkpoint log (Borg §3.1), read-only.
 
+The ``scheduler`` account reads the checkpoint log too (its cached copy of the cell, Borg §3.4).
+
 The servers never see a password: PostgreSQL gets a SCRAM-SHA-256 verifier (RFC 5802/7677, the
 format ``ALTER ROLE ... PASSWORD`` stores), Redis the SHA-256 of the password (its ACL ``#`` form).
 """
@@ -30,10 +32,13 @@ from cellpilot.security.certificates import write_private_file
 
 ADMIN_ACCOUNT = "admin"
 FAUXMASTER_ACCOUNT = "fauxmaster"
-# Every account a stack issues a password for (services without a store, e.g. the Borglet, get none).
+# Every account a stack issues a password for: each service's, for the stores it uses and for
+# the broker where the broker authenticates (cellpilot.platform.stream_access.BrokerLogin).
 STORE_ACCOUNTS = (
     ADMIN_ACCOUNT,
     "borgmaster",
+    "borglet",
+    "scheduler",
     "aggregator",
     "recommender",
     "autopilot",

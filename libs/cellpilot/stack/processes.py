@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable
@@ -121,6 +122,22 @@ def listening_ports(pid: int) -> list[int]:
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return []
     return sorted({c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN and c.laddr})
+
+
+def listens(pid: int, host: str, port: int) -> bool:
+    """Whether process ``pid`` itself listens on ``port``: another process's server there (say
+    another stack given the same port) is not ours, and our clients must not be sent to it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.2)
+        if sock.connect_ex((host, port)) != 0:
+            return False
+    try:
+        connections = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        return True  # not ours to inspect: the port answering is all we can know
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in connections)
 
 
 @dataclass(frozen=True)

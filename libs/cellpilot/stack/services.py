@@ -7,10 +7,14 @@ value name the stack's data directory and the replica index. A spec's environmen
 defaults: a variable already set in ``cellpilot run``'s environment wins (so a run can be moved
 to other ports, e.g. ``CELLPILOT_BORGLET_BORGMASTER_ADDRESSES`` with
 ``CELLPILOT_BORGMASTER_BASE_PORT``). Services register here as they are built.
+
+Started by root, each service runs as its own account and reads only its own secrets
+(:mod:`cellpilot.stack.service_accounts`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -21,7 +25,9 @@ from pathlib import Path
 
 import psutil
 
+import cellpilot
 from cellpilot.stack.processes import ProcessHandle, StopRequest, process_alive, stop_processes
+from cellpilot.stack.service_accounts import account_of, reachable_by
 from cellpilot.stack.supervision_state import write_json_atomically
 
 
@@ -36,6 +42,8 @@ class ServiceSpec:
 
 SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("borgmaster", "borgmaster", 3),  # replicas on 127.0.0.1:7100-7102, one elected
+    # Borg §3.4: the scheduler in a process of its own, proposing to the elected master (health 7700).
+    ServiceSpec("scheduler", "scheduler", 1),
     ServiceSpec(
         "borglet",
         "borglet",
@@ -144,14 +152,21 @@ class ServiceSupervisor:
             "CELLPILOT_REPLICA_INDEX": str(replica),
         }
         log_path = self.data_dir / "logs" / f"{spec.name}-{replica}.log"
+        account = account_of(spec.name)
+        services_code = importlib.util.find_spec("cellpilot_services")
+        python = Path(sys.executable)
+        code = [python, python.resolve(), Path(cellpilot.__file__), Path.cwd() / "."]
+        code += [Path(services_code.origin)] if services_code and services_code.origin else []
+        reachable_by(account, [self.env_file, *code])
         with open(log_path, "ab") as log:
-            process = subprocess.Popen(
+            process = subprocess.Popen(  # type: ignore[call-overload]
                 [sys.executable, "-m", f"cellpilot_services.{spec.module}", *spec.args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 env=env,
+                **account.popen_options(),
             )
         handle = ProcessHandle.started(process)
         self._handles[(spec.name, replica)] = handle

@@ -26,6 +26,7 @@ from typing import Literal
 
 import psutil
 
+from cellpilot.stack.broker_probe import PROBE_EVERY_S, SILENT_LIMIT_S, broker_answers
 from cellpilot.stack.broker_retention import RotationSchedule, rotate_due
 from cellpilot.stack.config import StackConfig, port_in_use
 from cellpilot.stack.processes import ExitStatus, ProcessHandle, listening_ports, pid_alive
@@ -80,10 +81,12 @@ class Watchdog:
         self.clock = clock
         self.phase: Phase = "starting"
         self.units: list[_Unit] = []
-        # The embedded broker honours no retention: topics that have one are rotated.
+        # The in-memory broker honours no retention: topics that have one are rotated.
         self.rotations = RotationSchedule.starting(clock())
         self._ports_read_at = 0.0
         self._me = psutil.Process()
+        self._broker_probed_at = clock()
+        self._broker_silent_since: float | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -127,11 +130,33 @@ class Watchdog:
                 self._restart(unit)
                 changed = True
         changed |= self._refresh_ports(now)
-        if any(u.name == "kafka" and u.state == "running" for u in self.units if u.kind == "component"):
-            for line in rotate_due(self.stack.endpoints.kafka_bootstrap, self.rotations, now):
+        memory_broker = self.stack.config.broker == "memory"  # the durable one enforces retention.ms
+        kafka_up = any(u.name == "kafka" and u.state == "running" for u in self.units if u.kind != "service")
+        if memory_broker and kafka_up:
+            for line in rotate_due(self.stack.endpoints.broker_admin(), self.rotations, now):
                 self.log(line)
+        if kafka_up and now - self._broker_probed_at >= PROBE_EVERY_S:
+            self._probe_broker(now)
         if changed:
             self.save()
+
+    def _probe_broker(self, now: float) -> None:
+        """A broker that answers nothing for ``SILENT_LIMIT_S`` is killed, so that the next tick
+        restarts it like any dead component (cellpilot.stack.broker_probe)."""
+        self._broker_probed_at = now
+        if broker_answers(self.stack.endpoints.broker_admin()):
+            self._broker_silent_since = None
+            return
+        silent_since = self._broker_silent_since = self._broker_silent_since or now
+        unit = next((u for u in self.units if u.kind == "component" and u.name == "kafka"), None)
+        if now - silent_since < SILENT_LIMIT_S or unit is None or unit.handle is None:
+            return
+        self.log(
+            f"kafka (pid {unit.handle.pid}) runs but has answered no request for {now - silent_since:.0f} s: "
+            "killing it, to be restarted"
+        )
+        unit.handle.send(signal.SIGKILL, group=False)
+        self._broker_silent_since = None
 
     def _died(self, unit: _Unit, how: str, now: float) -> None:
         uptime = now - unit.started_at

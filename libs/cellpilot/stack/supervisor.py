@@ -27,11 +27,16 @@ from cellpilot.platform.kafka import ensure_topic_layout, ensure_topics
 from cellpilot.platform.postgres import apply_migrations, ensure_database
 from cellpilot.platform.redis_client import ping_redis
 from cellpilot.platform.store_accounts import provision_postgres_roles, write_redis_acl
+from cellpilot.security.store_secrets import read_store_password
 from cellpilot.security.tls import ensure_stack_credentials
 from cellpilot.stack import components
+from cellpilot.stack.broker_users import create_broker_users, refused_logins
 from cellpilot.stack.components import Component
 from cellpilot.stack.config import StackConfig, StackEndpoints, port_in_use
-from cellpilot.stack.processes import ProcessHandle, StopRequest, stop_processes
+from cellpilot.stack.kafka_access import BROKER_USERS
+from cellpilot.stack.processes import ProcessHandle, StopRequest, listens, stop_processes
+from cellpilot.stack.service_accounts import protect_credentials
+from cellpilot.stack.services import SERVICES
 from cellpilot.stack.supervision_state import write_json_atomically
 
 START_TIMEOUT_S = 60.0
@@ -39,6 +44,7 @@ START_TIMEOUT_S = 60.0
 # flushing its append-only file and the broker take well under a second).
 STOP_GRACE_S = 5.0
 PORT_RELEASE_TIMEOUT_S = 5.0
+USER_ATTEMPTS = 3  # creations of the durable broker's users before the stack gives up
 
 
 class StackError(RuntimeError):
@@ -114,6 +120,7 @@ class Stack:
                 "redis_port": c.redis_port,
             },
             "pids": pids,
+            "broker": c.broker,
             "endpoints": c.endpoints().as_dict(),
         }
         write_json_atomically(c.state_path, state)
@@ -159,6 +166,8 @@ class Stack:
         if issued:
             progress(f"certificates: issued {len(issued)} in {c.certs_dir}")
         write_redis_acl(c.certs_dir)
+        # Each service's key and password files to its own account (when we are root).
+        protect_credentials(c.certs_dir, [spec.name for spec in SERVICES])
         for component in self.components():
             if component.name in pids:
                 progress(f"{component.name} already running (pid {pids[component.name]})")
@@ -169,21 +178,22 @@ class Stack:
         progress("postgres: applying migrations, provisioning the service roles")
         asyncio.run(self._prepare_database())
         progress("kafka: creating topics")
-        asyncio.run(ensure_topics(c.endpoints().kafka_bootstrap))
+        asyncio.run(ensure_topics(c.endpoints().broker_admin()))
         return c.endpoints()
 
     def restart_component(self, name: str, progress: Callable[[str], None] = lambda _: None) -> ProcessHandle:
         """Start component ``name`` again after it died; the broker gets its topics back.
 
-        The embedded broker keeps its log in memory, so a restarted broker is empty: the
-        topics are created again before anyone is told it is back, each with its declared
-        partition count (services reconnecting at once may have made the broker create some
-        with its default count: those are created again, see ``ensure_topic_layout``).
+        The in-memory broker loses its log, so a restarted one is empty: the topics are created
+        again before anyone is told it is back, each with its declared partition count (services
+        reconnecting at once may have made the broker create some with its default count: those
+        are created again, see ``ensure_topic_layout``). The durable broker comes back with its
+        topics and records; the same check then finds nothing to do.
         """
         handle = self._start(self.component(name), self._pids(), progress)
         if name == "kafka":
             progress("kafka: creating topics")
-            recreated = asyncio.run(ensure_topic_layout(self.config.endpoints().kafka_bootstrap))
+            recreated = asyncio.run(ensure_topic_layout(self.config.endpoints().broker_admin()))
             if recreated:
                 progress(f"kafka: created again with their declared partition counts: {', '.join(recreated)}")
         return handle
@@ -197,6 +207,8 @@ class Stack:
         if component.name == "postgres":
             progress("postgres: initialising the data directory")
             components.initialise_postgres(self.config, component.run_as)
+        if component.name == "kafka" and self.config.broker == "durable":
+            return self._start_durable_broker(component, pids, progress)
         handle = self._spawn(component)
         pids[component.name] = handle.pid
         self._write_state(pids)
@@ -204,11 +216,43 @@ class Stack:
         self._wait_healthy(component, handle)
         return handle
 
+    def _start_durable_broker(
+        self, component: Component, pids: dict[str, int], progress: Callable[[str], None]
+    ) -> ProcessHandle:
+        """Create the SCRAM users, start the broker, and log in as each: a user the broker
+        refuses is created again (cellpilot.stack.broker_users), up to ``USER_ATTEMPTS`` times."""
+        c = self.config
+        users_log = c.data_dir / "logs" / "kafka-users.log"
+        passwords = {user: read_store_password(c.certs_dir, user) for user in BROKER_USERS}
+        users = tuple(passwords)
+        for attempt in range(1, USER_ATTEMPTS + 1):
+            progress(f"kafka: durable ({c.broker_db}); creating its SCRAM users: {', '.join(users)}")
+            create_broker_users(c, users_log, users)
+            handle = self._spawn(component)
+            pids[component.name] = handle.pid
+            self._write_state(pids)
+            progress(f"kafka: started (pid {handle.pid}), waiting until healthy")
+            self._wait_healthy(component, handle)
+            refused = refused_logins(f"{c.host}:{c.kafka_port}", passwords)
+            if not refused:
+                return handle
+            progress(f"kafka: WARNING: refused the logins of {', '.join(refused)} (attempt {attempt})")
+            stop_processes([StopRequest("kafka", handle, component.stop_signal, group=False)], STOP_GRACE_S)
+            _wait_until(
+                lambda: not port_in_use(c.host, c.kafka_port), PORT_RELEASE_TIMEOUT_S, "kafka port release"
+            )
+            users = tuple(refused)
+        raise RuntimeError(
+            f"the durable broker refused the logins of {', '.join(users)} after creating them "
+            f"{USER_ATTEMPTS} times: see {users_log} and {c.data_dir / 'logs' / 'kafka.log'}"
+        )
+
     def _spawn(self, component: Component) -> ProcessHandle:
         log_path = self.config.data_dir / "logs" / f"{component.name}.log"
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 component.argv,
+                executable=component.executable,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -226,9 +270,9 @@ class Stack:
         c = self.config
         log = c.data_dir / "logs" / f"{component.name}.log"
         _wait_until(
-            lambda: port_in_use(c.host, component.port),
+            lambda: listens(process.pid, c.host, component.port),
             START_TIMEOUT_S,
-            f"{component.name} port",
+            f"{component.name} to listen on its port {component.port}",
             log,
             process,
         )

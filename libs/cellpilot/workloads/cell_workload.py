@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cellpilot.job_vocabulary import AppClass
-from cellpilot.schedule.model import Constraint, JobSpec, MachineSpec, TaskShape, TaskSpec
+from cellpilot.schedule.model import CellMachine, PlacementConstraint, PlacementJob, PlacementTask, TaskShape
 from cellpilot.schedule.resources import Resources
 
 
@@ -76,7 +76,7 @@ JOB_CLASSES: tuple[JobClass, ...] = (
 )
 
 
-def generate_machines(count: int, rng: np.random.Generator, mix: str = "heterogeneous") -> list[MachineSpec]:
+def generate_machines(count: int, rng: np.random.Generator, mix: str = "heterogeneous") -> list[CellMachine]:
     platforms = MACHINE_MIXES[mix]
     shares = np.array([p.share for p in platforms])
     kinds = rng.choice(len(platforms), size=count, p=shares / shares.sum())
@@ -85,7 +85,7 @@ def generate_machines(count: int, rng: np.random.Generator, mix: str = "heteroge
         p = platforms[kind]
         rack = i // MACHINES_PER_RACK
         machines.append(
-            MachineSpec.build(
+            CellMachine.build(
                 f"m{i:05d}",
                 Resources.of(p.cores, p.ram_gib, p.disk_gib, PORTS_PER_MACHINE),
                 rack=f"rack-{rack}",
@@ -118,22 +118,23 @@ def _job_sizes(rng: np.random.Generator, total: int) -> list[int]:
 
 @dataclass(frozen=True)
 class WorkloadJob:
-    job: JobSpec
+    job: PlacementJob
     usage: float  # the tasks' usage as a fraction of their limits
 
-    def tasks(self, reclaimed: bool = True) -> list[TaskSpec]:
+    def tasks(self, reclaimed: bool = True) -> list[PlacementTask]:
         """The job's tasks; ``reclaimed``: with the reservation reclamation converged to (§5.5)."""
         job = self.job
         if not reclaimed:
             return job.tasks()
         reservation = job.shape.limits.scaled(min(1.0, self.usage * 1.1))
         return [
-            TaskSpec(job.name, i, job.user, job.shape, reservation=reservation) for i in range(job.task_count)
+            PlacementTask(job.name, i, job.user, job.shape, reservation=reservation)
+            for i in range(job.task_count)
         ]
 
 
 def generate_jobs(
-    machines: list[MachineSpec], tasks: int, rng: np.random.Generator, fill: float = 0.7
+    machines: list[CellMachine], tasks: int, rng: np.random.Generator, fill: float = 0.7
 ) -> list[WorkloadJob]:
     """Jobs with ``tasks`` tasks in total whose CPU limits add up to ``fill`` of the cell."""
     if fill <= 0:
@@ -157,12 +158,12 @@ def generate_jobs(
         task_cores = max(cores * scale, 0.01)
         ram_gib = min(task_cores * ram_per_core, 200.0)
         disk_gib = float(np.clip(rng.lognormal(np.log(10.0), 0.8), 1.0, 500.0))
-        constraints: tuple[Constraint, ...] = ()
+        constraints: tuple[PlacementConstraint, ...] = ()
         u = rng.random()
         if u < 0.10:
-            constraints = (Constraint("arch", "==", "x86"),)
+            constraints = (PlacementConstraint("arch", "==", "x86"),)
         elif u < 0.15:
-            constraints = (Constraint("platform", "==", "memory", hard=False),)
+            constraints = (PlacementConstraint("platform", "==", "memory", hard=False),)
         packages = (f"pkg-{j}",) + (("base-runtime",) if rng.random() < 0.2 else ())
         shape = TaskShape(
             priority=priority,
@@ -171,10 +172,10 @@ def generate_jobs(
             constraints=constraints,
             packages=packages,
         )
-        job = JobSpec(f"{c.name}-{j}", f"user-{int(rng.integers(0, 50))}", size, shape)
+        job = PlacementJob(f"{c.name}-{j}", f"user-{int(rng.integers(0, 50))}", size, shape)
         jobs.append(WorkloadJob(job, usage))
     return jobs
 
 
-def workload_tasks(jobs: list[WorkloadJob], reclaimed: bool = True) -> list[TaskSpec]:
+def workload_tasks(jobs: list[WorkloadJob], reclaimed: bool = True) -> list[PlacementTask]:
     return [task for job in jobs for task in job.tasks(reclaimed)]

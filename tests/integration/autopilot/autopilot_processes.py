@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
+from stream_writers import observer
+
 from cellpilot.platform.kafka import Record, ensure_topics
 from cellpilot.platform.kafka_consumers import MessageConsumer
 from cellpilot.platform.topics import Topic
@@ -103,7 +105,7 @@ async def new_topics(bootstrap: str, *specs: tuple[str, int]) -> list[str]:
 
 async def read_all(bootstrap: str, topic: str, idle_s: float = 3.0, timeout_s: float = 60.0) -> list[Record]:
     """Every record of a topic, read by a throw-away group until nothing new for ``idle_s``."""
-    consumer = MessageConsumer(bootstrap, [topic], group_id=f"reader-{uuid.uuid4().hex[:8]}")
+    consumer = MessageConsumer(observer(bootstrap), [topic], group_id=f"reader-{uuid.uuid4().hex[:8]}")
     await consumer.start()
     records: list[Record] = []
     deadline = time.monotonic() + timeout_s

@@ -22,14 +22,15 @@ import pytest
 from aiokafka.partitioner import DefaultPartitioner
 from autopilot_processes import ServiceProcess, new_topics, read_all, stop_all, wait_for
 from stack_security import user_channel
+from stream_writers import StreamWriter
 
 from cellpilot.api.v1 import monitoring_pb2, monitoring_pb2_grpc, resources_pb2, usage_pb2
-from cellpilot.platform.kafka import DEADLETTER_TOPIC, MessageProducer
+from cellpilot.platform.kafka import DEADLETTER_TOPIC
+from cellpilot.platform.postgres import asyncpg_dsn
 from cellpilot.stack import StackEndpoints
 from cellpilot.stack.config import free_port
 from cellpilot.usage.buckets import CPU_SCHEME, MEMORY_SCHEME
 from cellpilot.usage.histogram import SparseHistogram
-from cellpilot_services.aggregator.history_store import asyncpg_dsn
 
 W = 60_000
 T0 = 28_333_334 * W  # an event time on the window grid
@@ -139,7 +140,7 @@ async def test_windows_equal_the_samples_sent_through_late_data_duplicates_and_a
         for i in range(2)
     ]
     db = await asyncpg.connect(asyncpg_dsn(fresh_database_url))
-    producer = MessageProducer(endpoints.kafka_bootstrap)
+    producer = StreamWriter(endpoints.kafka_bootstrap)
     await producer.start()
     try:
 

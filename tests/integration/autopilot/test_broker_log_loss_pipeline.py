@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 from autopilot_processes import wait_for
 from own_broker import OwnBroker
+from stream_writers import StreamWriter
 
 from cellpilot.api.v1 import resources_pb2, state_pb2, usage_pb2
 from cellpilot.autopilot.ml_config import shipped_recommender_config
-from cellpilot.platform.kafka import MessageProducer
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.platform.topics import Topic
 from cellpilot.stack import StackEndpoints
@@ -104,7 +104,7 @@ async def test_the_aggregator_applies_a_lost_log_again_and_notices_one_without_t
         key = (samples, 0)
 
         async def publish(sequences: range) -> None:
-            producer = MessageProducer(broker.bootstrap)
+            producer = StreamWriter(broker.bootstrap)
             await producer.start()
             try:
                 for sequence in sequences:
@@ -215,7 +215,7 @@ async def test_a_recommender_worker_applies_lost_histogram_and_event_logs_again_
         )
 
         async def publish(windows: range, event_list: list[state_pb2.BorgEvent]) -> None:
-            producer = MessageProducer(broker.bootstrap)
+            producer = StreamWriter(broker.bootstrap)
             await producer.start()
             try:
                 for k in windows:

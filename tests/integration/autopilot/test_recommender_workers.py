@@ -17,15 +17,16 @@ import uuid
 import numpy as np
 import redis.asyncio as aioredis
 from autopilot_processes import ServiceProcess, new_topics, read_all, stop_all, wait_for
+from stream_writers import StreamWriter
 
 from cellpilot.api.v1 import recommendation_pb2, resources_pb2, state_pb2, usage_pb2
 from cellpilot.autopilot.job_recommendations import (
     HistogramInput,
-    JobState,
+    RecommenderState,
     apply_histograms,
 )
 from cellpilot.autopilot.ml_config import shipped_recommender_config
-from cellpilot.platform.kafka import DEADLETTER_TOPIC, MessageProducer
+from cellpilot.platform.kafka import DEADLETTER_TOPIC
 from cellpilot.platform.redis_client import reply_bytes, reply_text
 from cellpilot.stack import StackEndpoints
 from cellpilot.stack.config import free_port
@@ -69,11 +70,11 @@ def histogram(job: str, resource: Resource, k: int) -> tuple[usage_pb2.UsageHist
     return message, HistogramInput(job, resource, end, counts, float(values.mean()))
 
 
-async def saved_states(redis: aioredis.Redis, prefix: str) -> dict[str, JobState]:
-    states: dict[str, JobState] = {}
+async def saved_states(redis: aioredis.Redis, prefix: str) -> dict[str, RecommenderState]:
+    states: dict[str, RecommenderState] = {}
     for p in range(6):
         raw = await redis.hgetall(f"{prefix}:p{p}:jobs")
-        states.update({reply_text(k): JobState.from_bytes(reply_bytes(v)) for k, v in raw.items()})
+        states.update({reply_text(k): RecommenderState.from_bytes(reply_bytes(v)) for k, v in raw.items()})
     return states
 
 
@@ -107,10 +108,10 @@ async def test_workers_resume_after_a_kill_without_gap_or_double_apply_and_react
         for i in range(3)
     ]
     redis = aioredis.Redis.from_url(endpoints.redis_url)
-    producer = MessageProducer(endpoints.kafka_bootstrap)
+    producer = StreamWriter(endpoints.kafka_bootstrap)
     await producer.start()
-    reference: dict[str, JobState] = {}
-    expected_sets: dict[tuple[str, int], JobState] = {}
+    reference: dict[str, RecommenderState] = {}
+    expected_sets: dict[tuple[str, int], RecommenderState] = {}
     state_prefix = f"{prefix}:{group}"
     try:
 

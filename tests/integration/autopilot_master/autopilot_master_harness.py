@@ -25,7 +25,9 @@ from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
+from cell_scheduler import scheduler
 from stack_security import ADMIN_USER, client_options
+from stream_writers import StreamWriter, observer
 
 from cellpilot.api.v1 import (
     actuation_pb2,
@@ -36,7 +38,7 @@ from cellpilot.api.v1 import (
     state_pb2,
 )
 from cellpilot.client.async_client import CellpilotClient
-from cellpilot.platform.kafka import MessageProducer, Record, ensure_topics
+from cellpilot.platform.kafka import Record, ensure_topics
 from cellpilot.platform.kafka_consumers import MessageConsumer
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.platform.topics import Topic
@@ -152,7 +154,8 @@ async def borgmaster(database_url: str, scenario: Scenario, port: int = 0) -> As
     await master.start()
     try:
         await eventually(lambda: _true(master.replica.is_leader), 15, "the Borgmaster elected")
-        yield master
+        async with scheduler([master.address], settings):
+            yield master
     finally:
         await master.stop()
 
@@ -285,10 +288,10 @@ def horizontal_set(job_id: str, end_ms: int, usage_millicores: float) -> recomme
 class Publisher:
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
-        self.producer = MessageProducer(scenario.endpoints.kafka_bootstrap)
+        # Each topic as the service the producer table allows on it.
+        self.producer = StreamWriter(scenario.endpoints.kafka_bootstrap)
 
     async def __aenter__(self) -> Publisher:
-        await self.producer.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -305,7 +308,9 @@ class TopicReader:
     """Reads a topic in the background (a throw-away group), decoding every record."""
 
     def __init__(self, bootstrap: str, topic: str, message_type: type[Any]) -> None:
-        self.consumer = MessageConsumer(bootstrap, [topic], group_id=f"reader-{uuid.uuid4().hex[:8]}")
+        self.consumer = MessageConsumer(
+            observer(bootstrap), [topic], group_id=f"reader-{uuid.uuid4().hex[:8]}"
+        )
         self.message_type = message_type
         self.messages: list[Any] = []
         self.records: list[Record] = []  # the raw records, for partition and offset order

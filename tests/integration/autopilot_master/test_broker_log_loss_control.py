@@ -37,10 +37,11 @@ from autopilot_master_harness import (
     window,
 )
 from autopilot_processes import read_all
+from cell_scheduler import scheduler
 from own_broker import OwnBroker
+from stream_writers import StreamWriter
 
 from cellpilot.api.v1 import actuation_pb2, job_pb2, state_pb2
-from cellpilot.platform.kafka import MessageProducer
 from cellpilot.platform.redis_client import connect_redis
 from cellpilot.platform.settings import PlatformSettings
 from cellpilot.platform.topics import Topic
@@ -84,7 +85,8 @@ async def cell(
         await master.start()
         try:
             await eventually(lambda: _async(master.replica.is_leader), 15, "the Borgmaster elected")
-            yield scenario, broker, master
+            async with scheduler([master.address], master.settings):
+                yield scenario, broker, master
         finally:
             await master.stop()
 
@@ -223,7 +225,7 @@ async def test_the_event_publisher_publishes_again_what_a_lost_log_held(
 
         # Lost while the Borgmaster is away, and another log grew past what it had published.
         await broker.restart()
-        producer = MessageProducer(broker.bootstrap)
+        producer = StreamWriter(broker.bootstrap)
         await producer.start()
         for i in range(len(first) + 5):  # another cell's events, say
             await producer.send(

@@ -33,6 +33,7 @@ from autopilot_master_harness import (
     grant,
     job_status,
 )
+from cell_scheduler import scheduler
 
 from cellpilot.api.v1 import job_pb2, resources_pb2, state_pb2
 from cellpilot.platform.kafka import ensure_topics
@@ -84,6 +85,7 @@ async def shared_load_cell(scenario: Scenario, database_url: str) -> AsyncIterat
         await master.start()
         stack.push_async_callback(master.stop)
         await eventually(lambda: _true(master.replica.is_leader), 15, "the Borgmaster elected")
+        await stack.enter_async_context(scheduler([master.address], master.settings))
         fleet = Borglet(
             BorgletSettings(
                 platform=scenario.platform(),

@@ -45,12 +45,12 @@ from autopilot_master_harness import (
 from autopilot_processes import ServiceProcess, new_topics
 
 from cellpilot.api.v1 import actuation_pb2, job_pb2, recommendation_pb2, resources_pb2, usage_pb2
-from cellpilot.autopilot.job_recommendations import JobState
+from cellpilot.autopilot.job_recommendations import RecommenderState
 from cellpilot.platform.leadership import Leadership
+from cellpilot.platform.postgres import asyncpg_dsn
 from cellpilot.platform.redis_client import reply_bytes, reply_text
 from cellpilot.stack import StackEndpoints
 from cellpilot.usage.buckets import CPU_SCHEME, MEMORY_SCHEME
-from cellpilot_services.aggregator.history_store import asyncpg_dsn
 
 ON = job_pb2.SCALING_MODE_ON
 APPLIED = actuation_pb2.ACTUATION_OUTCOME_APPLIED
@@ -449,9 +449,9 @@ async def _newer(leader: Any, token: int) -> Leadership | None:
     return current if current is not None and current.token > token else None
 
 
-async def _saved_states(redis: aioredis.Redis, prefix: str) -> dict[str, JobState]:
-    states: dict[str, JobState] = {}
+async def _saved_states(redis: aioredis.Redis, prefix: str) -> dict[str, RecommenderState]:
+    states: dict[str, RecommenderState] = {}
     for p in range(HISTOGRAM_PARTITIONS):
         raw = await redis.hgetall(f"{prefix}:p{p}:jobs")
-        states.update({reply_text(k): JobState.from_bytes(reply_bytes(v)) for k, v in raw.items()})
+        states.update({reply_text(k): RecommenderState.from_bytes(reply_bytes(v)) for k, v in raw.items()})
     return states

@@ -9,6 +9,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from stream_writers import observer
+
 from cellpilot.api.v1 import borglet_pb2, borglet_pb2_grpc, job_pb2, resources_pb2, usage_pb2
 from cellpilot.platform.kafka import Record
 from cellpilot.platform.kafka_consumers import MessageConsumer
@@ -143,7 +145,9 @@ async def collect_samples(
     bootstrap: str, machine_ids: set[str], enough: int, timeout_s: float = 40.0
 ) -> list[tuple[Record, usage_pb2.UsageSampleBatch]]:
     """Records of ``usage.samples`` keyed by one of ``machine_ids``, until ``enough`` samples."""
-    consumer = MessageConsumer(bootstrap, ["usage.samples"], group_id=f"test-{uuid.uuid4().hex[:8]}")
+    consumer = MessageConsumer(
+        observer(bootstrap), ["usage.samples"], group_id=f"test-{uuid.uuid4().hex[:8]}"
+    )
     await consumer.start()
     got: list[tuple[Record, usage_pb2.UsageSampleBatch]] = []
 

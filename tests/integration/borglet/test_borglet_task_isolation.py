@@ -39,7 +39,7 @@ from borglet_builders import (
 
 from cellpilot.api.v1 import borglet_pb2, job_pb2, resources_pb2, state_pb2
 from cellpilot.borg.cgroup_v2 import parse_cpu_stat
-from cellpilot.borglet.task_record import TaskRecord
+from cellpilot.borglet.hosted_task import HostedTask
 from cellpilot.stack import StackEndpoints
 from cellpilot_services.borglet import convert
 from cellpilot_services.borglet.borglet_service import LIMIT_ENFORCEMENT_ATTRIBUTE, Borglet
@@ -66,7 +66,7 @@ def _environ(pid: int) -> dict[str, str]:
 
 async def _started(
     borglet: Borglet, stub: object, task: borglet_pb2.TaskAssignment, marker: str
-) -> TaskRecord:
+) -> HostedTask:
     """Start ``task`` and wait until the launcher has become its command (``marker`` in its argv)."""
     machine = borglet.profiles[0].machine_id
     reply = await stub.StartTask(  # type: ignore[attr-defined]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+from cell_scheduler import SCHEDULER_FAST, scheduler
 from stack_security import user_channel
 
 from cellpilot.api.v1 import borgmaster_pb2, borgmaster_pb2_grpc, job_pb2, machine_pb2, resources_pb2
@@ -62,16 +63,23 @@ def settings(
 
 @asynccontextmanager
 async def replicas(
-    database_url: str, endpoints: StackEndpoints, count: int = 1, **overrides: Any
+    database_url: str, endpoints: StackEndpoints, count: int = 1, schedulers: int = 1, **overrides: Any
 ) -> AsyncIterator[list[Borgmaster]]:
+    """``count`` Borgmaster replicas and ``schedulers`` scheduler loops, in this process."""
     masters = [Borgmaster(settings(database_url, endpoints, i, **overrides)) for i in range(count)]
-    try:
-        for master in masters:
-            await master.start()
-        yield masters
-    finally:
-        for master in masters:
-            await master.stop()
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            for master in masters:
+                await master.start()
+            for i in range(schedulers):
+                await stack.enter_async_context(
+                    scheduler([m.address for m in masters], masters[0].settings, i)
+                )
+            yield masters
+        finally:
+            await stack.aclose()
+            for master in masters:
+                await master.stop()
 
 
 async def eventually(check: Callable[[], Awaitable[T | None]], within: float = 10.0, what: str = "") -> T:
@@ -166,8 +174,10 @@ async def grant(
         )
 
 
-class ReplicaProcess:
-    """``python -m cellpilot_services.borgmaster`` as a subprocess, with its log in a file."""
+class ServiceProcess:
+    """``python -m cellpilot_services.<module>`` as a subprocess, with its log in a file."""
+
+    module = "borgmaster"
 
     def __init__(
         self, database_url: str, endpoints: StackEndpoints, index: int, log_dir: Path, **env: str
@@ -175,7 +185,7 @@ class ReplicaProcess:
         self.index = index
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
-        self.log_path = log_dir / f"borgmaster-{index}.log"
+        self.log_path = log_dir / f"{self.module}-{index}.log"
         self.env = {
             **os.environ,
             "CELLPILOT_STACK_ENV": str(log_dir / "none.env"),
@@ -183,17 +193,23 @@ class ReplicaProcess:
             "CELLPILOT_KAFKA_BOOTSTRAP": endpoints.kafka_bootstrap,
             "CELLPILOT_LOG_JSON": "false",
             "CELLPILOT_REPLICA_INDEX": str(index),
-            "CELLPILOT_BORGMASTER_PORT": str(self.port),
-            "CELLPILOT_BORGMASTER_APPLY_MIGRATIONS": "false",
-            **{f"CELLPILOT_BORGMASTER_{k.upper()}": str(v) for k, v in FAST.items()},
+            **self.own_env(),
             **env,
         }
         self.process: subprocess.Popen[bytes] | None = None
 
+    def own_env(self) -> dict[str, str]:
+        return {
+            "CELLPILOT_BORGMASTER_PORT": str(self.port),
+            "CELLPILOT_BORGMASTER_METRICS_PORT": "0",
+            "CELLPILOT_BORGMASTER_APPLY_MIGRATIONS": "false",
+            **{f"CELLPILOT_BORGMASTER_{k.upper()}": str(v) for k, v in FAST.items()},
+        }
+
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "cellpilot_services.borgmaster"],
+                [sys.executable, "-m", f"cellpilot_services.{self.module}"],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -219,6 +235,36 @@ class ReplicaProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=5)
+
+
+class ReplicaProcess(ServiceProcess):
+    """A Borgmaster replica as a subprocess."""
+
+
+class SchedulerProcess(ServiceProcess):
+    """The scheduler (Borg §3.4) as a subprocess, proposing to the replicas at ``masters``."""
+
+    module = "scheduler"
+
+    def __init__(
+        self,
+        database_url: str,
+        endpoints: StackEndpoints,
+        masters: list[str],
+        log_dir: Path,
+        index: int = 0,
+        **env: str,
+    ) -> None:
+        self.masters = masters
+        super().__init__(database_url, endpoints, index, log_dir, **env)
+
+    def own_env(self) -> dict[str, str]:
+        return {
+            "CELLPILOT_SCHEDULER_PORT": str(self.port),
+            "CELLPILOT_SCHEDULER_METRICS_PORT": "0",
+            "CELLPILOT_SCHEDULER_BORGMASTER_ADDRESSES": ",".join(self.masters),
+            **{f"CELLPILOT_SCHEDULER_{k.upper()}": str(v) for k, v in SCHEDULER_FAST.items()},
+        }
 
 
 # ---------------------------------------------------------------------- Borglets and events
@@ -308,11 +354,13 @@ class EventLog:
     """Reads ``borg.events`` in the background, keeping the events of the given users' jobs."""
 
     def __init__(self, bootstrap: str, users: set[str]) -> None:
+        from stream_writers import observer
+
         from cellpilot.platform.kafka_consumers import MessageConsumer
 
         self.users = users
         self.consumer = MessageConsumer(
-            bootstrap, ["borg.events"], group_id=f"bm-test-{uuid.uuid4().hex[:8]}"
+            observer(bootstrap), ["borg.events"], group_id=f"bm-test-{uuid.uuid4().hex[:8]}"
         )
         self.events: list[Any] = []
         self._task: asyncio.Task[None] | None = None

@@ -11,11 +11,10 @@ from borgmaster_harness import grant, leader_of, replicas, simulated_job, stub
 
 from cellpilot.api.v1 import borgmaster_pb2
 from cellpilot.borg.decisions import SubmitJob
+from cellpilot.borg_wire import specs
+from cellpilot.checkpoint_store import PostgresCheckpointStore
 from cellpilot.platform.postgres import create_engine
 from cellpilot.stack import StackEndpoints
-from cellpilot_services.borgmaster import convert
-from cellpilot_services.borgmaster.checkpoint_codec import record_in
-from cellpilot_services.borgmaster.checkpoint_log import CheckpointLog
 from cellpilot_services.borgmaster.replica import NotLeader
 
 SUBMITS = 48
@@ -24,7 +23,7 @@ SUBMITS = 48
 async def _logged_request_ids(database_url: str) -> Counter[str]:
     engine = create_engine(database_url, pool_size=1)
     try:
-        records = [record_in(e.record) for e in await CheckpointLog(engine).read(0, limit=1_000_000)]
+        records = await PostgresCheckpointStore(engine).read(0, limit=1_000_000)
     finally:
         await engine.dispose()
     return Counter(r.request_id for r in records if r.request_id)
@@ -38,7 +37,7 @@ async def test_concurrent_submits_share_appends_and_all_survive_failover(
         channel, client = stub(old.address)
         async with channel:
             await grant(client, "alice")
-            batches_before = old.replica.group_commit.batches
+            batches_before = old.replica.group_commit.stats.batches
 
             def submit(request_id: str, name: str, user: str = "alice") -> object:
                 spec = simulated_job(name, user=user)
@@ -57,7 +56,7 @@ async def test_concurrent_submits_share_appends_and_all_survive_failover(
         accepted = answers[:SUBMITS]
         assert all(isinstance(a, borgmaster_pb2.SubmitJobResponse) for a in accepted), accepted
         assert len({a.log_sequence for a in accepted}) == SUBMITS
-        appends = old.replica.group_commit.batches - batches_before
+        appends = old.replica.group_commit.stats.batches - batches_before
         assert appends < SUBMITS, f"{SUBMITS} concurrent submits took {appends} appends"
 
         twice = answers[SUBMITS : SUBMITS + 2]
@@ -101,9 +100,9 @@ async def test_a_fenced_batch_acknowledges_none_of_its_writes(
         old._election.cancel()  # the old master stalls: it stops renewing but still thinks it leads
         await leader_of([new], within=10)
         assert old.replica.is_leader, "nobody told the stalled master"
-        batches_before = old.replica.group_commit.batches
+        batches_before = old.replica.group_commit.stats.batches
         commands = [
-            SubmitJob(f"late-{i}", convert.job_spec_in(simulated_job(f"late{i}"))) for i in range(concurrent)
+            SubmitJob(f"late-{i}", specs.job_spec_in(simulated_job(f"late{i}"))) for i in range(concurrent)
         ]
         # All queued before the flusher first runs: one batch, refused as a whole.
         answers = await asyncio.gather(
@@ -112,7 +111,7 @@ async def test_a_fenced_batch_acknowledges_none_of_its_writes(
         assert all(isinstance(a, NotLeader) for a in answers), answers
         # Every one was refused by the fenced append itself (not by a later "not the master").
         assert all("current epoch" in str(a) for a in answers), answers
-        assert old.replica.group_commit.batches == batches_before
+        assert old.replica.group_commit.stats.batches == batches_before
         assert not old.replica.is_leader, "the refused append made it step down"
         assert not any(job.startswith("alice/late") for job in old.replica.state.jobs)
 

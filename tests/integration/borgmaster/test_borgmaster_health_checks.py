@@ -60,7 +60,7 @@ async def test_a_task_is_ready_after_its_first_passing_check_and_one_failing_its
                 web = _process_job("web", user, sys.executable, ["-c", SERVE], http_check)
                 await client.SubmitJob(borgmaster_pb2.SubmitJobRequest(spec=web))
                 failing_check = job_pb2.HealthCheck(
-                    command=["false"], interval_ms=200, timeout_ms=150, failure_threshold=2
+                    command=["false"], interval_ms=1000, timeout_ms=1000, failure_threshold=2
                 )
                 stuck = _process_job("stuck", user, "sleep", ["600"], failing_check)
                 await client.SubmitJob(borgmaster_pb2.SubmitJobRequest(spec=stuck))

@@ -20,10 +20,9 @@ from borgmaster_harness import GIB, eventually, grant, leader_of, machine, repli
 from cellpilot.api.v1 import borgmaster_pb2, lifetimes_pb2, machine_pb2, state_pb2
 from cellpilot.borg.lifecycle import TaskEvent
 from cellpilot.borg.mutations import LogRecord, TaskStateChanged
+from cellpilot.checkpoint_store import PostgresCheckpointStore
 from cellpilot.platform.postgres import create_engine
 from cellpilot.stack import StackEndpoints
-from cellpilot_services.borgmaster.checkpoint_codec import record_in
-from cellpilot_services.borgmaster.checkpoint_log import CheckpointLog
 
 RUNNING = state_pb2.TASK_STATE_RUNNING
 NO_POLLS = {"poll_interval_s": 600}  # no Borglet: registered machines stay up, tasks stay put
@@ -34,7 +33,7 @@ TASKS = 8
 async def _log(database_url: str) -> list[LogRecord]:
     engine = create_engine(database_url, pool_size=1)
     try:
-        return [record_in(e.record) for e in await CheckpointLog(engine).read(0, limit=1_000_000)]
+        return await PostgresCheckpointStore(engine).read(0, limit=1_000_000)
     finally:
         await engine.dispose()
 

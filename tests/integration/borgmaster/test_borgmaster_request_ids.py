@@ -76,7 +76,7 @@ async def test_a_reused_request_id_is_refused_on_every_master_and_a_retry_still_
         await later.start()
         try:
             await leader_of([later], within=10)
-            assert later.replica.loaded_snapshot_seq > 0
+            assert later.replica.core.loaded_snapshot_seq > 0
             channel, client = stub(later.address)
             async with channel:
                 await _check(client, first)

@@ -17,10 +17,9 @@ from google.protobuf.field_mask_pb2 import FieldMask
 from cellpilot.api.v1 import borgmaster_pb2, machine_pb2, state_pb2
 from cellpilot.borg.lifecycle import TaskEvent
 from cellpilot.borg.mutations import LogRecord, TaskStateChanged
+from cellpilot.checkpoint_store import PostgresCheckpointStore
 from cellpilot.platform.postgres import create_engine
 from cellpilot.stack import StackEndpoints
-from cellpilot_services.borgmaster.checkpoint_codec import record_in
-from cellpilot_services.borgmaster.checkpoint_log import CheckpointLog
 
 PROD, BATCH = 9, 2
 RUNNING = state_pb2.TASK_STATE_RUNNING
@@ -30,7 +29,7 @@ NO_POLLS = {"poll_interval_s": 600}  # no Borglet: registered machines stay up, 
 async def _log(database_url: str) -> list[LogRecord]:
     engine = create_engine(database_url, pool_size=1)
     try:
-        return [record_in(e.record) for e in await CheckpointLog(engine).read(0, limit=1_000_000)]
+        return await PostgresCheckpointStore(engine).read(0, limit=1_000_000)
     finally:
         await engine.dispose()
 

@@ -7,27 +7,25 @@ from borgmaster_harness import eventually, grant, leader_of, replicas, settings,
 
 from cellpilot.api.v1 import borgmaster_pb2
 from cellpilot.borg.cell_state import CellState
-from cellpilot.platform.postgres import create_engine
+from cellpilot.borg_wire.checkpoint import snapshot_out
+from cellpilot.checkpoint_store import PostgresCheckpointStore, StoredSnapshot
 from cellpilot.stack import StackEndpoints
 from cellpilot_services.borgmaster.borgmaster_service import Borgmaster
-from cellpilot_services.borgmaster.checkpoint_codec import record_in, snapshot_in, snapshot_out
-from cellpilot_services.borgmaster.checkpoint_log import CheckpointLog
 
 EVERY_RECORDS = 10
 INTERVAL_S = 1.5
 
 
-async def _replayed_to(log: CheckpointLog, seq: int) -> CellState:
+async def _replayed_to(log: PostgresCheckpointStore, seq: int) -> CellState:
     state = CellState()
-    state.apply_all(record_in(e.record) for e in await log.read(0, up_to_seq=seq, limit=1_000_000))
+    state.apply_all(await log.read(0, up_to_seq=seq, limit=1_000_000))
     return state
 
 
 async def test_snapshots_are_taken_by_record_count_and_interval_and_a_new_replica_loads_one(
     fresh_database_url: str, endpoints: StackEndpoints
 ) -> None:
-    engine = create_engine(fresh_database_url, pool_size=1)
-    log = CheckpointLog(engine)
+    log = PostgresCheckpointStore.connect(fresh_database_url, pool_size=1)
     overrides = {
         "snapshot_every_records": EVERY_RECORDS,
         "snapshot_interval_s": INTERVAL_S,
@@ -44,14 +42,15 @@ async def test_snapshots_are_taken_by_record_count_and_interval_and_a_new_replic
                         borgmaster_pb2.SubmitJobRequest(request_id=f"s{i}", spec=simulated_job(f"j{i}"))
                     )
 
-                async def by_count() -> tuple[int, bytes] | None:
+                async def by_count() -> StoredSnapshot | None:
                     return await log.latest_snapshot()
 
-                first_seq, first = await eventually(by_count, 5, f"a snapshot after {EVERY_RECORDS} records")
+                first = await eventually(by_count, 5, f"a snapshot after {EVERY_RECORDS} records")
+                first_seq = first.sequence
                 assert first_seq >= EVERY_RECORDS
                 epoch = master.replica.epoch
                 expected = await _replayed_to(log, first_seq)
-                assert snapshot_out(snapshot_in(first), epoch) == snapshot_out(expected, epoch), (
+                assert snapshot_out(first.state, epoch) == snapshot_out(expected, epoch), (
                     "the snapshot is the log replayed to its position"
                 )
 
@@ -63,19 +62,19 @@ async def test_snapshots_are_taken_by_record_count_and_interval_and_a_new_replic
                 head = master.replica.state.last_sequence
                 assert head - first_seq < EVERY_RECORDS
 
-                async def by_interval() -> tuple[int, bytes] | None:
+                async def by_interval() -> StoredSnapshot | None:
                     latest = await log.latest_snapshot()
-                    return latest if latest is not None and latest[0] == head else None
+                    return latest if latest is not None and latest.sequence == head else None
 
                 await eventually(by_interval, INTERVAL_S + 3, "a snapshot after the interval")
 
                 later = Borgmaster(settings(fresh_database_url, endpoints, 1, **overrides))
                 await later.start()
                 try:
-                    assert later.replica.loaded_snapshot_seq == head, "recovery starts at the snapshot"
+                    assert later.replica.core.loaded_snapshot_seq == head, "recovery starts at the snapshot"
                     assert later.replica.state.last_sequence == head
                     assert sorted(later.replica.state.jobs) == sorted(master.replica.state.jobs)
                 finally:
                     await later.stop()
     finally:
-        await engine.dispose()
+        await log.close()

@@ -16,14 +16,13 @@ from store_outages import fresh_database, start_stores, stop_store, use_stack_ce
 
 from cellpilot.api.v1 import borgmaster_pb2
 from cellpilot.borg.mutations import JobSubmitted
+from cellpilot.checkpoint_store import PostgresCheckpointStore
 from cellpilot.client import CellpilotClient, RetryPolicy
 from cellpilot.platform.error_reasons import STORE_UNAVAILABLE, reason_of
 from cellpilot.platform.postgres import create_engine
 from cellpilot.platform.store_accounts import service_postgres_url
 from cellpilot.security.store_secrets import FAUXMASTER_ACCOUNT
 from cellpilot.stack import Stack
-from cellpilot_services.borgmaster.checkpoint_codec import record_in
-from cellpilot_services.borgmaster.checkpoint_log import CheckpointLog
 
 OUTAGE_S = 4.0
 
@@ -32,7 +31,7 @@ async def _read_log(database_url: str, stack: Stack) -> list:  # type: ignore[ty
     """The checkpoint log, read as `cellpilot borgmaster replay` reads it (the read-only role)."""
     engine = create_engine(service_postgres_url(database_url, FAUXMASTER_ACCOUNT, stack.config.certs_dir))
     try:
-        return [record_in(e.record) for e in await CheckpointLog(engine).read(0, limit=1_000_000)]
+        return await PostgresCheckpointStore(engine).read(0, limit=1_000_000)
     finally:
         await engine.dispose()
 

@@ -20,11 +20,10 @@ from cellpilot.api.v1 import borgmaster_pb2, job_pb2, state_pb2
 from cellpilot.borg.cell_state import CellState
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
 from cellpilot.borg.mutations import LogRecord, TaskStateChanged
+from cellpilot.checkpoint_store import PostgresCheckpointStore
 from cellpilot.platform.error_reasons import FENCED, reason_of
 from cellpilot.platform.postgres import create_engine
 from cellpilot.stack import StackEndpoints
-from cellpilot_services.borgmaster.checkpoint_codec import record_in
-from cellpilot_services.borgmaster.checkpoint_log import CheckpointLog
 
 RUNNING = state_pb2.TASK_STATE_RUNNING
 # No Borglet answers in these tests: polls are far apart, so registered machines stay up and
@@ -35,7 +34,7 @@ NO_POLLS = {"poll_interval_s": 600}
 async def _log(database_url: str) -> list[LogRecord]:
     engine = create_engine(database_url, pool_size=1)
     try:
-        return [record_in(e.record) for e in await CheckpointLog(engine).read(0, limit=1_000_000)]
+        return await PostgresCheckpointStore(engine).read(0, limit=1_000_000)
     finally:
         await engine.dispose()
 

@@ -74,7 +74,8 @@ def running_cell(
     borglet_env: dict[str, str] | None = None,
     borgmaster_env: dict[str, str] | None = None,
 ) -> Iterator[str]:
-    """A Borgmaster replica and a fleet of ``machines`` (4 cores, 8 GiB each); yields its address."""
+    """A Borgmaster replica, its scheduler (Borg §3.4) and a fleet of ``machines`` (4 cores, 8 GiB
+    each); yields the Borgmaster's address."""
     port = free_port()
     address = f"127.0.0.1:{port}"
     borgmaster = Process(
@@ -82,10 +83,26 @@ def running_cell(
         {
             "CELLPILOT_POSTGRES_URL": database_url,
             "CELLPILOT_BORGMASTER_PORT": str(port),
+            "CELLPILOT_BORGMASTER_METRICS_PORT": "0",
             "CELLPILOT_BORGMASTER_APPLY_MIGRATIONS": "false",
             "CELLPILOT_BORGMASTER_PUBLISH_EVENTS": "false",
             **{f"CELLPILOT_BORGMASTER_{k}": v for k, v in BORGMASTER_FAST.items()},
             **(borgmaster_env or {}),
+        },
+        log_dir,
+        endpoints,
+    )
+    scheduler = Process(
+        "scheduler",
+        {
+            "CELLPILOT_POSTGRES_URL": database_url,
+            "CELLPILOT_SCHEDULER_PORT": "0",
+            "CELLPILOT_SCHEDULER_METRICS_PORT": "0",
+            "CELLPILOT_SCHEDULER_BORGMASTER_ADDRESSES": address,
+            "CELLPILOT_SCHEDULER_TAIL_INTERVAL_S": "0.05",
+            "CELLPILOT_SCHEDULER_SOFT_STATE_INTERVAL_S": "0.3",
+            "CELLPILOT_SCHEDULER_FORCE_PASS_INTERVAL_S": "0.5",
+            **(borgmaster_env or {}),  # the cell's scheduling policy is the Borgmaster's settings
         },
         log_dir,
         endpoints,
@@ -109,6 +126,7 @@ def running_cell(
         yield address
     finally:
         fleet.stop()
+        scheduler.stop()
         borgmaster.stop()
 
 

@@ -17,10 +17,12 @@ from typing import Any
 
 import pytest
 from cell_processes import grant_quota, running_cell, wait_for_machines
-from stack_security import user_token
+from stack_security import client_options, user_token
 from typer.testing import CliRunner
 
 from cellpilot.cli.main import app
+from cellpilot.client import SyncCellpilotClient
+from cellpilot.demo import grant_demo_quotas
 from cellpilot.stack import StackEndpoints
 from cellpilot.stack.config import free_port
 
@@ -255,7 +257,18 @@ def test_commands_need_a_token_and_act_only_as_its_user(cell: str, tmp_path: Pat
     assert cli("job", "kill", f"{USER}/guarded", "--borgmaster", cell).exit_code == 0
 
 
-def test_cell_status_reports_the_fit_test_and_the_observed_cpu_overflow(cell: str) -> None:
+def test_cell_status_reports_the_fit_test_the_observed_cpu_overflow_and_the_schedulers_proposals(
+    cell: str, tmp_path: Path
+) -> None:
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(WEB.replace("name: web", "name: tiny").replace("task_count: 2", "task_count: 1"))
+    assert cli("job", "submit", str(spec), "--borgmaster", cell).exit_code == 0
+
+    def placed() -> Any:
+        tasks = cli_json("job", "show", f"{USER}/tiny", "--borgmaster", cell).get("tasks", [])
+        return tasks and tasks[0].get("state") == "TASK_STATE_RUNNING"
+
+    assert eventually(placed), "the scheduler never placed the task"
     status = cli_json("cell", "status", "--borgmaster", cell)
     assert status.get("is_leader") is True, "asked of the master, where the poll samples are"
     assert status.get("gpa_rho", 0) == 0
@@ -263,6 +276,10 @@ def test_cell_status_reports_the_fit_test_and_the_observed_cpu_overflow(cell: st
     assert human.exit_code == 0, human.output
     assert "non-prod CPU fit by CPU limits (GPA off)" in human.output
     assert "CPU overflow (machine demand > capacity)" in human.output
+    assert cli("job", "kill", f"{USER}/tiny", "--borgmaster", cell).exit_code == 0
+    # The task was placed by the scheduler process and accepted by the master (Borg §3.4).
+    assert int(status.get("placements_accepted", 0)) > 0, status
+    assert re.search(r"\d+ placements accepted, \d+ refused as stale", " ".join(human.output.split()))
 
 
 def test_train_lifetimes_says_how_much_history_the_cell_has(cell: str) -> None:
@@ -312,3 +329,25 @@ def test_an_admin_sets_a_quota_resource_by_resource_and_a_user_cannot(cell: str)
     bad_memory = cli("cell", "set-quota", "carol", "--memory", "lots", "--borgmaster", cell, token=admin)
     assert bad_memory.exit_code == 2
     assert "--memory" in bad_memory.output
+
+
+def test_the_readmes_first_command_works_on_the_demo_cells_quotas(cell: str) -> None:
+    """``cellpilot job submit examples/web.yaml`` as its user, alice, on a cell with the quotas
+    ``make run``'s demo grants; then ``job list`` in a pipe (80 columns) shows the whole job id."""
+    with SyncCellpilotClient([cell], **client_options()) as admin:
+        grant_demo_quotas(admin)
+    alice = user_token("alice")
+    example = Path(__file__).resolve().parents[3] / "examples" / "web.yaml"
+    submitted = cli("job", "submit", str(example), "--borgmaster", cell, token=alice)
+    assert submitted.exit_code == 0, submitted.output
+    assert "submitted alice/web" in submitted.output
+    try:
+        listed = cli("job", "list", "--user", "alice", "--borgmaster", cell, token=alice)
+        assert listed.exit_code == 0, listed.output
+        assert "alice/web" in listed.output
+        assert all(len(line) <= 80 for line in listed.output.splitlines()), listed.output
+        wide = cli("job", "list", "--user", "alice", "-o", "wide", "--borgmaster", cell, token=alice)
+        assert "autopilot" in wide.output
+        assert "-o wide adds" not in wide.output
+    finally:
+        assert cli("job", "kill", "alice/web", "--borgmaster", cell, token=alice).exit_code == 0

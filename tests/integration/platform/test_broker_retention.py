@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from google.protobuf.wrappers_pb2 import StringValue
+from stream_writers import as_service
 
 from cellpilot.platform.kafka import MessageProducer, ensure_topics
 from cellpilot.platform.topics import Topic
@@ -42,7 +43,7 @@ async def test_a_rotated_topic_is_empty_keeps_its_configs_and_takes_records(
     bootstrap = endpoints.kafka_bootstrap
     topic = Topic(f"test.rotated.{uuid.uuid4().hex[:8]}", 2, "key", "test", retention_ms=600_000)
     await ensure_topics(bootstrap, [topic])
-    producer = MessageProducer(bootstrap)
+    producer = MessageProducer(as_service(bootstrap))
     await producer.start()
     try:
         for i in range(6):
@@ -82,7 +83,7 @@ async def test_a_rotation_waits_for_a_group_and_counts_what_it_had_not_applied(
     group = f"test-group-{uuid.uuid4().hex[:8]}"
     topic = Topic(f"test.drained.{uuid.uuid4().hex[:8]}", 1, "key", "test", 600_000, (group,))
     await ensure_topics(bootstrap, [topic])
-    producer = MessageProducer(bootstrap)
+    producer = MessageProducer(as_service(bootstrap))
     await producer.start()
     consumer = await _group_member(bootstrap, topic, group)
     try:
@@ -107,7 +108,7 @@ async def test_a_group_that_applied_the_whole_log_lets_the_rotation_go(endpoints
     group = f"test-group-{uuid.uuid4().hex[:8]}"
     topic = Topic(f"test.caught.{uuid.uuid4().hex[:8]}", 1, "key", "test", 600_000, (group,))
     await ensure_topics(bootstrap, [topic])
-    producer = MessageProducer(bootstrap)
+    producer = MessageProducer(as_service(bootstrap))
     await producer.start()
     consumer = await _group_member(bootstrap, topic, group)
     try:

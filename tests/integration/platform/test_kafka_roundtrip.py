@@ -12,13 +12,13 @@ import asyncio
 import uuid
 from collections import Counter
 
-from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from google.protobuf.wrappers_pb2 import StringValue
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from stream_writers import as_service, observer
 
 from cellpilot.platform.kafka import AppliedOffsets, LogPositions, MessageProducer, Record, ensure_topics
 from cellpilot.platform.kafka_consumers import AssignedConsumer, MessageConsumer
@@ -33,7 +33,7 @@ async def _new_topic(bootstrap: str, partitions: int) -> str:
 
 
 async def _publish(bootstrap: str, topic: str, values: list[str]) -> None:
-    producer = MessageProducer(bootstrap)
+    producer = MessageProducer(as_service(bootstrap))
     await producer.start()
     try:
         for value in values:
@@ -80,7 +80,9 @@ async def test_trace_context_travels_in_the_headers(endpoints: StackEndpoints) -
     trace.set_tracer_provider(provider)
     with tracer.start_as_current_span("sample taken") as parent:
         await _publish(endpoints.kafka_bootstrap, topic, ["traced"])
-    consumer = MessageConsumer(endpoints.kafka_bootstrap, [topic], group_id=f"g-{uuid.uuid4().hex[:6]}")
+    consumer = MessageConsumer(
+        observer(endpoints.kafka_bootstrap), [topic], group_id=f"g-{uuid.uuid4().hex[:6]}"
+    )
     await consumer.start()
     try:
         (record,) = await _collect(consumer, 1)
@@ -102,7 +104,9 @@ async def test_a_group_of_two_shares_partitions_and_sees_every_message_once(
     partitions = 4
     topic = await _new_topic(endpoints.kafka_bootstrap, partitions)
     group = f"g-{uuid.uuid4().hex[:6]}"
-    consumers = [MessageConsumer(endpoints.kafka_bootstrap, [topic], group_id=group) for _ in range(2)]
+    consumers = [
+        MessageConsumer(observer(endpoints.kafka_bootstrap), [topic], group_id=group) for _ in range(2)
+    ]
     for consumer in consumers:
         await consumer.start()
     try:
@@ -145,7 +149,7 @@ async def test_restart_redelivers_uncommitted_records_and_the_fence_applies_each
                 applied.append(record.decode(StringValue).value)
                 fence.mark(record)
 
-    first = MessageConsumer(endpoints.kafka_bootstrap, [topic], group_id=group)
+    first = MessageConsumer(observer(endpoints.kafka_bootstrap), [topic], group_id=group)
     await first.start()
     records = await _collect(first, 10)
     apply(records)
@@ -155,7 +159,7 @@ async def test_restart_redelivers_uncommitted_records_and_the_fence_applies_each
 
     await _publish(endpoints.kafka_bootstrap, topic, [f"b{i}" for i in range(5)])
     fence = AppliedOffsets.from_mapping(stored_fence)
-    second = MessageConsumer(endpoints.kafka_bootstrap, [topic], group_id=group)
+    second = MessageConsumer(observer(endpoints.kafka_bootstrap), [topic], group_id=group)
     await second.start()
     try:
         redelivered = await _collect(second, 10)
@@ -181,11 +185,12 @@ async def _replace_topic(bootstrap: str, topic: str, partitions: int) -> None:
 
 async def _publish_together(bootstrap: str, topic: str, values: list[str]) -> None:
     """Sent without waiting in between, so the broker stores them in multi-record batches."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
+    producer = MessageProducer(as_service(bootstrap))
     await producer.start()
     try:
         sent = [
-            await producer.send(topic, StringValue(value=v).SerializeToString(), partition=0) for v in values
+            await producer.enqueue(topic, v, StringValue(value=v).SerializeToString(), partition=0)
+            for v in values
         ]
         await asyncio.gather(*sent)
     finally:
@@ -205,7 +210,7 @@ async def test_a_position_in_the_same_log_stays_whatever_its_batches(endpoints: 
     bootstrap = endpoints.kafka_bootstrap
     topic = await _new_topic(bootstrap, 1)
     await _publish_together(bootstrap, topic, [f"a{i}" for i in range(6)])
-    consumer = AssignedConsumer(bootstrap, [topic])
+    consumer = AssignedConsumer(observer(bootstrap), [topic])
     await consumer.start()
     fence, applied = AppliedOffsets(), []
     try:
@@ -226,7 +231,7 @@ async def test_a_position_in_the_same_log_stays_whatever_its_batches(endpoints: 
 
 
 async def _read_from(bootstrap: str, topic: str, offset: int) -> list[Record]:
-    consumer = AssignedConsumer(bootstrap, [topic])
+    consumer = AssignedConsumer(observer(bootstrap), [topic])
     await consumer.start(AppliedOffsets({(topic, 0): offset}))
     try:
         async for batch in consumer.batches(timeout_ms=500):
@@ -246,7 +251,7 @@ async def test_a_replaced_log_is_applied_from_its_start_even_once_it_grew_past_t
     topic = await _new_topic(bootstrap, 1)
     await _publish(bootstrap, topic, [f"old{i}" for i in range(5)])
     fence, applied = AppliedOffsets(), []
-    first = AssignedConsumer(bootstrap, [topic])
+    first = AssignedConsumer(observer(bootstrap), [topic])
     await first.start(fence)
     try:
         _apply_all(fence, await _collect(first, 5), applied)
@@ -257,7 +262,7 @@ async def test_a_replaced_log_is_applied_from_its_start_even_once_it_grew_past_t
     await _replace_topic(bootstrap, topic, 1)
     await _publish(bootstrap, topic, [f"new{i}" for i in range(8)])
     fence = AppliedOffsets.from_mapping(stored)
-    second = AssignedConsumer(bootstrap, [topic])
+    second = AssignedConsumer(observer(bootstrap), [topic])
     await second.start(fence)  # checks the stored position before reading
     try:
         records = await _collect(second, 8)
@@ -275,15 +280,18 @@ async def test_a_running_consumer_notices_a_replaced_log_without_traffic_and_a_s
     log, and one inside a longer new log, both resume at the new log's start."""
     bootstrap = endpoints.kafka_bootstrap
     topic = await _new_topic(bootstrap, 2)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    producer = MessageProducer(as_service(bootstrap))
     await producer.start()
 
     async def send(partition: int, value: str) -> None:
-        await producer.send_and_wait(topic, StringValue(value=value).SerializeToString(), partition=partition)
+        sent = await producer.enqueue(
+            topic, value, StringValue(value=value).SerializeToString(), partition=partition
+        )
+        await sent
 
     fence, applied = AppliedOffsets(), []
     group = f"g-{uuid.uuid4().hex[:6]}"
-    consumer = MessageConsumer(bootstrap, [topic], group_id=group, log_check_interval_s=0.3)
+    consumer = MessageConsumer(observer(bootstrap), [topic], group_id=group, log_check_interval_s=0.3)
     await consumer.start()
     new_counts = {(topic, 0): 1, (topic, 1): 5}  # shorter than the position 3, and longer
     try:

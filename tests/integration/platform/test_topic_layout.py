@@ -14,6 +14,7 @@ from __future__ import annotations
 import uuid
 
 from google.protobuf.wrappers_pb2 import StringValue
+from stream_writers import as_service
 
 from cellpilot.platform.kafka import MessageProducer, ensure_topic_layout, ensure_topics, partition_counts
 from cellpilot.platform.topics import Topic
@@ -27,7 +28,7 @@ async def test_a_topic_the_broker_created_with_its_default_count_is_created_agai
     early = Topic(f"test.layout.early.{uuid.uuid4().hex[:8]}", 2, "key", "test")
     declared = Topic(f"test.layout.kept.{uuid.uuid4().hex[:8]}", 3, "key", "test")
     await ensure_topics(bootstrap, [declared])
-    producer = MessageProducer(bootstrap)
+    producer = MessageProducer(as_service(bootstrap))
     await producer.start()
     try:
         await producer.send(declared.name, "k", StringValue(value="kept"))

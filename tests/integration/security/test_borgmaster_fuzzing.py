@@ -201,13 +201,13 @@ def test_the_checkpoint_log_replays_to_what_the_master_reports(cell: Cell) -> No
         }
         if admin.GetLeader(borgmaster_pb2.GetLeaderRequest(), timeout=5).leader.log_sequence == head:
             break
-    from cellpilot_services.borgmaster import convert
+    from cellpilot.borg_wire import statuses
 
     state, _snapshot, log_head = asyncio.run(load_state(cell.database_url, head))
     assert log_head >= head
     replayed_jobs = {}
     for job_id, record in state.jobs.items():
-        status = convert.job_status_out(record)
+        status = statuses.job_status_out(record)
         replayed_jobs[job_id] = (
             status.spec_version,
             status.spec.SerializeToString(deterministic=True),
@@ -216,7 +216,7 @@ def test_the_checkpoint_log_replays_to_what_the_master_reports(cell: Cell) -> No
     assert replayed_jobs == live_jobs
     replayed_machines = {}
     for machine_id in state.machines:
-        out = convert.machine_out(state, state.machines[machine_id])
+        out = statuses.machine_out(state, state.machines[machine_id])
         replayed_machines[machine_id] = (out.state, out.spec.SerializeToString(deterministic=True))
     assert replayed_machines == live_machines
     assert set(JOBS) <= set(replayed_jobs)

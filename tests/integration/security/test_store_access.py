@@ -31,6 +31,10 @@ pytestmark = pytest.mark.timeout(60)
 
 DENIED, ALLOWED = False, True
 LOG_ROW = "INSERT INTO checkpoint_log (seq, epoch, kind, record) VALUES (1, 1, 'test', '\\x00')"
+SNAPSHOT_ROW = (
+    "INSERT INTO checkpoint_snapshot (seq, epoch, format, state)"
+    " VALUES (1, 1, 'cellpilot.api.v1.CellSnapshot', '\\x00')"
+)
 
 
 def _dsn(url: str) -> str:
@@ -75,6 +79,8 @@ async def test_postgres_refuses_connections_without_their_credential(embedded_st
 ROLE_CASES = [
     ("borgmaster", LOG_ROW, ALLOWED),
     ("borgmaster", "SELECT count(*) FROM checkpoint_snapshot", ALLOWED),
+    ("borgmaster", SNAPSHOT_ROW, ALLOWED),
+    ("borgmaster", "UPDATE checkpoint_snapshot SET format = 'rewritten'", DENIED),
     ("borgmaster", "UPDATE checkpoint_log SET kind = 'rewritten'", DENIED),
     ("borgmaster", "DELETE FROM checkpoint_log", DENIED),
     ("borgmaster", "DROP TABLE checkpoint_log", DENIED),
@@ -86,8 +92,12 @@ ROLE_CASES = [
     ("aggregator", LOG_ROW, DENIED),
     ("aggregator", "DELETE FROM usage_task_windows", DENIED),
     ("fauxmaster", "SELECT count(*) FROM checkpoint_log", ALLOWED),
+    ("fauxmaster", "SELECT seq, format, state FROM checkpoint_snapshot", ALLOWED),
     ("fauxmaster", LOG_ROW, DENIED),
     ("fauxmaster", "UPDATE leader_lease SET epoch = epoch + 1", DENIED),
+    ("scheduler", "SELECT seq, format, state FROM checkpoint_snapshot", ALLOWED),
+    ("scheduler", LOG_ROW, DENIED),
+    ("scheduler", "UPDATE leader_lease SET epoch = epoch + 1", DENIED),
 ]
 
 

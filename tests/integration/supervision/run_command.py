@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from cellpilot.stack.config import free_port, port_in_use
+from cellpilot.stack.config import BROKER_ENV, free_port, port_in_use
 from cellpilot.stack.supervision import stack_status
 from cellpilot.stack.supervision_state import UnitStatus
 
@@ -39,8 +39,11 @@ def three_free_ports() -> int:
 def run_env(base_port: int) -> dict[str, str]:
     # The suite's own stack settings (its store URLs, certificates) must not leak into this run:
     # `cellpilot run` lets its environment override the services' defaults.
+    # The broker choice stays the suite's (tests/integration/conftest.py: these tests reach the
+    # broker anonymously, so the in-memory one unless the suite says otherwise).
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CELLPILOT_")}
-    return {**clean, "CELLPILOT_BORGMASTER_BASE_PORT": str(base_port)}
+    broker = {BROKER_ENV: os.environ.get(BROKER_ENV, "memory")}
+    return {**clean, **broker, "CELLPILOT_BORGMASTER_BASE_PORT": str(base_port)}
 
 
 def cellpilot(

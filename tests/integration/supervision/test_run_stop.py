@@ -54,7 +54,11 @@ def start_and_wait_until_up(tmp_path: Path) -> RunningStack:
         state = SupervisorState.load(data_dir)
         if state is None or state.phase != "running" or len(state.units) != 6:
             return None
-        return state if all(unit.state == "running" and unit.ports for unit in state.units) else None
+        if not all(unit.state == "running" and unit.ports for unit in state.units):
+            return None
+        # A replica's /metrics port may listen before its gRPC port: wait for the gRPC ones.
+        listening = {port for unit in state.units for port in unit.ports}
+        return state if {base_port, base_port + 1, base_port + 2} <= listening else None
 
     state = wait_for(everything_listening, 120, "cellpilot run to start everything")
     assert isinstance(state, SupervisorState)

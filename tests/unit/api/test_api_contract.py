@@ -62,9 +62,13 @@ REQUIRED_RPCS: dict[str, tuple[str, ...]] = {
 }
 
 # RPCs that change nothing (reads) or converge idempotently on a versioned desired state (Poll,
-# PollMachines: many machines' Polls in one call), and a link shard's forwarded poll reports
-# (ReportMachineChanges: machine states the master applies with its own polls' code, fenced by epoch).
-NON_MUTATING = re.compile(r"^(Get|List|WhyPending$|Poll$|PollMachines$|ReportMachineChanges$)")
+# PollMachines: many machines' Polls in one call), a link shard's forwarded poll reports
+# (ReportMachineChanges: machine states the master applies with its own polls' code, fenced by epoch)
+# and a scheduler's proposals (ProposePlacements: each names the pending incarnation it places, so a
+# retry of one the master committed is refused as no longer pending, never applied twice).
+NON_MUTATING = re.compile(
+    r"^(Get|List|WhyPending$|Poll$|PollMachines$|ReportMachineChanges$|ProposePlacements$)"
+)
 
 # Field-name suffix -> the scalar types a field with that unit may have.
 UNIT_TYPES: dict[str, set[int]] = {

@@ -19,7 +19,8 @@ from cellpilot.autopilot.candidates import (
     update_candidates,
     update_usage_signal,
 )
-from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS, HorizontalStatistic, RecommenderKind
+from cellpilot.autopilot.recommender_registry import BUILTIN_RECOMMENDERS
+from cellpilot.job_vocabulary import HorizontalStatistic, RecommenderKind
 from cellpilot.recommend.ml_ensemble import EnsembleConfig, ModelGrid, initial_ensemble_state, update_ensemble
 from cellpilot.recommend.moving_window import initial_window_state, update_window
 from cellpilot.recommend.policy import evaluate_statistics

@@ -18,6 +18,7 @@ from cellpilot.autopilot.decisions import (
     reconcile,
     remember_sent,
 )
+from cellpilot.autopilot.recommender_registry import BUILTIN_RECOMMENDERS
 from cellpilot.autopilot.selection import (
     AutoMl,
     ClampReason,
@@ -29,7 +30,6 @@ from cellpilot.autopilot.selection import (
     select_recommender,
 )
 from cellpilot.job_vocabulary import (
-    BUILTIN_RECOMMENDERS,
     AppClass,
     LatencySensitivity,
     OomTolerance,

@@ -8,8 +8,8 @@ import numpy as np
 from cellpilot.autopilot.job_recommendations import (
     HistogramInput,
     HorizontalSettings,
-    JobState,
     RecommenderConfig,
+    RecommenderState,
     apply_histograms,
     apply_horizontal_settings,
 )
@@ -33,7 +33,7 @@ def _window(job: str, k: int, total_millicores: float) -> list[HistogramInput]:
 
 
 def test_r_s_is_taken_over_each_jobs_own_horizon() -> None:
-    states: dict[str, JobState] = {}
+    states: dict[str, RecommenderState] = {}
     changed = apply_horizontal_settings(
         CONFIG, states, {"short": HorizontalSettings(2 * W, HorizontalStatistic.MAX)}
     )
@@ -51,9 +51,9 @@ def test_r_s_is_taken_over_each_jobs_own_horizon() -> None:
 
 
 def test_the_settings_survive_a_checkpoint_and_setting_them_again_changes_nothing() -> None:
-    states: dict[str, JobState] = {}
+    states: dict[str, RecommenderState] = {}
     settings = {"j": HorizontalSettings(600_000, HorizontalStatistic.P95)}
     apply_horizontal_settings(CONFIG, states, settings)
-    restored = JobState.from_bytes(states["j"].to_bytes())
+    restored = RecommenderState.from_bytes(states["j"].to_bytes())
     assert restored.horizon == settings["j"]
     assert apply_horizontal_settings(CONFIG, {"j": restored}, settings) == set()

@@ -4,7 +4,7 @@ The cores set-up is what the recommenders ran before the change: the legacy core
 margin curve's breakpoints at 1 and 64 cores, the ML ensemble's additive margins in units of
 one core. The same counts (bucket k of the legacy scheme is bucket k of the millicore one) must
 give every recommender's value x 1000, the same relative margins and the same ML model; and a
-worker's state saved in cores (job state format 1) must read as the state built in millicores.
+worker's state saved in cores (recommender state format 1) must read as the state built in millicores.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from cellpilot.autopilot import array_bundle
 from cellpilot.autopilot.candidates import CandidateConfig, initial_candidate_state, update_candidates
 from cellpilot.autopilot.job_recommendations import (
     HistogramInput,
-    JobState,
     RecommenderConfig,
+    RecommenderState,
     apply_histograms,
 )
 from cellpilot.autopilot.ml_config import load_ml_config
@@ -77,8 +77,8 @@ def test_every_recommender_gives_1000_times_its_cores_value(ensemble: EnsembleCo
 def test_a_job_state_saved_in_cores_reads_as_the_state_built_in_millicores() -> None:
     millicores = RecommenderConfig()
     cores = replace(millicores, cpu=in_cores(millicores.cpu))
-    states_mc: dict[str, JobState] = {}
-    states_c: dict[str, JobState] = {}
+    states_mc: dict[str, RecommenderState] = {}
+    states_c: dict[str, RecommenderState] = {}
     memory = np.bincount(MEMORY_SCHEME.index_of([2.0**30]), minlength=MEMORY_SCHEME.size).astype(float)
     for t, counts in enumerate(job_histograms(40, 1, seed=9)):
         end = (t + 1) * WINDOW_MS
@@ -94,8 +94,8 @@ def test_a_job_state_saved_in_cores_reads_as_the_state_built_in_millicores() -> 
             )
     arrays, meta = array_bundle.unpack(states_c["j"].to_bytes())
     meta["format"] = 1  # what a worker that kept CPU in cores saved
-    migrated = JobState.from_bytes(array_bundle.pack(arrays, meta))
-    expected = JobState.from_bytes(states_mc["j"].to_bytes())
+    migrated = RecommenderState.from_bytes(array_bundle.pack(arrays, meta))
+    expected = RecommenderState.from_bytes(states_mc["j"].to_bytes())
     cpu, want = migrated.cpu, expected.cpu
     np.testing.assert_allclose(cpu.values, want.values, rtol=1e-9)
     np.testing.assert_allclose(cpu.window.avg_weighted_sum, want.window.avg_weighted_sum, rtol=1e-9)

@@ -6,7 +6,7 @@ A closed loop through the code the services run, in event time: the world model
 ready tasks, each task on a machine with spare CPU to burst into, Autopilot §2.3) gives each
 task's CPU every minute; a 5-minute window's histograms go through the recommender workers'
 core (:func:`apply_histograms`) and their wire form (the recommender's ``recommendation_set``,
-the Autopilot master's ``candidate_in``/``horizontal_input_in``) into the master's
+the Autopilot master's ``candidates_in``/``horizontal_inputs_in`` and :class:`JobInputs`) into the master's
 :func:`decide`; its limit and task count are applied at once (new tasks ready after 2 minutes).
 
 With r* a share of a per-task reference size the user fixes, the task count follows the daily
@@ -32,6 +32,7 @@ from cellpilot.autopilot.decisions import (
     VerticalConfig,
     decide,
 )
+from cellpilot.autopilot.job_inputs import JobInputs
 from cellpilot.autopilot.job_recommendations import (
     HistogramInput,
     HorizontalSettings,
@@ -45,7 +46,7 @@ from cellpilot.usage.buckets import MEMORY_SCHEME, Resource, default_scheme
 from cellpilot.world.job_demand import JobDemand
 from cellpilot.world.step import WorldTasks, step_world
 from cellpilot.world.usage_models import resolve_params
-from cellpilot_services.autopilot.convert import candidate_in, horizontal_input_in
+from cellpilot_services.autopilot.convert import candidates_in, horizontal_inputs_in
 from cellpilot_services.recommender.convert import recommendation_set
 
 JOB = "u/frontend"
@@ -131,12 +132,8 @@ def _run_week(reference_cpu_millicores: float | None, days: int = 7) -> Week:
         ]  # fmt: skip
         for job_id, window_end, state in apply_histograms(config, states, inputs).ready:
             wire = recommendation_set(job_id, state, window_end, "loop", config)
-            candidates: dict[Resource, dict] = {Resource.CPU: {}, Resource.MEMORY: {}}
-            for rec in wire.vertical:
-                candidate = candidate_in(rec)
-                if candidate is not None:
-                    candidates[candidate.resource][candidate.ref.label] = candidate
-            signal = horizontal_input_in(wire.horizontal[0]) if wire.horizontal else None
+            inputs = JobInputs.of(candidates_in(wire), horizontal_inputs_in(wire))
+            candidates, signal = inputs.candidates(), inputs.signal(view.horizontal)
             ready = int(np.sum(np.asarray(started[:n]) + STARTUP_S <= end_s))
             decision, memory = decide(
                 replace(view, initialising=n - ready), candidates, signal, memory, policy, window_end

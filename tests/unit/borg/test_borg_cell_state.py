@@ -195,6 +195,7 @@ def test_any_sequence_of_commands_replays_to_the_same_state_and_view(
             assert task.machine_id == ""
         assert (task.key in master.state.pending) == (task.state is TaskState.PENDING)
         assert job.state is not JobState.DEAD or task.state is TaskState.DEAD
+    assert master.state.schedulable_pending_count() == len(master.state.schedulable_pending())
 
 
 def _task_name(handle: int, cell: object) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from borg_builders import Master, job_spec, machine_spec, replay
 
 from cellpilot.borg.decisions import KillJob, SetMachineState, SubmitJob, UpdateJob
@@ -15,6 +17,8 @@ from cellpilot.borg.model import (
     VerticalScaling,
 )
 from cellpilot.borg.mutations import MachineStateChanged, RestartBackoff, TaskStateChanged
+from cellpilot.borg_wire import checkpoint as checkpoint_codec
+from cellpilot.borg_wire import statuses
 from cellpilot.job_vocabulary import (
     ConstraintKind,
     ConstraintOperator,
@@ -24,7 +28,6 @@ from cellpilot.job_vocabulary import (
 )
 from cellpilot.schedule import Resources
 from cellpilot.units import GIB
-from cellpilot_services.borgmaster import checkpoint_codec, convert
 
 
 def _eventful_master() -> Master:
@@ -108,7 +111,30 @@ def test_a_snapshot_decodes_to_the_same_state_and_the_log_continues_from_it() ->
 def test_events_carry_the_log_position_and_cause() -> None:
     master = _eventful_master()
     changes = master.commit([MachineStateChanged("m1", MachineAvailability.UP, "drained")])
-    (event,) = [convert.change_out(c) for c in changes]
+    (event,) = [statuses.change_out(c) for c in changes]
     assert event.WhichOneof("event") == "machine"
     assert event.machine.log_sequence == master.state.last_sequence
     assert event.machine.cause_id == "test"
+
+
+RECORDS_FIXTURE = Path(__file__).parent / "fixtures" / "checkpoint_records_v1"
+
+
+def _length_prefixed(chunks: list[bytes]) -> bytes:
+    return b"".join(len(chunk).to_bytes(4, "big") + chunk for chunk in chunks)
+
+
+def test_the_log_of_the_eventful_cell_is_byte_identical_to_the_stored_fixture() -> None:
+    """The fixture holds this cell's log as the encoder wrote it before the model renames (the
+    scheduler's PlacementJob/PlacementTask/CellMachine, the recommender's RecommenderState):
+    renaming types changes no stored byte, and the stored records still decode to the same log."""
+    master = _eventful_master()
+    encoded = [checkpoint_codec.record_out(record).SerializeToString() for record in master.log]
+    stored = RECORDS_FIXTURE.read_bytes()
+    assert _length_prefixed(encoded) == stored
+    offset, decoded = 0, []
+    while offset < len(stored):
+        size = int.from_bytes(stored[offset : offset + 4], "big")
+        decoded.append(checkpoint_codec.record_in(stored[offset + 4 : offset + 4 + size]))
+        offset += 4 + size
+    assert decoded == master.log

@@ -223,7 +223,7 @@ def test_the_levels_sit_right_above_packing() -> None:
 
 
 def test_host_states_and_the_model_round_trip_through_records_and_snapshots() -> None:
-    from cellpilot_services.borgmaster import checkpoint_codec
+    from cellpilot.borg_wire import checkpoint as checkpoint_codec
 
     tracker = LifetimeTracker()
     master = _lava_master(tracker)

@@ -17,18 +17,13 @@ from cellpilot.borg.model import HealthCheck, JobSpec, ProcessRuntime, SharedDem
 from cellpilot.borg.mutations import TaskStateChanged
 from cellpilot.borg.poll_diff import MachineReport, ReportedTask, diff_report
 from cellpilot.borg.rejection import Rejection
+from cellpilot.borg.soft_state import SoftState
 from cellpilot.borg.validation import validate_job_spec
-from cellpilot.borglet.task_record import (
-    Limits,
-    Phase,
-    ProcessPlan,
-    SimulatedPlan,
-    TaskPlan,
-    TaskRecord,
-)
+from cellpilot.borg_wire.statuses import task_status_out
+from cellpilot.borglet.hosted_task import HostedTask, Limits, ProcessPlan, SimulatedPlan, TaskPlan
+from cellpilot.borglet.task_lifecycle import Phase
 from cellpilot.job_vocabulary import PriorityBand
 from cellpilot_services.borglet import convert as borglet_convert
-from cellpilot_services.borgmaster.convert import SoftState, task_status_out
 
 P = "spec.task.runtime.process.health_check"
 D = "spec.task.runtime.simulated.demand"
@@ -196,9 +191,9 @@ def test_the_masters_task_view_is_ready_only_once_this_incarnation_reported_read
     assert view()
 
 
-def _record(runtime: ProcessPlan | SimulatedPlan, phase: Phase = Phase.RUNNING) -> TaskRecord:
+def _record(runtime: ProcessPlan | SimulatedPlan, phase: Phase = Phase.RUNNING) -> HostedTask:
     plan = TaskPlan("u/j", 0, 1, 9, 2, Limits(), True, runtime)
-    return TaskRecord("m0", plan, phase, started_ms=1_000_000)
+    return HostedTask("m0", plan, phase, started_ms=1_000_000)
 
 
 def test_the_borglet_reports_readiness_after_start_up_or_the_first_passing_check() -> None:
@@ -231,7 +226,7 @@ def test_the_borglet_serves_latency_sensitive_tasks_by_app_class_else_band(
 
 
 def test_health_checks_and_shared_demands_survive_the_masters_conversion_both_ways() -> None:
-    from cellpilot_services.borgmaster.convert import runtime_in, runtime_out
+    from cellpilot.borg_wire.specs import runtime_in, runtime_out
 
     process = job_pb2.RuntimeSpec(
         process=job_pb2.ProcessRuntime(

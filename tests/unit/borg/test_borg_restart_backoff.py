@@ -20,10 +20,10 @@ from cellpilot.borg.pending_reasons import explain
 from cellpilot.borg.poll_diff import MachineReport, ReportedEvent, ReportedTask, diff_report
 from cellpilot.borg.records import TaskRecord
 from cellpilot.borg.restart_backoff import RestartPolicy, avoided_machines, restart_backoff
+from cellpilot.borg_wire import checkpoint as checkpoint_codec
 from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.schedule import Resources
 from cellpilot.units import GIB
-from cellpilot_services.borgmaster import checkpoint_codec
 
 POLICY = RestartPolicy()
 JOB = "alice/web"

@@ -1,8 +1,8 @@
-"""Builders for the Borglet's plain data (:mod:`cellpilot.borglet.task_record`)."""
+"""Builders for the Borglet's plain data (:mod:`cellpilot.borglet.hosted_task`)."""
 
 from __future__ import annotations
 
-from cellpilot.borglet.task_record import Limits, SimulatedPlan, TaskPlan
+from cellpilot.borglet.hosted_task import Limits, SimulatedPlan, TaskPlan
 
 
 def task_plan(job: str = "u/j", index: int = 0, incarnation: int = 1, spec_version: int = 1) -> TaskPlan:

@@ -8,8 +8,9 @@ from borglet_plan_builders import task_plan
 
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
 from cellpilot.borglet.desired_set import KnownTask, diff_desired
+from cellpilot.borglet.hosted_task import HostedTask, Limits, TaskPlan
 from cellpilot.borglet.machine_agent import MachineAgent, MachineProfile
-from cellpilot.borglet.task_record import Limits, Phase, TaskPlan, TaskRecord
+from cellpilot.borglet.task_lifecycle import Phase
 
 # ----- desired set ---------------------------------------------------------------------------
 
@@ -80,7 +81,7 @@ def test_fence_refuses_older_epochs_and_remembers_newer() -> None:
 
 def test_events_are_kept_until_acknowledged_and_dead_tasks_forgotten_after() -> None:
     agent = _agent()
-    record = TaskRecord("m1", task_plan(), Phase.RUNNING, started_ms=0)
+    record = HostedTask("m1", task_plan(), Phase.RUNNING, started_ms=0)
     agent.tasks[record.plan.key] = record
     started = agent.record_event(record, TaskEvent.RUNNING, 10, "c1")
     record.phase = Phase.DEAD
@@ -104,7 +105,7 @@ def test_events_are_kept_until_acknowledged_and_dead_tasks_forgotten_after() -> 
 
 def test_unacknowledged_events_are_bounded() -> None:
     agent = _agent(max_events=3)
-    record = TaskRecord("m1", task_plan(), Phase.RUNNING, started_ms=0)
+    record = HostedTask("m1", task_plan(), Phase.RUNNING, started_ms=0)
     for t in range(5):
         agent.record_event(record, TaskEvent.RUNNING, t, "c")
     assert [e.event_time_ms for e in agent.events] == [2, 3, 4]

@@ -11,12 +11,8 @@ from borglet_plan_builders import task_plan
 
 from cellpilot.api.v1 import borglet_pb2, job_pb2, resources_pb2, state_pb2
 from cellpilot.borg.lifecycle import TaskEvent
-from cellpilot.borglet.task_record import (
-    Phase,
-    SimulatedPlan,
-    TaskRecord,
-    UnrunnablePlan,
-)
+from cellpilot.borglet.hosted_task import HostedTask, SimulatedPlan, UnrunnablePlan
+from cellpilot.borglet.task_lifecycle import Phase
 from cellpilot.platform.request_validation import InvalidField
 from cellpilot.world.step import WorldStep, WorldTasks
 from cellpilot_services.borglet import convert
@@ -133,7 +129,7 @@ def test_assignment_defaults_to_the_default_runtime_and_hard_limit() -> None:
 
 
 def test_a_dead_task_reports_its_exit_and_its_event_the_kind() -> None:
-    record = TaskRecord("m1", task_plan(), Phase.DEAD, started_ms=5, exit_kind=TaskEvent.OOM, exit_code=-9)
+    record = HostedTask("m1", task_plan(), Phase.DEAD, started_ms=5, exit_kind=TaskEvent.OOM, exit_code=-9)
     report = convert.task_report(record, now_ms=100)
     assert report.state == state_pb2.TASK_STATE_DEAD
     assert report.exit_reason == state_pb2.TASK_EVENT_KIND_OOM

@@ -7,7 +7,8 @@ import numpy as np
 
 from cellpilot.api.v1 import job_pb2, state_pb2
 from cellpilot.borglet.fleet_ticks import JobRouting, MachineShape, build_table
-from cellpilot.borglet.task_record import Limits, Phase, SimulatedPlan, TaskPlan, TaskRecord
+from cellpilot.borglet.hosted_task import HostedTask, Limits, SimulatedPlan, TaskPlan
+from cellpilot.borglet.task_lifecycle import Phase
 from cellpilot.world.job_demand import JobDemand
 from cellpilot_services.borglet.load_balancer_view import routing_of
 
@@ -15,10 +16,10 @@ DEMAND = JobDemand.build("steady", {"cpu_millicores": 3000.0}, imbalance=0.4, se
 SHAPE = MachineShape(np.full(2, 8000.0), np.full(2, 1e12), 0.95)
 
 
-def _record(index: int, demand: JobDemand | None = DEMAND, startup: int = 30) -> TaskRecord:
+def _record(index: int, demand: JobDemand | None = DEMAND, startup: int = 30) -> HostedTask:
     runtime = SimulatedPlan("steady", (), seed=2, startup_seconds=startup, demand=demand)
     plan = TaskPlan("u/front", index, 1, 9, 2, Limits(1000, 1 << 30), True, runtime)
-    return TaskRecord("m0", plan, Phase.RUNNING, started_ms=1_000_000 + index * 1000)
+    return HostedTask("m0", plan, Phase.RUNNING, started_ms=1_000_000 + index * 1000)
 
 
 def test_the_view_routes_to_running_ready_tasks_within_the_task_count() -> None:

@@ -8,8 +8,9 @@ import numpy as np
 from borglet_plan_builders import task_plan
 
 from cellpilot.borg.lifecycle import TaskEvent
+from cellpilot.borglet.hosted_task import HostedTask, SimulatedPlan
 from cellpilot.borglet.step_outcomes import KILL_EXIT_CODE, latest_usage, task_endings
-from cellpilot.borglet.task_record import Phase, SimulatedPlan, TaskRecord
+from cellpilot.borglet.task_lifecycle import Phase
 from cellpilot.world.enforcement import KillReason
 from cellpilot.world.step import WorldKill, WorldStep
 
@@ -36,13 +37,13 @@ def _step(mask_rows: list[list[bool]], **changes: object) -> WorldStep:
     return dataclasses.replace(step, **changes)  # type: ignore[arg-type]
 
 
-def _records(count: int, duration: int = 0) -> list[TaskRecord]:
+def _records(count: int, duration: int = 0) -> list[HostedTask]:
     plan = task_plan()
     records = []
     for index in range(count):
         runtime = SimulatedPlan("steady", (), duration_seconds=duration)
         indexed = dataclasses.replace(plan, task_index=index, runtime=runtime)
-        records.append(TaskRecord("m1", indexed, Phase.RUNNING, 0))
+        records.append(HostedTask("m1", indexed, Phase.RUNNING, 0))
     return records
 
 

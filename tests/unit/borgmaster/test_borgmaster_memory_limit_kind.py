@@ -10,11 +10,11 @@ from cellpilot.api.v1 import job_pb2
 from cellpilot.borg.lifecycle import JobState
 from cellpilot.borg.model import AutopilotConfig, JobSpec, TaskSpec, VerticalScaling
 from cellpilot.borg.records import JobRecord, TaskRecord
+from cellpilot.borg_wire.borglet_polls import desired_out
+from cellpilot.borg_wire.specs import job_spec_out
 from cellpilot.job_vocabulary import MemoryLimitKind, ScalingMode
 from cellpilot.schedule import Resources
 from cellpilot.units import GIB
-from cellpilot_services.borgmaster.convert import job_spec_out
-from cellpilot_services.borgmaster.poll_convert import desired_out
 
 
 def job_spec(autopilot: AutopilotConfig) -> JobSpec:

@@ -203,7 +203,7 @@ def test_the_servers_admission_checks_run_before_submission_at_the_line(
 def test_every_example_passes_the_servers_own_validation(path: Path) -> None:
     """Not only the CLI's parse: the Borgmaster's conversion and admission checks accept it."""
     from cellpilot.borg.validation import validate_job_spec
-    from cellpilot_services.borgmaster.convert import job_spec_in
+    from cellpilot.borg_wire.specs import job_spec_in
 
     spec = job_spec_in(parse_job_spec(path.read_text()))
     assert validate_job_spec(spec) is None
@@ -211,7 +211,7 @@ def test_every_example_passes_the_servers_own_validation(path: Path) -> None:
 
 def test_the_demo_workload_passes_the_servers_own_validation() -> None:
     from cellpilot.borg.validation import validate_job_spec
+    from cellpilot.borg_wire.specs import job_spec_in
     from cellpilot.demo.workload import DEMO_JOBS
-    from cellpilot_services.borgmaster.convert import job_spec_in
 
     assert [validate_job_spec(job_spec_in(job.spec)) for job in DEMO_JOBS] == [None] * len(DEMO_JOBS)

@@ -9,7 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cellpilot.cli.eval_autopilot import FORMATS, _sections
 from cellpilot.evaluate.autopilot_metrics import (
+    CORE_KEYS,
+    LIMIT_CHANGE_KEYS,
     TABLE2_ROWS,
     DayAccumulator,
     JobDays,
@@ -21,6 +24,7 @@ from cellpilot.evaluate.autopilot_metrics import (
     summarise_study,
     table2_label,
 )
+from cellpilot.evaluate.autopilot_replay import StudyResult
 
 WPD = 12  # a short "day" keeps the brute force readable
 
@@ -176,7 +180,10 @@ def test_summary_by_hand() -> None:
     assert summary["oom_free_job_days_fraction"] == pytest.approx(0.5)
     assert summary["seriously_impacted_job_days"][table2_label((5, 7))] == 1
     assert summary["seriously_impacted_job_days"][table2_label((3, 7))] == 1
+    assert summary["limit_changes_per_job_day"] == pytest.approx(1.0)
+    assert summary["limit_changes_per_job_day_p50"] == pytest.approx(0.5)
     assert summary["limit_changes_per_job_day_p99"] == pytest.approx(np.percentile([0, 0, 1, 3], 99))
+    assert summary["limit_changes_per_job_day_mean"] == pytest.approx(1.0)
     assert summary["job_days_without_limit_changes_fraction"] == pytest.approx(0.5)
     assert summary["job_days"] == 4
     assert set(summary["seriously_impacted_job_days"]) == {table2_label(r) for r in TABLE2_ROWS}
@@ -203,9 +210,11 @@ def _summary(slack: float, free: float = 1.0, oom: float = 0.0, absolute: float 
     }
 
 
-def _with_bound(summaries: dict[str, dict[str, float]], bound_slack: float) -> dict[str, dict[str, Any]]:
+def _with_bound(
+    summaries: dict[str, dict[str, float]], bound_slack: float, bound_relative: float = 0.05
+) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in summaries.items()}
-    out["clairvoyant"] = _summary(-0.05, absolute=bound_slack)
+    out["clairvoyant"] = _summary(bound_relative, absolute=bound_slack)
     add_bound_ratios(out)
     return out
 
@@ -247,6 +256,15 @@ def test_bound_ratio_is_absolute_slack_over_the_bounds() -> None:
     assert summaries["clairvoyant"]["absolute_slack_vs_bound"] == pytest.approx(1.0)
 
 
+def test_slack_vs_bound_is_relative_slack_over_the_bounds() -> None:
+    summaries = _with_bound({"ml": _summary(0.2, absolute=15.0)}, bound_slack=10.0, bound_relative=0.08)
+    assert summaries["ml"]["slack_vs_bound"] == pytest.approx(2.5)
+    assert summaries["clairvoyant"]["slack_vs_bound"] == pytest.approx(1.0)
+    # No ratio to a bound without positive slack.
+    flat = _with_bound({"ml": _summary(0.2)}, bound_slack=10.0, bound_relative=0.0)
+    assert "slack_vs_bound" not in flat["ml"]
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=300))
 def test_cdf_is_monotone_and_ends_at_one(values: list[float]) -> None:
@@ -263,3 +281,59 @@ def test_cdf_is_monotone_and_ends_at_one(values: list[float]) -> None:
 def test_cdf_shows_the_mass_at_zero() -> None:
     xs, ys = cdf([0.0] * 98 + [0.5, 2.0])
     assert (xs[0], ys[0]) == (0.0, pytest.approx(0.98))
+
+
+# Figure 7 in every table: a hand-made replay of 2 jobs x 3 days through two deciders.
+HAND_CHANGES = {"ml": [0, 0, 1, 0, 2, 0], "vpa": [1, 1, 1, 3, 1, 5]}
+
+
+def _table(markdown: str) -> dict[str, dict[str, str]]:
+    """A markdown table's cells by row label (first column) and header."""
+    lines = [line.strip().strip("|").split("|") for line in markdown.strip().splitlines()]
+    header = [cell.strip() for cell in lines[0]]
+    return {
+        cells[0].strip(): dict(zip(header, (c.strip() for c in cells), strict=True)) for cells in lines[2:]
+    }
+
+
+def test_limit_changes_per_job_day_in_every_summary_and_table() -> None:
+    rows = {
+        name: _rows(
+            job_id=[0, 0, 0, 1, 1, 1],
+            day=[0, 1, 2, 0, 1, 2],
+            relative_slack=[0.2] * 6,
+            limit_changes=changes,
+        )
+        for name, changes in HAND_CHANGES.items()
+    }
+    summaries = {name: summarise_study(r, machine_bytes=1.0, days=3) for name, r in rows.items()}
+    add_bound_ratios(summaries)
+    expected = {
+        "ml": {"limit_changes_per_job_day": 0.5, "limit_changes_per_job_day_p50": 0.0},
+        "vpa": {"limit_changes_per_job_day": 2.0, "limit_changes_per_job_day_p50": 1.0},
+    }
+    for name, summary in summaries.items():
+        changes = HAND_CHANGES[name]
+        want = expected[name] | {"limit_changes_per_job_day_p99": float(np.percentile(changes, 99))}
+        for key, value in want.items():
+            assert summary[key] == pytest.approx(value)
+            assert summary["breakdown"]["all_jobs"][key] == pytest.approx(value)
+        assert summary["limit_changes_per_job_day_mean"] == summary["limit_changes_per_job_day"]
+    assert set(LIMIT_CHANGE_KEYS) <= set(CORE_KEYS)  # so summary.json lists them for every decider
+    result = StudyResult(
+        rows=rows,
+        summaries=summaries,
+        goals=goals(summaries),
+        measured_days=3,
+        replayed_job_days=12,
+        seconds=0.0,
+        settings={"population": "serving", "replay": {"warmup_days": 1}},
+    )
+    sections = _sections(result, "hand-made")
+    tables = [_table(s) for s in sections if s.startswith("| recommender")]
+    assert len(tables) >= 2  # the main table and the breakdown(s)
+    for table in tables:
+        assert set(table) == {"ml", "vpa"}
+        for name, cells in table.items():
+            for key in LIMIT_CHANGE_KEYS:
+                assert cells[key] == format(summaries[name][key], FORMATS[key])

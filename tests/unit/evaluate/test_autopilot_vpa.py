@@ -88,15 +88,14 @@ def test_only_the_interval_peak_counts_and_a_new_interval_adds_a_sample() -> Non
 def test_older_samples_weigh_half_per_half_life() -> None:
     vpa = VpaRecommender("cpu")
     state = vpa.initial_state(1, 1)
-    jobs = np.array([0], dtype=np.intp)
-    vpa.add_cpu_samples(state, jobs, np.array([500.0]), np.array([1.0]), 0)
-    vpa.add_cpu_samples(state, jobs, np.array([2000.0]), np.array([1.0]), DAY_MS)
+    vpa.add_cpu_samples(state, ONE_TASK, ONE_TASK, np.array([500.0]), np.array([1.0]), 0)
+    vpa.add_cpu_samples(state, ONE_TASK, ONE_TASK, np.array([2000.0]), np.array([1.0]), DAY_MS)
     low = state.weights[0, CPU_HISTOGRAM.bucket_of(np.array([500.0]))[0]]
     high = state.weights[0, CPU_HISTOGRAM.bucket_of(np.array([2000.0]))[0]]
     assert high / low == pytest.approx(2.0)
     # VPA 1.4+: every CPU sample weighs the constant 0.1, whatever the container's request.
     state2 = vpa.initial_state(1, 1)
-    vpa.add_cpu_samples(state2, jobs, np.array([500.0]), np.array([1.0]), 0)
+    vpa.add_cpu_samples(state2, ONE_TASK, ONE_TASK, np.array([500.0]), np.array([1.0]), 0)
     assert state2.weights.sum() == pytest.approx(0.1 * 5)
 
 
@@ -170,3 +169,151 @@ def test_updater_decision(
         VpaConfig(), np.array([current]), estimate, np.array([since_h * HOUR_MS]), np.array([quick_oom])
     )
     assert bool(decided[0]) is expected
+
+
+# -- edge behaviour of the Kubernetes VPA recommender ------------------------------------------
+
+
+@pytest.mark.parametrize("resource", ["memory", "cpu"])
+def test_an_empty_histogram_has_percentile_zero_and_no_recommendation(resource: str) -> None:
+    vpa = VpaRecommender(resource)
+    state = vpa.initial_state(2, 2)
+    for level in (0.0, 0.5, 0.9, 1.0):
+        assert vpa.percentile(state, level).tolist() == [0.0, 0.0]
+    assert np.isnan(vpa.estimate(state).target).all()
+
+
+# Weights 1, 1 and 2 in buckets 5, 9 and 20 (total 4); the percentile reports a bucket's end.
+SCAN_WEIGHTS = {5: 1.0, 9: 1.0, 20: 2.0}
+
+
+@pytest.mark.parametrize(
+    ("level", "bucket"),
+    [
+        (-0.5, 5),  # below 0: the first non-empty bucket, not bucket 0
+        (0.0, 5),
+        (0.25, 5),  # the cumulative weight reaches 1 of 4 at bucket 5
+        (0.26, 9),
+        (0.5, 9),
+        (0.51, 20),
+        (1.0, 20),  # the last non-empty bucket, not the histogram's last
+        (1.5, 20),  # beyond 1: still the last non-empty bucket
+    ],
+    ids=["negative", "zero", "quarter", "past-quarter", "half", "past-half", "one", "above-one"],
+)
+def test_the_percentile_scan_runs_from_the_first_to_the_last_non_empty_bucket(
+    level: float, bucket: int
+) -> None:
+    vpa = VpaRecommender("memory")
+    state = vpa.initial_state(1, 1)
+    for k, weight in SCAN_WEIGHTS.items():
+        state.weights[0, k] = weight
+    expected = float(MEMORY_HISTOGRAM.bucket_start(bucket + 1))
+    assert vpa.percentile(state, level)[0] == pytest.approx(expected)
+
+
+def test_the_last_bucket_reports_its_start() -> None:
+    vpa = VpaRecommender("memory")
+    state = vpa.initial_state(1, 1)
+    last = MEMORY_HISTOGRAM.buckets - 1
+    state.weights[0, last] = 1.0
+    assert vpa.percentile(state, 1.0)[0] == pytest.approx(float(MEMORY_HISTOGRAM.bucket_start(last)))
+
+
+def test_a_replaced_peak_leaves_no_residue_in_its_bucket() -> None:
+    vpa = VpaRecommender("memory")
+    state = vpa.initial_state(1, 1)
+    vpa.add_memory_samples(state, ONE_TASK, ONE_TASK, np.array([1 * GIB]), 0)
+    vpa.add_memory_samples(state, ONE_TASK, ONE_TASK, np.array([3 * GIB]), HOUR_MS)
+    # Only the 3 GiB peak is left, so even the 0th percentile reports its bucket.
+    assert vpa.percentile(state, 0.0)[0] == pytest.approx(bucket_end(3 * GIB))
+
+
+TASK_0_AND_1 = np.array([0, 0], dtype=np.intp)  # both tasks belong to job 0
+
+
+@pytest.mark.parametrize(
+    ("samples", "accepted"),
+    [
+        # (task, time, millicores) in call order -> the values the histogram keeps
+        ([(0, 0, 500.0), (0, HOUR_MS, 700.0)], [500.0, 700.0]),
+        ([(0, HOUR_MS, 500.0), (0, 0, 700.0)], [500.0]),  # out of time order
+        ([(0, HOUR_MS, 500.0), (0, HOUR_MS, 700.0)], [500.0]),  # a duplicate start
+        ([(0, HOUR_MS, 500.0), (1, 0, 700.0)], [500.0, 700.0]),  # the order is per task
+        ([(0, 0, -1.0)], []),  # negative usage
+        ([(0, 0, -1.0), (0, HOUR_MS, 700.0)], [700.0]),  # a discarded sample sets no order
+        ([(0, 0, float("nan"))], []),
+        ([(0, 0, 0.0)], [0.0]),  # zero is valid usage
+    ],
+    ids=["in-order", "out-of-order", "duplicate", "per-task", "negative", "after-negative", "nan", "zero"],
+)
+def test_invalid_and_out_of_order_cpu_samples_are_discarded(
+    samples: list[tuple[int, int, float]], accepted: list[float]
+) -> None:
+    vpa = VpaRecommender("cpu")
+    state = vpa.initial_state(1, 2)
+    for task, t, value in samples:
+        vpa.add_cpu_samples(
+            state, TASK_0_AND_1, np.array([task], dtype=np.intp), np.array([value]), np.array([1.0]), t
+        )
+    kept = {int(k) for k in CPU_HISTOGRAM.bucket_of(np.array(accepted))} if accepted else set()
+    assert set(np.flatnonzero(state.weights[0]).tolist()) == kept
+    assert state.samples[0] == pytest.approx(5.0 * len(accepted))
+
+
+def test_a_negative_cpu_point_drops_only_that_point() -> None:
+    vpa = VpaRecommender("cpu")
+    state = vpa.initial_state(1, 1)
+    points = np.array([-5.0, 400.0])
+    vpa.add_cpu_samples(state, ONE_TASK, np.array([0, 0], dtype=np.intp), points, np.array([0.5, 0.5]), 0)
+    assert state.weights.sum() == pytest.approx(0.5 * 5 * 0.1)
+    assert state.weights[0, CPU_HISTOGRAM.bucket_of(np.array([400.0]))[0]] > 0.0
+
+
+@pytest.mark.parametrize(
+    ("usage", "peak"),
+    [
+        ([1 * GIB, -1.0], 1 * GIB),  # a negative sample neither replaces nor opens anything
+        ([-1.0], 0.0),
+        ([float("nan"), 2 * GIB], 2 * GIB),
+        ([1 * GIB, 2 * GIB], 2 * GIB),
+    ],
+    ids=["negative-after", "negative-only", "nan-first", "valid"],
+)
+def test_negative_memory_samples_are_discarded(usage: list[float], peak: float) -> None:
+    vpa = VpaRecommender("memory")
+    state = vpa.initial_state(1, 1)
+    for i, value in enumerate(usage):
+        vpa.add_memory_samples(state, ONE_TASK, ONE_TASK, np.array([value]), i * HOUR_MS)
+    assert state.usage_peak[0] == pytest.approx(peak)
+    if peak == 0.0:
+        assert not state.weights.any()
+        assert state.interval_end_ms[0] == -1
+    else:
+        bucket = int(MEMORY_HISTOGRAM.bucket_of(np.array([peak]))[0])
+        assert np.flatnonzero(state.weights[0]).tolist() == [bucket]
+
+
+FIRST_SAMPLE_MS = 10 * DAY_MS  # opens the memory interval [10 d, 11 d)
+
+
+@pytest.mark.parametrize(
+    ("sampled", "oom_ms", "counted"),
+    [
+        (True, FIRST_SAMPLE_MS + HOUR_MS, True),  # inside the current interval
+        (True, FIRST_SAMPLE_MS, True),  # at the interval's start
+        (True, FIRST_SAMPLE_MS - 1, False),  # older than the interval: ignored
+        (True, FIRST_SAMPLE_MS - 3 * DAY_MS, False),
+        (False, 0, True),  # no memory sample yet: every OOM counts
+    ],
+    ids=["inside", "at-start", "just-older", "days-older", "no-interval"],
+)
+def test_an_oom_older_than_the_memory_interval_is_ignored(sampled: bool, oom_ms: int, counted: bool) -> None:
+    vpa = VpaRecommender("memory")
+    state = vpa.initial_state(1, 1)
+    if sampled:
+        vpa.add_memory_samples(state, ONE_TASK, ONE_TASK, np.array([1 * GIB]), FIRST_SAMPLE_MS)
+    before = state.weights.copy()
+    vpa.record_ooms(state, ONE_TASK, ONE_TASK, np.array([2 * GIB]), oom_ms)
+    assert bool(state.oom_peak[0] == pytest.approx(2.4 * GIB)) is counted
+    assert (not np.array_equal(state.weights, before)) is counted

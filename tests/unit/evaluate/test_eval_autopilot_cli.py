@@ -87,6 +87,16 @@ def test_the_shipped_trace_samples(tmp_path: Path, trace: str, job_days: int) ->
     _check_outputs(out, summary, job_days=job_days)
 
 
+@pytest.mark.parametrize("cell", ["none", "tight"])
+def test_a_named_cell(tmp_path: Path, cell: str) -> None:
+    out = tmp_path / cell
+    _run(out, "--jobs", "2", "--days", "1", "--recommenders", "manual-soft", "--cell", cell)
+    run = json.loads((out / "run.json").read_text())
+    expected = {"none": 1.0, "tight": 1.5}[cell]
+    assert run["settings"]["replay"]["cell"]["overcommit"] == expected
+    assert f"--cell {cell}" in (out / "results.md").read_text()
+
+
 def test_the_library_default_ml_configuration_on_request(tmp_path: Path) -> None:
     out = tmp_path / "library"
     _run(out, "--jobs", "2", "--days", "1", "--recommenders", "ml", "--no-tuned-ml")
@@ -102,8 +112,17 @@ def test_the_library_default_ml_configuration_on_request(tmp_path: Path) -> None
         ["--recommenders", "nope"],
         ["--recommenders", "ml,ml"],
         ["--population", "everyone"],
+        ["--cell", "roomy"],
     ],
-    ids=["bad-trace-kind", "missing-trace", "bad-workload", "bad-recommender", "twice", "bad-population"],
+    ids=[
+        "bad-trace-kind",
+        "missing-trace",
+        "bad-workload",
+        "bad-recommender",
+        "twice",
+        "bad-population",
+        "bad-cell",
+    ],
 )
 def test_the_command_rejects_bad_options(tmp_path: Path, args: list[str]) -> None:
     result = CliRunner().invoke(_app(), ["eval", "autopilot", "--out", str(tmp_path), "--jobs", "1", *args])

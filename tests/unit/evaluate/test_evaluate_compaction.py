@@ -15,15 +15,15 @@ from cellpilot.evaluate.compaction import (
     run_compaction,
     synthetic_workload,
 )
-from cellpilot.schedule import JobSpec, MachineSpec, Resources, TaskShape
+from cellpilot.schedule import CellMachine, PlacementJob, Resources, TaskShape
 from cellpilot.workloads.cell_workload import HETEROGENEOUS, generate_jobs, generate_machines
 
 SMALL = CompactionConfig(machines=30, tasks=150, seeds=2, fill=0.6)
 
 
 def uniform_workload(machines: int, tasks: int, cores: float) -> Workload:
-    specs = [MachineSpec.build(f"m{i}", Resources.of(10, 40, 100, 10)) for i in range(machines)]
-    job = JobSpec("j", "u", tasks, TaskShape(priority=5, limits=Resources.of(cores, 1)))
+    specs = [CellMachine.build(f"m{i}", Resources.of(10, 40, 100, 10)) for i in range(machines)]
+    job = PlacementJob("j", "u", tasks, TaskShape(priority=5, limits=Resources.of(cores, 1)))
     return Workload(specs, job.tasks())
 
 

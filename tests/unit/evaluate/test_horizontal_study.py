@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cellpilot.cli.main import app
-from cellpilot.evaluate.horizontal_config import HorizontalStudyConfig, Workload
-from cellpilot.evaluate.horizontal_deciders import bound_count, demand_outlook
+from cellpilot.evaluate.horizontal_config import HorizontalStudyConfig, SweepGrid, Workload
+from cellpilot.evaluate.horizontal_deciders import autopilot_config, bound_count, demand_outlook, hpa_config
 from cellpilot.evaluate.horizontal_metrics import series_metrics
 from cellpilot.evaluate.horizontal_study import replay, replay_metrics
 from cellpilot.world.job_demand import DemandError, DemandSeries, JobDemand
@@ -93,20 +93,83 @@ def test_eval_horizontal_end_to_end_on_a_tiny_horizon(tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["eval", "horizontal", "--days", "0.1", "--seeds", "1", "--step", "300",
                                       "--sample", "60", "--workloads", "step", "--trace", str(trace),
-                                      "--out", str(out)])  # fmt: skip
+                                      "--hpa-targets", "0.5,0.6", "--hpa-windows", "300",
+                                      "--autopilot-targets", "0.6,0.8", "--autopilot-horizons", "1",
+                                      "--autopilot-deferrals", "0.5,48", "--out", str(out)])  # fmt: skip
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "horizontal.json").read_text())
-    assert {(r["workload"], r["decider"]) for r in summary["rows"]} == {
+    defaults = [r for r in summary["rows"] if r["default"]]
+    assert sorted((r["workload"], r["decider"]) for r in defaults) == sorted(
         (w, d) for w in ("step", "trace:job")
         for d in ("autopilot-cpu", "autopilot-target-size", "hpa", "bound", "fixed-peak", "fixed-mean")
+    )  # fmt: skip
+    # Per workload: the HPA at its default (0.6, 300 s) and 0.5; Autopilot at its default
+    # (0.6, 72 h, 48 h) and the 2 x 1 x 2 grid.
+    swept = [
+        r for r in summary["rows"] if r["workload"] == "step" and r["decider"] in ("hpa", "autopilot-cpu")
+    ]
+    assert len(swept) == 2 + 5
+    assert {r["decider"]: r["setting"] for r in defaults if r["workload"] == "step"}["hpa"] == {
+        "target_utilisation": 0.6, "downscale_window_s": 300.0
     }  # fmt: skip
+    assert all({"workload", "decider", "setting", "task_hours", "overloaded_minutes"} <= r.keys()
+               for r in summary["rows"])  # fmt: skip
+    assert [w["workload"] for w in summary["frontier"]["workloads"]] == ["step", "trace:job"]
+    assert (out / "horizontal_frontier_step.png").stat().st_size > 0
+    assert "## Autopilot against the HPA's frontier (the goal)" in (out / "horizontal.md").read_text()
+    command = (out / "horizontal.md").read_text()
+    assert "--workloads step --trace" in command
+    assert "--autopilot-deferrals 0.5,48 --out DIR" in command
     assert {g["goal"] for g in summary["goals"]} == {
         "fewer task-hours than HPA at no more overload minutes", "within 1.3x the bound's task-hours"
     }  # fmt: skip
     assert all(r["overloaded_minutes"] == 0 for r in summary["rows"] if r["decider"] == "bound")
-    assert "## Goals" in (out / "horizontal.md").read_text()
+    assert "## Goals at the default settings" in (out / "horizontal.md").read_text()
     assert (out / "horizontal_step.png").stat().st_size > 0
     assert (out / "horizontal_trace_job.png").exists()
+
+
+def test_settings_put_the_default_first_and_never_twice() -> None:
+    grid = SweepGrid(hpa_targets=(0.6, 0.8), hpa_windows_s=(300.0,), autopilot_targets=(0.6,),
+                     autopilot_horizons_h=(72.0,), autopilot_deferrals_h=(48.0, 1.0))  # fmt: skip
+    config = HorizontalStudyConfig(days=1.0, seeds=1, target_utilisation=0.6, sweep=grid)
+    assert config.settings("hpa") == [
+        (("target_utilisation", 0.6), ("downscale_window_s", 300.0)),
+        (("target_utilisation", 0.8), ("downscale_window_s", 300.0)),
+    ]
+    assert config.settings("autopilot-cpu") == [
+        (("target_utilisation", 0.6), ("horizon_h", 72.0), ("deferral_h", 48.0)),
+        (("target_utilisation", 0.6), ("horizon_h", 72.0), ("deferral_h", 1.0)),
+    ]
+    assert config.settings("bound") == [(("target_utilisation", 0.6),)]
+    assert HorizontalStudyConfig(days=1.0, seeds=1).settings("hpa") == [config.default_setting("hpa")]
+
+
+def test_a_setting_reaches_the_deciders_knobs() -> None:
+    config = HorizontalStudyConfig(days=1.0, seeds=1)
+    hpa = hpa_config(config, (("target_utilisation", 0.8), ("downscale_window_s", 1800.0)))
+    assert (hpa.target_utilisation, hpa.downscale_window_s) == (0.8, 1800.0)
+    assert hpa_config(config).downscale_window_s == 300.0
+    autopilot = autopilot_config({"horizon_h": 0.5, "deferral_h": 0.25})
+    assert (autopilot.horizon_ms, autopilot.deferred_downscaling_ms) == (1_800_000, 900_000)
+
+
+def test_short_horizon_and_deferral_let_autopilot_follow_a_falling_load() -> None:
+    # 1 h at 12 cores, then 3 h at 2: the defaults (72 h, 48 h) keep the peak's tasks;
+    # a 30-minute horizon and 15-minute deferral let the count decay towards the low load.
+    points = [12000.0] * 12 + [2000.0] * 36
+    config = HorizontalStudyConfig(days=4 * 3600 / 86_400, seeds=1, step_s=60, sample_s=60, startup_s=120,
+                                   target_utilisation=0.6, workloads=(_trace(points, 300.0),))  # fmt: skip
+    workload = config.workloads[0]
+    short = (("target_utilisation", 0.6), ("horizon_h", 0.5), ("deferral_h", 0.25))
+    default = replay(config, workload, "autopilot-cpu", 0)
+    follows = replay(config, workload, "autopilot-cpu", 0, short)
+    assert default.decisions[-1] >= 20  # 12 cores at r* = 0.6: 20 tasks, kept
+    assert follows.decisions[-1] <= 6  # 2 cores at 0.6: 4 tasks, within the 10 % dead band and decay
+    assert (
+        replay_metrics(config, workload, follows)["task_hours"]
+        < replay_metrics(config, workload, default)["task_hours"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -116,6 +179,9 @@ def test_eval_horizontal_end_to_end_on_a_tiny_horizon(tmp_path: Path) -> None:
         (["--seeds", "0"], "--seeds must be in 1..100"),
         (["--step", "60", "--sample", "45"], "--sample must be 1..step seconds and divide the step"),
         (["--workloads", "nope"], "--workloads: unknown nope"),
+        (["--hpa-targets", "0.5,1.5"], "--hpa-targets must be a non-empty list of values in (0, 1]"),
+        (["--autopilot-deferrals", "0"], "--autopilot-deferrals must be a non-empty list"),
+        (["--hpa-windows", "x"], "Invalid value for --hpa-windows: 'x' is not a"),
     ],
 )
 def test_bad_options_end_with_one_line_naming_them(tmp_path: Path, args: list[str], message: str) -> None:

@@ -1,4 +1,4 @@
-"""The lifetime ledger (repredictions) and best fit, LA-Binary and LAS (LAVA §2.4, §4.2, §5.3)."""
+"""The lifetime ledger (repredictions) and best fit, LA-Binary and LAS over a pool (LAVA §2.4, §4.2, §5.3)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,26 @@ import numpy as np
 import pytest
 from lava_builders import HOUR, MINUTE, FixedPredictor, pool
 
+from cellpilot.schedule.lifetime_aware.host_pool import HostPool, VmRequest
 from cellpilot.schedule.lifetime_aware.lifetime_ledger import LifetimeLedger
-from cellpilot.schedule.lifetime_aware.policies import BestFit, LaBinary, Las, VmRequest
+from cellpilot.schedule.lifetime_aware.policies import placement_policy
+from cellpilot.schedule.lifetime_aware.pool_placement import PoolPlacement
 
 
 def ledger_with(lifetimes: list[float], created: list[float], hosts: int = 3, **kw: object) -> LifetimeLedger:
     return LifetimeLedger(FixedPredictor(lifetimes, **kw), np.array(created), hosts)  # type: ignore[arg-type]
+
+
+def placement(name: str, p: HostPool, ledger: LifetimeLedger | None = None) -> PoolPlacement:
+    return PoolPlacement(placement_policy(name), p, ledger)
+
+
+def level_scores(placing: PoolPlacement, vm: VmRequest, candidates: np.ndarray, now: float) -> list[float]:
+    """The policy's one level's scores (0-100) for ``vm``, as :meth:`PoolPlacement.choose` sees them."""
+    assert placing.lifetimes is not None
+    assert len(placing.levels) == 1
+    placing.lifetimes.expect(vm, now)
+    return placing.levels[0].job_scores(vm.row, candidates).tolist()
 
 
 def place(ledger: LifetimeLedger, row: int, host: int, now: float) -> float:
@@ -69,7 +83,7 @@ def test_best_fit_picks_the_fullest_feasible_host() -> None:
     vm = VmRequest(0, np.array([2.0, 4.0, 0.0]))
     candidates = np.flatnonzero(p.feasible(vm.demand))
     # Left over: host 0: 0.2 + 0.75 = 0.95; host 1: 0.5 + 0.15 = 0.65; host 2: 0.8 + 0.9.
-    assert BestFit(p).choose(vm, candidates, 0.0) == 1
+    assert placement("best-fit", p).choose(vm, candidates, 0.0) == 1
 
 
 def test_las_prefers_a_host_that_outlives_the_vm_over_a_fuller_one() -> None:
@@ -78,12 +92,12 @@ def test_las_prefers_a_host_that_outlives_the_vm_over_a_fuller_one() -> None:
     for row, host, demand in [(0, 0, 8.0), (1, 1, 4.0)]:
         p.place(host, row, np.array([demand, 4.0, 0.0]))
         place(ledger, row, host, 0.0)
-    las = Las(p, ledger)
+    las = placement("las", p, ledger)
     vm = VmRequest(2, np.array([1.0, 1.0, 0.0]), ledger.predict(2, 0.0))
     candidates = np.arange(3)
     # Host 0 is fuller but exits at 1 h (dT = 19 h, cost 8); host 1 exits at 50 h (cost 0); the
-    # empty host "exits" now, so dT is the whole 20 h (cost 8).
-    np.testing.assert_array_equal(las.temporal_costs(vm, candidates, 0.0), [8, 0, 8])
+    # empty host "exits" now, so dT is the whole 20 h (cost 8). Score: 100 (1 - cost / 10).
+    np.testing.assert_allclose(level_scores(las, vm, candidates, 0.0), [20.0, 100.0, 20.0])
     assert las.choose(vm, candidates, 0.0) == 1
 
 
@@ -95,7 +109,7 @@ def test_las_ties_inside_a_bucket_go_to_best_fit() -> None:
         place(ledger, row, host, 0.0)
     vm = VmRequest(2, np.array([1.0, 1.0, 0.0]), ledger.predict(2, 0.0))
     # dT = 20 min and 10 min: both in the [0, 30 min) bucket; host 1 is fuller.
-    assert Las(p, ledger).choose(vm, np.arange(2), 0.0) == 1
+    assert placement("las", p, ledger).choose(vm, np.arange(2), 0.0) == 1
 
 
 @pytest.mark.parametrize(
@@ -110,10 +124,11 @@ def test_la_binary_matches_short_and_long(vm_lifetime: float, expected: int) -> 
         p.place(host, row, np.array([5.0, 5.0, 0.0]))
         place(ledger, row, host, 0.0)
     vm = VmRequest(2, np.array([1.0, 1.0, 0.0]), ledger.predict(2, 0.0))
-    la = LaBinary(p, ledger)
+    la = placement("la-binary", p, ledger)
     assert la.choose(vm, np.arange(3), 0.0) == expected
-    ranks = la.ranks(vm, np.arange(3), 0.0)
-    assert ranks[2] == 2  # the empty host comes last
+    scores = level_scores(la, vm, np.arange(3), 0.0)
+    assert scores[expected] == 100.0  # rank 0: a non-empty host of the VM's class
+    assert scores[2] == 0.0  # rank 2: the empty host comes last
 
 
 def test_la_binary_keeps_one_shot_predictions() -> None:
@@ -126,5 +141,6 @@ def test_la_binary_keeps_one_shot_predictions() -> None:
     now = 3 * HOUR
     ledger.refresh(now)
     vm = VmRequest(1, np.array([1.0, 1.0, 0.0]), ledger.predict(1, now))
-    assert LaBinary(p, ledger).ranks(vm, np.arange(2), now).tolist() == [1, 2]  # long VM, "short" host
+    # Long VM, "short" host: rank 1 (score 50); the empty host rank 2 (score 0).
+    assert level_scores(placement("la-binary", p, ledger), vm, np.arange(2), now) == [50.0, 0.0]
     assert ledger.host_exit()[0] == now + HOUR

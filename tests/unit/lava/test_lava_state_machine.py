@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from lava_builders import HOUR, FixedPredictor, pool
 
-from cellpilot.schedule.lifetime_aware.host_pool import HostPool
+from cellpilot.schedule.lifetime_aware.host_pool import HostPool, VmRequest
 from cellpilot.schedule.lifetime_aware.lava import (
     EMPTY,
     OPEN,
@@ -14,21 +14,24 @@ from cellpilot.schedule.lifetime_aware.lava import (
     RANK_NON_EMPTY,
     RANK_OPEN_SAME,
     RECYCLING,
-    Lava,
+    LavaHosts,
     lava_ranks,
 )
 from cellpilot.schedule.lifetime_aware.lifetime_ledger import LifetimeLedger
-from cellpilot.schedule.lifetime_aware.policies import VmRequest
+from cellpilot.schedule.lifetime_aware.policies import placement_policy
+from cellpilot.schedule.lifetime_aware.pool_placement import PoolPlacement
 
 
 class Harness:
-    """A pool, a ledger with fixed predictions and LAVA, updated in the simulator's order."""
+    """A pool, a ledger with fixed predictions and the LAVA policy, updated in the simulator's order."""
 
     def __init__(self, lifetimes_h: list[float], hosts: int = 3) -> None:
         self.pool: HostPool = pool(hosts)
         predictor = FixedPredictor([h * HOUR for h in lifetimes_h])
         self.ledger = LifetimeLedger(predictor, np.zeros(len(lifetimes_h)), hosts)  # type: ignore[arg-type]
-        self.lava = Lava(self.pool, self.ledger)
+        self.placement = PoolPlacement(placement_policy("lava"), self.pool, self.ledger)
+        assert self.placement.hosts is not None  # the LAVA policy keeps LAVA's host states
+        self.lava: LavaHosts = self.placement.hosts
         self.demand: dict[int, np.ndarray] = {}
 
     def request(self, row: int, cores: float, now: float) -> VmRequest:
@@ -36,7 +39,7 @@ class Harness:
 
     def choose(self, row: int, cores: float, now: float = 0.0) -> int:
         vm = self.request(row, cores, now)
-        return self.lava.choose(vm, np.flatnonzero(self.pool.feasible(vm.demand)), now)
+        return self.placement.choose(vm, np.flatnonzero(self.pool.feasible(vm.demand)), now)
 
 
 def put(h: Harness, row: int, host: int, cores: float, now: float = 0.0) -> None:
@@ -44,13 +47,13 @@ def put(h: Harness, row: int, host: int, cores: float, now: float = 0.0) -> None
     h.demand[row] = vm.demand
     h.pool.place(host, row, vm.demand)
     h.ledger.attach(row, host)
-    h.lava.placed(host, vm, now)
+    h.placement.placed(host, vm, now)
 
 
 def drop(h: Harness, row: int, host: int, now: float) -> None:
     h.pool.remove(host, row, h.demand[row])
     h.ledger.detach(row)
-    h.lava.removed(host, row, now)
+    h.placement.removed(host, row, now)
 
 
 def harness(lifetimes_h: list[float], hosts: int = 3) -> Harness:
@@ -167,7 +170,7 @@ def test_vm_class_from_the_predictor_overrides_the_class_of_the_mean() -> None:
     vm = VmRequest(0, np.array([1.0, 1.0, 0.0]), h.ledger.predict(0, 0.0), lifetime_class=2)
     h.pool.place(0, 0, vm.demand)
     h.ledger.attach(0, 0)
-    h.lava.placed(0, vm, 0.0)
+    h.placement.placed(0, vm, 0.0)
     assert h.lava.host_class[0] == 2
     assert vm.vm_class == 2
     assert VmRequest(1, vm.demand, 0.5 * HOUR).vm_class == 0

@@ -15,7 +15,8 @@ from cellpilot.autopilot.candidates import (
     initial_candidate_state,
     update_candidates,
 )
-from cellpilot.job_vocabulary import BUILTIN_RECOMMENDERS, RecommenderKind
+from cellpilot.autopilot.recommender_registry import BUILTIN_RECOMMENDERS
+from cellpilot.job_vocabulary import RecommenderKind
 from cellpilot.recommend.horizontal import (
     CpuHorizontalRecommender,
     CpuUtilisationSource,

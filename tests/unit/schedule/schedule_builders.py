@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from cellpilot.job_vocabulary import AppClass
-from cellpilot.schedule import Cell, Constraint, MachineSpec, Resources, TaskShape, TaskSpec
+from cellpilot.schedule import Cell, CellMachine, PlacementConstraint, PlacementTask, Resources, TaskShape
 from cellpilot.schedule.cell import LIMIT, NUM_LEVELS, RESERVATION
 from cellpilot.units import GIB
 
@@ -19,8 +19,8 @@ def machine(
     rack: str = "r0",
     power: str = "p0",
     **attributes: str | float,
-) -> MachineSpec:
-    return MachineSpec.build(name, Resources.of(cores, ram_gib, disk_gib, ports), rack, power, attributes)
+) -> CellMachine:
+    return CellMachine.build(name, Resources.of(cores, ram_gib, disk_gib, ports), rack, power, attributes)
 
 
 def shape(
@@ -29,7 +29,7 @@ def shape(
     ram_gib: float = 1,
     disk_gib: float = 0,
     ports: float = 0,
-    constraints: tuple[Constraint, ...] = (),
+    constraints: tuple[PlacementConstraint, ...] = (),
     packages: tuple[str, ...] = (),
     cpu_mean: float | None = None,
     cpu_std: float | None = None,
@@ -55,11 +55,11 @@ def task(
     user: str = "u",
     reservation: Resources | None = None,
     **shape_args: object,
-) -> TaskSpec:
-    return TaskSpec(job, index, user, shape(**shape_args), reservation=reservation)  # type: ignore[arg-type]
+) -> PlacementTask:
+    return PlacementTask(job, index, user, shape(**shape_args), reservation=reservation)  # type: ignore[arg-type]
 
 
-def cell_of(*machines: MachineSpec) -> Cell:
+def cell_of(*machines: CellMachine) -> Cell:
     cell = Cell(machine_hint=2, task_hint=2)  # small hints exercise the arrays' growth
     for m in machines:
         cell.add_machine(m)

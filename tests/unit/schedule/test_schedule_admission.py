@@ -6,7 +6,7 @@ import pytest
 from schedule_builders import shape
 
 from cellpilot.job_vocabulary import PriorityBand
-from cellpilot.schedule import Admitted, JobSpec, QuotaBook, Rejected, Resources, band_of, may_preempt
+from cellpilot.schedule import Admitted, PlacementJob, QuotaBook, Rejected, Resources, band_of, may_preempt
 from cellpilot.schedule.priority import is_prod
 from cellpilot.units import GIB
 
@@ -52,8 +52,8 @@ def test_who_may_preempt(preemptor: int, victim: int, allowed: bool) -> None:
     assert may_preempt(preemptor, victim) == allowed
 
 
-def job(name: str, priority: int, count: int, cores: float, ram: float, user: str = "alice") -> JobSpec:
-    return JobSpec(name, user, count, shape(priority=priority, cores=cores, ram_gib=ram))
+def job(name: str, priority: int, count: int, cores: float, ram: float, user: str = "alice") -> PlacementJob:
+    return PlacementJob(name, user, count, shape(priority=priority, cores=cores, ram_gib=ram))
 
 
 QUOTA = Resources.of(100, 400, 1000, 100)
@@ -72,7 +72,7 @@ QUOTA = Resources.of(100, 400, 1000, 100)
     ids=["fits", "exact", "cpu-over", "ram-over", "no-quota-in-band", "priority-zero"],
 )
 def test_admission_checks_quota_per_band(
-    new_job: JobSpec, admitted: bool, resource: str | None, over_by: float
+    new_job: PlacementJob, admitted: bool, resource: str | None, over_by: float
 ) -> None:
     book = QuotaBook()
     book.set_quota("alice", PriorityBand.PRODUCTION, QUOTA)
@@ -109,5 +109,5 @@ def test_update_replaces_the_old_demand() -> None:
 
 def test_jobs_in_an_alloc_set_are_not_charged_again() -> None:
     book = QuotaBook()
-    inside = JobSpec("inside", "alice", 100, shape(priority=9, cores=50, alloc_set="allocs"))
+    inside = PlacementJob("inside", "alice", 100, shape(priority=9, cores=50, alloc_set="allocs"))
     assert isinstance(book.admit(inside), Admitted)

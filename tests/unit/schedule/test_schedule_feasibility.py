@@ -8,10 +8,18 @@ import numpy as np
 import pytest
 from schedule_builders import cell_of, machine, task
 
-from cellpilot.schedule import Cell, Constraint, HardConstraints, Request, ResourceFit, Resources, TaskSpec
+from cellpilot.schedule import (
+    Cell,
+    HardConstraints,
+    PlacementConstraint,
+    PlacementTask,
+    Request,
+    ResourceFit,
+    Resources,
+)
 
 
-def feasible(cell: Cell, spec: TaskSpec, fit: ResourceFit | None = None) -> bool:
+def feasible(cell: Cell, spec: PlacementTask, fit: ResourceFit | None = None) -> bool:
     req = Request.compile(spec.shape)
     machines = np.arange(cell.n_machines)
     ok = (fit or ResourceFit()).feasible(cell, req, machines) & HardConstraints().feasible(
@@ -63,7 +71,7 @@ IDS = [
 
 
 @pytest.mark.parametrize(("running", "newcomer", "expected"), CASES, ids=IDS)
-def test_resource_feasibility(running: list[TaskSpec], newcomer: TaskSpec, expected: bool) -> None:
+def test_resource_feasibility(running: list[PlacementTask], newcomer: PlacementTask, expected: bool) -> None:
     cell = cell_of(machine("a", cores=10, ram_gib=40))
     for spec in running:
         cell.bind(spec, 0, now=0.0)
@@ -73,17 +81,17 @@ def test_resource_feasibility(running: list[TaskSpec], newcomer: TaskSpec, expec
 @pytest.mark.parametrize(
     ("constraint", "expected"),
     [
-        (Constraint("arch", "==", "x86"), True),
-        (Constraint("arch", "!=", "x86"), False),
-        (Constraint("arch", "in", ("arm", "x86")), True),
-        (Constraint("arch", "not-in", ("arm",)), True),
-        (Constraint("kernel", ">", 4.0), True),
-        (Constraint("kernel", "<", 4.0), False),
-        (Constraint("kernel", "==", 5.1), True),
-        (Constraint("gpu", "==", "yes"), False),  # missing attribute
-        (Constraint("gpu", "!=", "yes"), True),
-        (Constraint("gpu", "not-in", ("a",)), True),
-        (Constraint("arch", "<", 3.0), False),  # numeric comparison on a string attribute
+        (PlacementConstraint("arch", "==", "x86"), True),
+        (PlacementConstraint("arch", "!=", "x86"), False),
+        (PlacementConstraint("arch", "in", ("arm", "x86")), True),
+        (PlacementConstraint("arch", "not-in", ("arm",)), True),
+        (PlacementConstraint("kernel", ">", 4.0), True),
+        (PlacementConstraint("kernel", "<", 4.0), False),
+        (PlacementConstraint("kernel", "==", 5.1), True),
+        (PlacementConstraint("gpu", "==", "yes"), False),  # missing attribute
+        (PlacementConstraint("gpu", "!=", "yes"), True),
+        (PlacementConstraint("gpu", "not-in", ("a",)), True),
+        (PlacementConstraint("arch", "<", 3.0), False),  # numeric comparison on a string attribute
     ],
     ids=[
         "eq",
@@ -99,14 +107,14 @@ def test_resource_feasibility(running: list[TaskSpec], newcomer: TaskSpec, expec
         "str-lt",
     ],
 )
-def test_hard_constraints(constraint: Constraint, expected: bool) -> None:
+def test_hard_constraints(constraint: PlacementConstraint, expected: bool) -> None:
     cell = cell_of(machine("a", arch="x86", kernel=5.1))
     assert feasible(cell, task("new", constraints=(constraint,))) == expected
 
 
 def test_soft_constraints_never_filter() -> None:
     cell = cell_of(machine("a", arch="x86"))
-    assert feasible(cell, task("new", constraints=(Constraint("arch", "==", "arm", hard=False),)))
+    assert feasible(cell, task("new", constraints=(PlacementConstraint("arch", "==", "arm", hard=False),)))
 
 
 def test_removed_machines_are_infeasible() -> None:
@@ -149,7 +157,7 @@ def test_filter_exclusions_name_each_reason() -> None:
     cell = cell_of(
         machine("a", cores=4, ram_gib=8, arch="arm"), machine("b", cores=16, ram_gib=8, arch="x86")
     )
-    spec = task("new", cores=8, ram_gib=16, constraints=(Constraint("arch", "==", "x86"),))
+    spec = task("new", cores=8, ram_gib=16, constraints=(PlacementConstraint("arch", "==", "x86"),))
     req = Request.compile(spec.shape)
     machines = np.arange(2)
     excluded = {

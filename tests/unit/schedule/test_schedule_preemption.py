@@ -9,17 +9,17 @@ from cellpilot.schedule import (
     Cell,
     LowestPriorityFirst,
     Placement,
+    PlacementTask,
     Request,
     Resources,
     Scheduler,
     SchedulerConfig,
-    TaskSpec,
     Unschedulable,
     default_profile,
 )
 
 
-def one_machine(running: list[TaskSpec]) -> tuple[Cell, dict[str, int]]:
+def one_machine(running: list[PlacementTask]) -> tuple[Cell, dict[str, int]]:
     cell = cell_of(machine("a", cores=10, ram_gib=40))
     handles = {spec.task_id: cell.bind(spec, 0, now=0.0) for spec in running}
     return cell, handles
@@ -45,7 +45,7 @@ def one_machine(running: list[TaskSpec]) -> tuple[Cell, dict[str, int]]:
     ids=["fits", "lowest-first", "stops-when-fits", "larger-first", "prod-spares-prod"],
 )  # fmt: skip
 def test_victims_lowest_priority_first(
-    running: list[TaskSpec], newcomer: TaskSpec, victims: list[str]
+    running: list[PlacementTask], newcomer: PlacementTask, victims: list[str]
 ) -> None:
     cell, _ = one_machine(running)
     req = Request.compile(newcomer.shape)
@@ -63,7 +63,7 @@ def test_victims_lowest_priority_first(
     ],
     ids=["prod-vs-prod", "equal-batch", "monitoring-vs-monitoring"],
 )
-def test_no_victims_when_not_allowed(running: list[TaskSpec], newcomer: TaskSpec) -> None:
+def test_no_victims_when_not_allowed(running: list[PlacementTask], newcomer: PlacementTask) -> None:
     cell, _ = one_machine(running)
     req = Request.compile(newcomer.shape)
     assert LowestPriorityFirst().victims(cell, req, 0, default_profile().fits) is None

@@ -14,13 +14,13 @@ from schedule_builders import cell_of, machine, prod_limit_sum, recomputed_total
 from cellpilot.job_vocabulary import PriorityBand
 from cellpilot.schedule import (
     Cell,
-    Constraint,
-    MachineSpec,
+    CellMachine,
     Placement,
+    PlacementConstraint,
+    PlacementTask,
     Resources,
     Scheduler,
     SchedulerConfig,
-    TaskSpec,
     Unschedulable,
     band_of,
     default_profile,
@@ -41,7 +41,7 @@ def test_pending_order_is_priority_then_round_robin_over_users() -> None:
     assert [t.task_id for t in pending_order(tasks)] == ["c/0", "c/1", "a/0", "b/0", "a/1", "a/2"]
 
 
-def random_cell(rng: np.random.Generator, n: int) -> list[MachineSpec]:
+def random_cell(rng: np.random.Generator, n: int) -> list[CellMachine]:
     return [
         machine(
             f"m{i}",
@@ -55,13 +55,13 @@ def random_cell(rng: np.random.Generator, n: int) -> list[MachineSpec]:
     ]
 
 
-def random_tasks(rng: np.random.Generator, jobs: int, prefix: str = "j") -> list[TaskSpec]:
-    out: list[TaskSpec] = []
+def random_tasks(rng: np.random.Generator, jobs: int, prefix: str = "j") -> list[PlacementTask]:
+    out: list[PlacementTask] = []
     for j in range(jobs):
         priority = int(rng.integers(0, 12))
-        constraints = (Constraint("arch", "==", "x86"),) if rng.random() < 0.2 else ()
+        constraints = (PlacementConstraint("arch", "==", "x86"),) if rng.random() < 0.2 else ()
         if rng.random() < 0.2:
-            constraints += (Constraint("arch", "==", "arm", hard=False),)
+            constraints += (PlacementConstraint("arch", "==", "arm", hard=False),)
         cores = float(rng.choice([0.5, 1, 2, 4, 8]))
         ram = float(rng.choice([1, 2, 8, 24]))
         user = f"u{int(rng.integers(0, 3))}"

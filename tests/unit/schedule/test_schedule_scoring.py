@@ -9,17 +9,17 @@ from schedule_builders import cell_of, machine, task
 from cellpilot.schedule import (
     BestFit,
     Cell,
-    Constraint,
     FailureDomainSpread,
     HybridStranding,
     Level,
     Lexicographic,
     PackageLocality,
+    PlacementConstraint,
+    PlacementTask,
     PreemptionCost,
     PriorityMixing,
     Request,
     SoftConstraints,
-    TaskSpec,
     Weighted,
     WorstFit,
     build_plugin,
@@ -29,7 +29,7 @@ from cellpilot.schedule import (
 from cellpilot.schedule.plugins import Scorer
 
 
-def scores(scorer: Scorer, cell: Cell, spec: TaskSpec) -> np.ndarray:
+def scores(scorer: Scorer, cell: Cell, spec: PlacementTask) -> np.ndarray:
     req = Request.compile(spec.shape)
     req.job = cell.job_code(spec.job)
     out = scorer.score(cell, req, np.arange(cell.n_machines))
@@ -98,7 +98,10 @@ def test_package_locality_and_soft_constraints() -> None:
     cell.bind(task("old", 0, packages=("libfoo",)), 0, now=0.0)
     spec = task("new", packages=("libfoo", "bar"))
     np.testing.assert_allclose(scores(PackageLocality(), cell, spec), [50.0, 0.0])
-    soft = (Constraint("arch", "==", "arm", hard=False, weight=3), Constraint("ssd", "!=", "no", hard=False))
+    soft = (
+        PlacementConstraint("arch", "==", "arm", hard=False, weight=3),
+        PlacementConstraint("ssd", "!=", "no", hard=False),
+    )
     np.testing.assert_allclose(scores(SoftConstraints(), cell, task("new", constraints=soft)), [25.0, 100.0])
 
 

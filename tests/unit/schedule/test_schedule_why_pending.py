@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from schedule_builders import cell_of, gib, machine, task
 
-from cellpilot.schedule import Cell, Constraint, Scheduler, default_profile, explain_pending
+from cellpilot.schedule import Cell, PlacementConstraint, Scheduler, default_profile, explain_pending
 
-X86 = (Constraint("arch", "==", "x86"),)
+X86 = (PlacementConstraint("arch", "==", "x86"),)
 
 
 def three_machines() -> Cell:

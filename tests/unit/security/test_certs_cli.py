@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 from typer.testing import CliRunner
 
 from cellpilot.cli.certs import app
@@ -48,3 +49,23 @@ def test_bad_arguments_are_refused_with_a_reason(tmp_path: Path) -> None:
     both = runner.invoke(app, ["token", "--user", "a", "--service", "b", "--certs-dir", str(tmp_path)])
     assert both.exit_code == 2
     assert "exactly one" in both.output
+
+
+def test_keep_existing_issues_again_a_certificate_that_lacks_a_requested_host(tmp_path: Path) -> None:
+    """A certs volume from before the kafka-ha brokers: the broker's certificate named ``kafka``
+    only; asked for kafka-2 and kafka-3 too, it is issued again, and then kept."""
+    out = tmp_path / "certs"
+    first = runner.invoke(app, ["issue", "--out", str(out), "--services", "kafka,actuator"])
+    assert first.exit_code == 0, first.output
+    actuator = (out / "actuator.crt").read_bytes()
+    more = ["--keep-existing", "--hostnames", "kafka=kafka-2;kafka-3"]
+    again = runner.invoke(app, ["issue", "--out", str(out), "--services", "kafka,actuator", *more])
+    assert again.exit_code == 0, again.output
+    assert "kafka.crt (issued again for kafka-2, kafka-3)" in again.output
+    assert "actuator.crt (kept)" in again.output
+    assert (out / "actuator.crt").read_bytes() == actuator
+    san = x509.load_pem_x509_certificate((out / "kafka.crt").read_bytes()).extensions
+    names = san.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert {"kafka", "kafka-2", "kafka-3"} <= set(names)
+    third = runner.invoke(app, ["issue", "--out", str(out), "--services", "kafka", *more])
+    assert "kafka.crt (kept)" in third.output

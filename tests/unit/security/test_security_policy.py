@@ -22,6 +22,7 @@ from cellpilot.api.v1 import (
     machine_pb2,
     monitoring_pb2,
     recommendation_pb2,
+    scheduler_pb2,
 )
 from cellpilot.security.identity import ADMIN, Principal
 from cellpilot.security.policy import RULES, JobFacts, authenticated, authorize
@@ -32,6 +33,7 @@ SERVICES = [
     borglet_pb2.DESCRIPTOR.services_by_name["Borglet"],
     monitoring_pb2.DESCRIPTOR.services_by_name["Monitoring"],
     link_shard_pb2.DESCRIPTOR.services_by_name["LinkShards"],
+    scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerLink"],
 ]
 ALL_METHODS = {f"/{s.full_name}/{m.name}": m for s in SERVICES for m in s.methods}
 MUTATING = sorted(
@@ -40,6 +42,7 @@ MUTATING = sorted(
     if "request_id" in m.input_type.fields_by_name
     or ".Borglet/" in name
     or name.endswith("/ReportMachineChanges")
+    or ".SchedulerLink/" in name
 )
 
 ON, OFF, DRY = job_pb2.SCALING_MODE_ON, job_pb2.SCALING_MODE_OFF, job_pb2.SCALING_MODE_DRY_RUN
@@ -57,11 +60,13 @@ ROOT = Principal(user="root", capabilities=frozenset({ADMIN}), authenticated_by=
 ACTUATOR = Principal(service="actuator", authenticated_by="mtls")
 BORGLET = Principal(service="borglet-r0", machine_globs=("machine-r0-*",), authenticated_by="mtls")
 BORGMASTER = Principal(service="borgmaster", authenticated_by="mtls")
+SCHEDULER = Principal(service="scheduler", authenticated_by="mtls")
 ALICE_VIA_DASHBOARD = Principal(user="alice", service="dashboard", authenticated_by="mtls+token")
 
 DENIED = grpc.StatusCode.PERMISSION_DENIED
 BM, AP, BL = "/cellpilot.api.v1.Borgmaster/", "/cellpilot.api.v1.Autopilot/", "/cellpilot.api.v1.Borglet/"
 LS = "/cellpilot.api.v1.LinkShards/"
+SL = "/cellpilot.api.v1.SchedulerLink/"
 
 
 def submit(user: str, alloc_set: str = "") -> borgmaster_pb2.SubmitJobRequest:
@@ -187,6 +192,15 @@ CASES: list[tuple[str, str, Message, Principal, grpc.StatusCode | None]] = [
      link_shard_pb2.ReportMachineChangesRequest(), BORGLET, DENIED),
     ("shard-report-by-admin", LS + "ReportMachineChanges",
      link_shard_pb2.ReportMachineChangesRequest(), ROOT, DENIED),
+    # Only the cell's scheduler proposes placements and reads the master's soft state (Borg §3.4).
+    ("proposal-by-scheduler", SL + "ProposePlacements",
+     scheduler_pb2.ProposePlacementsRequest(), SCHEDULER, None),
+    ("proposal-by-replica", SL + "ProposePlacements",
+     scheduler_pb2.ProposePlacementsRequest(), BORGMASTER, DENIED),
+    ("proposal-by-admin", SL + "ProposePlacements",
+     scheduler_pb2.ProposePlacementsRequest(), ROOT, DENIED),
+    ("soft-state-by-scheduler", SL + "GetSoftState", scheduler_pb2.GetSoftStateRequest(), SCHEDULER, None),
+    ("soft-state-by-user", SL + "GetSoftState", scheduler_pb2.GetSoftStateRequest(), ALICE, DENIED),
 ]  # fmt: skip
 
 

@@ -91,3 +91,6 @@ def test_the_acl_limits_each_service_to_its_prefix(tmp_path: Path) -> None:
     assert "-@dangerous" in lines["recommender"]
     assert "~*" not in lines["recommender"]
     assert "~*" in lines["admin"]
+    # Only Autopilot WAITs (for its fencing token to reach the replicas).
+    assert lines["autopilot"].endswith("+wait")
+    assert "+wait" not in lines["recommender"]

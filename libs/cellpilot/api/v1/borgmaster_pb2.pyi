@@ -867,6 +867,26 @@ Global___GetCellStatusRequest: _TypeAlias = GetCellStatusRequest  # noqa: Y015
 class GetCellStatusResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class StaleReasonsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     REPLICA_ID_FIELD_NUMBER: _builtins.int
     IS_LEADER_FIELD_NUMBER: _builtins.int
     GPA_RHO_FIELD_NUMBER: _builtins.int
@@ -877,6 +897,13 @@ class GetCellStatusResponse(_message.Message):
     OVERFLOWED_SAMPLES_FIELD_NUMBER: _builtins.int
     RECENT_OVERFLOW_RATE_FIELD_NUMBER: _builtins.int
     RECENT_SAMPLES_FIELD_NUMBER: _builtins.int
+    PROPOSALS_FIELD_NUMBER: _builtins.int
+    PLACEMENTS_ACCEPTED_FIELD_NUMBER: _builtins.int
+    PLACEMENTS_STALE_FIELD_NUMBER: _builtins.int
+    PLACEMENTS_PREEMPTED_FIELD_NUMBER: _builtins.int
+    LOG_SEQUENCE_FIELD_NUMBER: _builtins.int
+    TASKS_PENDING_FIELD_NUMBER: _builtins.int
+    STALE_REASONS_FIELD_NUMBER: _builtins.int
     replica_id: _builtins.str
     """the replica that answered"""
     is_leader: _builtins.bool
@@ -901,6 +928,23 @@ class GetCellStatusResponse(_message.Message):
     observed overflow rate to compare with gpa_rho.
     """
     recent_samples: _builtins.int
+    proposals: _builtins.int
+    """The scheduler's proposals as this master judged them since it was elected (Borg §3.4:
+    placements computed on a cached copy are accepted unless out of date): placements
+    proposed, accepted and refused as stale; running tasks the accepted ones preempted.
+    proposal batches
+    """
+    placements_accepted: _builtins.int
+    placements_stale: _builtins.int
+    placements_preempted: _builtins.int
+    log_sequence: _builtins.int
+    """the master's applied log position"""
+    tasks_pending: _builtins.int
+    """pending tasks of released jobs (held jobs' tasks excluded)"""
+    @_builtins.property
+    def stale_reasons(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Stale placements by the reason the master gave (e.g. "the task is no longer pending")."""
+
     def __init__(
         self,
         *,
@@ -914,10 +958,17 @@ class GetCellStatusResponse(_message.Message):
         overflowed_samples: _builtins.int = ...,
         recent_overflow_rate: _builtins.float = ...,
         recent_samples: _builtins.int = ...,
+        proposals: _builtins.int = ...,
+        placements_accepted: _builtins.int = ...,
+        placements_stale: _builtins.int = ...,
+        placements_preempted: _builtins.int = ...,
+        log_sequence: _builtins.int = ...,
+        tasks_pending: _builtins.int = ...,
+        stale_reasons: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpa_rho", b"gpa_rho", "is_leader", b"is_leader", "machine_samples", b"machine_samples", "machines_in_use", b"machines_in_use", "overflowed_samples", b"overflowed_samples", "recent_overflow_rate", b"recent_overflow_rate", "recent_samples", b"recent_samples", "replica_id", b"replica_id", "tasks_running", b"tasks_running", "tasks_with_cpu_stats", b"tasks_with_cpu_stats"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpa_rho", b"gpa_rho", "is_leader", b"is_leader", "log_sequence", b"log_sequence", "machine_samples", b"machine_samples", "machines_in_use", b"machines_in_use", "overflowed_samples", b"overflowed_samples", "placements_accepted", b"placements_accepted", "placements_preempted", b"placements_preempted", "placements_stale", b"placements_stale", "proposals", b"proposals", "recent_overflow_rate", b"recent_overflow_rate", "recent_samples", b"recent_samples", "replica_id", b"replica_id", "stale_reasons", b"stale_reasons", "tasks_pending", b"tasks_pending", "tasks_running", b"tasks_running", "tasks_with_cpu_stats", b"tasks_with_cpu_stats"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

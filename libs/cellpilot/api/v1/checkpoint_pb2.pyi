@@ -13,6 +13,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -24,11 +25,34 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _MachineLifecycle:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MachineLifecycleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MachineLifecycle.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MACHINE_LIFECYCLE_UNSPECIFIED: _MachineLifecycle.ValueType  # 0
+    MACHINE_LIFECYCLE_UP: _MachineLifecycle.ValueType  # 1
+    MACHINE_LIFECYCLE_DOWN: _MachineLifecycle.ValueType  # 2
+    """missed several polls (Borg §3.3)"""
+    MACHINE_LIFECYCLE_REMOVED: _MachineLifecycle.ValueType  # 3
+
+class MachineLifecycle(_MachineLifecycle, metaclass=_MachineLifecycleEnumTypeWrapper):
+    """A machine's lifecycle state (what the API shows as MachineState is this and the drain flag)."""
+
+MACHINE_LIFECYCLE_UNSPECIFIED: MachineLifecycle.ValueType  # 0
+MACHINE_LIFECYCLE_UP: MachineLifecycle.ValueType  # 1
+MACHINE_LIFECYCLE_DOWN: MachineLifecycle.ValueType  # 2
+"""missed several polls (Borg §3.3)"""
+MACHINE_LIFECYCLE_REMOVED: MachineLifecycle.ValueType  # 3
+Global___MachineLifecycle: _TypeAlias = MachineLifecycle  # noqa: Y015
+
 @_typing.final
 class JobSubmitted(_message.Message):
     """The Borgmaster's checkpoint (Borg §3.1): an ordered change log of state mutations, each
     appended (conditional on the writer's epoch) before it is acknowledged, plus periodic
-    Snapshots. Replaying the records after a snapshot rebuilds the state at any log position.
+    snapshots (CellSnapshot). Replaying the records after a snapshot rebuilds the state at any
+    log position.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -550,8 +574,291 @@ class AppliedRequest(_message.Message):
 Global___AppliedRequest: _TypeAlias = AppliedRequest  # noqa: Y015
 
 @_typing.final
+class CellSnapshot(_message.Message):
+    """The Borgmaster's state after applying the log up to and including `sequence`, as a snapshot
+    stores it (checkpoint_snapshot.format = "cellpilot.api.v1.CellSnapshot"): exactly what the
+    state is restored from, in the messages the log records already store (JobSpec, MachineSpec,
+    Resources, QuotaSet, LeaderElected, LavaHost, LifetimeModelTrained, AppliedRequest). It holds
+    nothing the API derives or shows beside it (task counts, usage, reservations, quota used,
+    readiness), so what the API shows can change without changing what is stored.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    EVENT_TIME_MS_FIELD_NUMBER: _builtins.int
+    JOBS_FIELD_NUMBER: _builtins.int
+    MACHINES_FIELD_NUMBER: _builtins.int
+    QUOTAS_FIELD_NUMBER: _builtins.int
+    APPLIED_REQUESTS_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
+    LAVA_HOSTS_FIELD_NUMBER: _builtins.int
+    LIFETIME_MODEL_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    epoch: _builtins.int
+    """epoch of the master that took it"""
+    event_time_ms: _builtins.int
+    """event time of the last applied record, ms since epoch"""
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___SnapshotJob]:
+        """every job the state holds, dead ones too, with all their tasks"""
+
+    @_builtins.property
+    def machines(self) -> _containers.RepeatedCompositeFieldContainer[Global___SnapshotMachine]: ...
+    @_builtins.property
+    def quotas(self) -> _containers.RepeatedCompositeFieldContainer[Global___QuotaSet]:
+        """the quotas in force (the last QuotaSet of each user and band)"""
+
+    @_builtins.property
+    def applied_requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___AppliedRequest]: ...
+    @_builtins.property
+    def leader(self) -> Global___LeaderElected:
+        """absent: no leader recorded yet"""
+
+    @_builtins.property
+    def lava_hosts(self) -> _containers.RepeatedCompositeFieldContainer[_lifetimes_pb2.LavaHost]:
+        """LAVA §4.3 states of the machines that are not empty"""
+
+    @_builtins.property
+    def lifetime_model(self) -> Global___LifetimeModelTrained:
+        """absent: no model trained yet"""
+
+    def __init__(
+        self,
+        *,
+        sequence: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        event_time_ms: _builtins.int = ...,
+        jobs: _abc.Iterable[Global___SnapshotJob] | None = ...,
+        machines: _abc.Iterable[Global___SnapshotMachine] | None = ...,
+        quotas: _abc.Iterable[Global___QuotaSet] | None = ...,
+        applied_requests: _abc.Iterable[Global___AppliedRequest] | None = ...,
+        leader: Global___LeaderElected | None = ...,
+        lava_hosts: _abc.Iterable[_lifetimes_pb2.LavaHost] | None = ...,
+        lifetime_model: Global___LifetimeModelTrained | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["leader", b"leader", "lifetime_model", b"lifetime_model"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_requests", b"applied_requests", "epoch", b"epoch", "event_time_ms", b"event_time_ms", "jobs", b"jobs", "lava_hosts", b"lava_hosts", "leader", b"leader", "lifetime_model", b"lifetime_model", "machines", b"machines", "quotas", b"quotas", "sequence", b"sequence"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CellSnapshot: _TypeAlias = CellSnapshot  # noqa: Y015
+
+@_typing.final
+class SnapshotJob(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_FIELD_NUMBER: _builtins.int
+    SPEC_VERSION_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    SUBMITTED_MS_FIELD_NUMBER: _builtins.int
+    STATE_SINCE_MS_FIELD_NUMBER: _builtins.int
+    FENCING_TOKEN_FIELD_NUMBER: _builtins.int
+    MAX_DISRUPTIONS_FIELD_NUMBER: _builtins.int
+    TASKS_FIELD_NUMBER: _builtins.int
+    spec_version: _builtins.int
+    state: _state_pb2.JobState.ValueType
+    submitted_ms: _builtins.int
+    state_since_ms: _builtins.int
+    fencing_token: _builtins.int
+    """highest Autopilot fencing token of an update applied to it"""
+    max_disruptions: _builtins.int
+    """of the rolling update in progress"""
+    @_builtins.property
+    def spec(self) -> _job_pb2.JobSpec:
+        """the spec in force; its user and name make the job id"""
+
+    @_builtins.property
+    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___SnapshotTask]:
+        """Every task record: also the dead tasks of a scale-down, which keep their incarnations."""
+
+    def __init__(
+        self,
+        *,
+        spec: _job_pb2.JobSpec | None = ...,
+        spec_version: _builtins.int = ...,
+        state: _state_pb2.JobState.ValueType = ...,
+        submitted_ms: _builtins.int = ...,
+        state_since_ms: _builtins.int = ...,
+        fencing_token: _builtins.int = ...,
+        max_disruptions: _builtins.int = ...,
+        tasks: _abc.Iterable[Global___SnapshotTask] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fencing_token", b"fencing_token", "max_disruptions", b"max_disruptions", "spec", b"spec", "spec_version", b"spec_version", "state", b"state", "state_since_ms", b"state_since_ms", "submitted_ms", b"submitted_ms", "tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotJob: _TypeAlias = SnapshotJob  # noqa: Y015
+
+@_typing.final
+class SnapshotTask(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class AvoidedMachinesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
+    SPEC_VERSION_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    REASON_DETAIL_FIELD_NUMBER: _builtins.int
+    MACHINE_ID_FIELD_NUMBER: _builtins.int
+    PORTS_FIELD_NUMBER: _builtins.int
+    RESTARTS_FIELD_NUMBER: _builtins.int
+    STATE_SINCE_MS_FIELD_NUMBER: _builtins.int
+    FAILURES_FIELD_NUMBER: _builtins.int
+    NOT_BEFORE_MS_FIELD_NUMBER: _builtins.int
+    LAST_FAILURE_FIELD_NUMBER: _builtins.int
+    LAST_FAILURE_MS_FIELD_NUMBER: _builtins.int
+    RECENT_FAILURES_FIELD_NUMBER: _builtins.int
+    AVOIDED_MACHINES_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    spec_version: _builtins.int
+    """the job spec version it runs"""
+    incarnation: _builtins.int
+    state: _state_pb2.TaskState.ValueType
+    reason: _state_pb2.TaskEventKind.ValueType
+    """the event that brought it to its state (FAILED when DEAD: gave up)"""
+    reason_detail: _builtins.str
+    machine_id: _builtins.str
+    restarts: _builtins.int
+    state_since_ms: _builtins.int
+    failures: _builtins.int
+    """Restart backoff (Borg §4), as the log's RestartBackoff records left it.
+    failures in a row
+    """
+    not_before_ms: _builtins.int
+    """not rescheduled before this event time; 0 = none"""
+    last_failure: _builtins.str
+    last_failure_ms: _builtins.int
+    @_builtins.property
+    def limits(self) -> _resources_pb2.Resources:
+        """The limits it was placed or updated with; absent when they are the job spec's task limits
+        (most tasks), which a reader takes then.
+        """
+
+    @_builtins.property
+    def ports(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def recent_failures(self) -> _containers.RepeatedCompositeFieldContainer[Global___SnapshotTaskFailure]:
+        """the last few, oldest first"""
+
+    @_builtins.property
+    def avoided_machines(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Machines it is kept off: machine id -> until when (event time, ms since epoch)."""
+
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        limits: _resources_pb2.Resources | None = ...,
+        spec_version: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
+        state: _state_pb2.TaskState.ValueType = ...,
+        reason: _state_pb2.TaskEventKind.ValueType = ...,
+        reason_detail: _builtins.str = ...,
+        machine_id: _builtins.str = ...,
+        ports: _abc.Iterable[_builtins.int] | None = ...,
+        restarts: _builtins.int = ...,
+        state_since_ms: _builtins.int = ...,
+        failures: _builtins.int = ...,
+        not_before_ms: _builtins.int = ...,
+        last_failure: _builtins.str = ...,
+        last_failure_ms: _builtins.int = ...,
+        recent_failures: _abc.Iterable[Global___SnapshotTaskFailure] | None = ...,
+        avoided_machines: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["avoided_machines", b"avoided_machines", "failures", b"failures", "incarnation", b"incarnation", "index", b"index", "last_failure", b"last_failure", "last_failure_ms", b"last_failure_ms", "limits", b"limits", "machine_id", b"machine_id", "not_before_ms", b"not_before_ms", "ports", b"ports", "reason", b"reason", "reason_detail", b"reason_detail", "recent_failures", b"recent_failures", "restarts", b"restarts", "spec_version", b"spec_version", "state", b"state", "state_since_ms", b"state_since_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotTask: _TypeAlias = SnapshotTask  # noqa: Y015
+
+@_typing.final
+class SnapshotTaskFailure(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MACHINE_ID_FIELD_NUMBER: _builtins.int
+    EVENT_TIME_MS_FIELD_NUMBER: _builtins.int
+    machine_id: _builtins.str
+    event_time_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        machine_id: _builtins.str = ...,
+        event_time_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_time_ms", b"event_time_ms", "machine_id", b"machine_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotTaskFailure: _TypeAlias = SnapshotTaskFailure  # noqa: Y015
+
+@_typing.final
+class SnapshotMachine(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    DRAINING_FIELD_NUMBER: _builtins.int
+    STATE_SINCE_MS_FIELD_NUMBER: _builtins.int
+    state: Global___MachineLifecycle.ValueType
+    draining: _builtins.bool
+    """Its drain flag, kept while it is down: a draining machine that goes down and comes back
+    is still draining.
+    """
+    state_since_ms: _builtins.int
+    @_builtins.property
+    def spec(self) -> _machine_pb2.MachineSpec: ...
+    def __init__(
+        self,
+        *,
+        spec: _machine_pb2.MachineSpec | None = ...,
+        state: Global___MachineLifecycle.ValueType = ...,
+        draining: _builtins.bool = ...,
+        state_since_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["draining", b"draining", "spec", b"spec", "state", b"state", "state_since_ms", b"state_since_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotMachine: _TypeAlias = SnapshotMachine  # noqa: Y015
+
+@_typing.final
 class Snapshot(_message.Message):
-    """The complete Borgmaster state after applying the log up to and including `sequence`."""
+    """The first snapshot format (checkpoint_snapshot.format = "cellpilot.api.v1.Snapshot"), built
+    from the API's status messages. No longer written; read so that a database holding one still
+    loads. The fields of JobStatus, TaskStatus, Machine and Quota it reads must keep their numbers.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 

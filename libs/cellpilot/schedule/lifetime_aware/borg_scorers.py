@@ -1,35 +1,59 @@
-"""LAS and LAVA as scorers of the Borg scheduling core (:mod:`cellpilot.schedule.plugins`).
+"""The lifetime-aware scorers: LAS, LAVA and LA-Binary as registered scorer plugins.
 
 §4.2 adds LAS to Borg's lexicographic scoring one level above bin packing; §4.3 adds
-LAVA's preference one level above LAS. Here both fit the core's :class:`Scorer`
-protocol (scores on 0-100, higher is better) so a profile can stack them::
+LAVA's preference one level above LAS; LA-Binary (§2.4, §5.3) is the baseline they are
+compared with. Each fits the core's :class:`Scorer` protocol (scores on 0-100, higher is
+better) and is registered (``las``, ``lava``, ``la-binary``), so a profile stacks them::
 
     lifetimes = CellLifetimes(cell)
     scoring = Lexicographic((Level(LavaScorer(lifetimes)), Level(LasScorer(lifetimes)), Level(BestFit())))
+
+Which levels a placement policy stacks is data (:mod:`.policies`); the Borg scheduler and
+the LAVA study (:mod:`.pool_placement`) build the same scorers from it, each over its own
+source of lifetimes: :class:`CellLifetimes` (a Borg cell; the Borgmaster's
+:class:`~cellpilot.borg.lifetime_tracker.LifetimeTracker` wraps it) or the study's pool.
+A scorer reads its source only, through :meth:`LifetimeLevel.job_scores`, by the key of
+what is being placed (a job code in a cell, a VM row in the study).
 
 The caller keeps :class:`CellLifetimes` in step with the cell: ``expect`` a job's
 predicted remaining lifetime before scheduling it, then ``started`` / ``ended`` /
 ``repredicted`` as tasks come and go, and ``advance`` the clock (LAVA's deadlines).
 Scores map the discrete costs linearly: temporal cost c -> 100 (1 - c / 10); LAVA
-rank r -> 100 (1 - r / RANK_EMPTY); a job with no prediction scores 100 everywhere,
-so the level never decides for it.
+rank r -> 100 (1 - r / RANK_EMPTY); LA-Binary rank r -> 100 (1 - r / 2); a job with no
+prediction scores 100 everywhere, so the level never decides for it.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
-from cellpilot.array_types import FloatArray, IntpArray
+from cellpilot.array_types import BoolArray, FloatArray, IntpArray
 from cellpilot.lifetimes.lifetime_classes import lifetime_class as lifetime_class_of
 from cellpilot.schedule.cell import LIMIT, NUM_LEVELS, Cell
+from cellpilot.schedule.lifetime_aware.host_pool import VmRequest
 from cellpilot.schedule.lifetime_aware.lava import RANK_EMPTY, LavaHosts
-from cellpilot.schedule.lifetime_aware.lifetime_scores import MAX_TEMPORAL_COST, temporal_cost
-from cellpilot.schedule.lifetime_aware.policies import VmRequest
-from cellpilot.schedule.plugins import MAX_SCORE, Request
+from cellpilot.schedule.lifetime_aware.lifetime_scores import (
+    LA_BINARY_CUTOFF,
+    LA_BINARY_EMPTY,
+    MAX_TEMPORAL_COST,
+    la_binary_ranks,
+    temporal_cost,
+)
+from cellpilot.schedule.plugins import MAX_SCORE, Plugin, Request, register
+
+
+class Reads(enum.Enum):
+    """What a lifetime-aware scorer reads from its source; a placement policy needs the union
+    of what its levels read (:mod:`.policies`)."""
+
+    PREDICTIONS = "lifetime predictions"  # §3, §4.2: predicted at placement, repredicted at uptime
+    FIRST_PREDICTIONS = "first predictions"  # §2.4, §5.3: the one-shot prediction at creation
+    HOST_STATES = "LAVA host states"  # §4.3: empty / open / recycling, classes, deadlines
 
 
 class _CellPool:
@@ -61,8 +85,8 @@ class _CellPool:
 
 class LifetimeSource(Protocol):
     """What LAS and LAVA read: predicted remaining lifetimes and LAVA classes of the jobs being
-    placed (by job code), the clock, each machine's latest predicted exit, and LAVA's host
-    preference."""
+    placed (by job code; VM row in the study), the clock, each machine's latest predicted exit,
+    and LAVA's host preference."""
 
     @property
     def job_remaining(self) -> Mapping[int, float]: ...
@@ -76,6 +100,27 @@ class LifetimeSource(Protocol):
     def machine_exit(self, machines: IntpArray) -> FloatArray: ...
 
     def ranks(self, vm_class: int, machines: IntpArray) -> IntpArray: ...
+
+
+class FirstPredictionSource(Protocol):
+    """What LA-Binary reads (§2.4): the one-shot lifetime predicted at creation of what is being
+    placed, each machine's latest exit by its occupants' one-shot predictions, the clock, and
+    which machines are occupied."""
+
+    @property
+    def job_first_lifetime(self) -> Mapping[int, float]: ...
+
+    @property
+    def now(self) -> float: ...
+
+    def machine_first_exit(self, machines: IntpArray) -> FloatArray: ...
+
+    def occupied(self, machines: IntpArray) -> BoolArray: ...
+
+
+# What a cell's source gives (CellLifetimes; the Borgmaster's LifetimeTracker over it): the
+# scheduler keeps no one-shot predictions, so policies that read them run in the study only.
+CELL_SOURCE_GIVES = frozenset({Reads.PREDICTIONS, Reads.HOST_STATES})
 
 
 class CellLifetimes:
@@ -152,17 +197,24 @@ class CellLifetimes:
         return np.maximum(self._machine_exit[machines], self.now)
 
 
-@dataclass(frozen=True)
-class _LifetimeLevel:
-    """A lifetime-aware scorer: 100 (1 - cost) with a cost in [0, 1] from the job's prediction;
-    a job with no prediction scores 100 everywhere, so the level never decides for it."""
+class LifetimeLevel(Plugin):
+    """Base of the lifetime-aware scorers: 100 (1 - cost) with a cost in [0, 1] from the
+    prediction of what is being placed; no prediction scores 100 everywhere, so the level never
+    decides for it. Subclasses are frozen dataclasses with a ``lifetimes`` source field."""
 
-    lifetimes: LifetimeSource
-    name: str = ""
-    job_dependent: bool = True
+    job_dependent: ClassVar[bool] = True
+    reads: ClassVar[frozenset[Reads]] = frozenset()
+
+    def __post_init__(self) -> None:
+        if getattr(self, "lifetimes", None) is None:
+            raise ValueError(f"scorer {self.name!r} needs a source of lifetime predictions ('lifetimes')")
 
     def score(self, cell: Cell, req: Request, machines: IntpArray) -> FloatArray:
-        prediction = self.prediction(req.job)
+        return self.job_scores(req.job, machines)
+
+    def job_scores(self, job: int, machines: IntpArray) -> FloatArray:
+        """Scores of ``machines`` for what the source knows as ``job`` (a job code, a VM row)."""
+        prediction = self.prediction(job)
         if prediction is None:
             return np.full(machines.shape[0], MAX_SCORE)
         return MAX_SCORE * (1.0 - self.cost(prediction, machines))
@@ -174,28 +226,63 @@ class _LifetimeLevel:
         raise NotImplementedError
 
 
+@register("scorer", "las")
 @dataclass(frozen=True)
-class LasScorer(_LifetimeLevel):
-    """LAS's temporal cost (§4.2) as a Borg scorer; the prediction is the job's remaining lifetime."""
+class LasScorer(LifetimeLevel):
+    """LAS's temporal cost (§4.2); the prediction is the job's remaining lifetime."""
 
-    name: str = "las"
+    reads: ClassVar[frozenset[Reads]] = frozenset({Reads.PREDICTIONS})
+    lifetimes: LifetimeSource | None = None
 
     def prediction(self, job: int) -> float | None:
+        assert self.lifetimes is not None
         return self.lifetimes.job_remaining.get(job)
 
     def cost(self, prediction: float, machines: IntpArray) -> FloatArray:
         lt = self.lifetimes
+        assert lt is not None
         return temporal_cost(lt.now + prediction, lt.machine_exit(machines)) / MAX_TEMPORAL_COST
 
 
+@register("scorer", "lava")
 @dataclass(frozen=True)
-class LavaScorer(_LifetimeLevel):
-    """LAVA's host preference (§4.3) as a Borg scorer; the prediction is the job's lifetime class."""
+class LavaScorer(LifetimeLevel):
+    """LAVA's host preference (§4.3); the prediction is the job's lifetime class."""
 
-    name: str = "lava"
+    reads: ClassVar[frozenset[Reads]] = frozenset({Reads.PREDICTIONS, Reads.HOST_STATES})
+    lifetimes: LifetimeSource | None = None
 
     def prediction(self, job: int) -> float | None:
+        assert self.lifetimes is not None
         return self.lifetimes.job_class.get(job)
 
     def cost(self, prediction: float, machines: IntpArray) -> FloatArray:
+        assert self.lifetimes is not None
         return self.lifetimes.ranks(int(prediction), machines) / RANK_EMPTY
+
+
+@register("scorer", "la-binary")
+@dataclass(frozen=True)
+class LaBinaryScorer(LifetimeLevel):
+    """LA-Binary's preference (§2.4, §5.3): short or long by one-shot predictions, split at
+    ``cutoff`` seconds; the prediction is the lifetime predicted at creation."""
+
+    reads: ClassVar[frozenset[Reads]] = frozenset({Reads.FIRST_PREDICTIONS})
+    lifetimes: FirstPredictionSource | None = None
+    cutoff: float = LA_BINARY_CUTOFF
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.cutoff <= 0:
+            raise ValueError("la-binary cutoff must be > 0 seconds")
+
+    def prediction(self, job: int) -> float | None:
+        assert self.lifetimes is not None
+        return self.lifetimes.job_first_lifetime.get(job)
+
+    def cost(self, prediction: float, machines: IntpArray) -> FloatArray:
+        lt = self.lifetimes
+        assert lt is not None
+        host_long = lt.machine_first_exit(machines) - lt.now >= self.cutoff
+        ranks = la_binary_ranks(prediction >= self.cutoff, host_long, lt.occupied(machines))
+        return ranks / LA_BINARY_EMPTY

@@ -3,7 +3,7 @@
 Resources are three dimensions per VM and host: cores, memory (GiB) and local SSD
 (GiB), slice-of-hardware style (§2.2): a VM holds its full shape. A host can be taken
 out of scheduling (``available`` False) while it is being drained for
-defragmentation or maintenance (§4.4).
+defragmentation or maintenance (§4.4). A VM to place is a :class:`VmRequest`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cellpilot.array_types import BoolArray, FloatArray, Int64Array
+from cellpilot.lifetimes.lifetime_classes import lifetime_class
 
 RESOURCE_NAMES = ("cores", "memory_gib", "ssd_gib")
 CORES, MEMORY, SSD = range(3)
@@ -27,6 +28,26 @@ class HostShape:
 
     def array(self) -> FloatArray:
         return np.array([self.cores, self.memory_gib, self.ssd_gib], dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class VmRequest:
+    """A VM to place: its trace row, shape and predicted remaining lifetime at ``now`` (s).
+
+    ``lifetime_class`` is the LAVA class (§4.3) the predictor assigns; -1 means "the class
+    of ``remaining``" (a point predictor). A distribution predictor may assign a class from
+    its whole distribution instead (see :mod:`cellpilot.lifetimes.predictors`).
+    """
+
+    row: int
+    demand: FloatArray  # (3,) cores, memory GiB, SSD GiB
+    remaining: float = float("nan")  # repredicted at the VM's current uptime (NaN: no predictor)
+    lifetime_class: int = -1
+
+    @property
+    def vm_class(self) -> int:
+        """The LAVA class to schedule this VM by (§4.3)."""
+        return self.lifetime_class if self.lifetime_class >= 0 else int(lifetime_class(self.remaining))
 
 
 class HostPool:

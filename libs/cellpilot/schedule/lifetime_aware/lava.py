@@ -19,7 +19,8 @@ Per host: a state (empty, open, recycling), a lifetime class (LC1..LC4 as 0..3, 
   turns recycling, since it now has residual VMs.
 * Preference (§4.3): recycling hosts of a longer class than the VM (the closer the
   better), then open hosts of the VM's class, then any non-empty host, then empty
-  hosts; LAS's temporal cost breaks ties, then best fit.
+  hosts. The ``lava`` placement policy (:mod:`.policies`) scores it one level above LAS's
+  temporal cost, which breaks its ties, then packing.
 
 Boundaries the paper leaves open, decided here: the class never goes below LC1 (an
 LC1 host whose residuals left keeps LC1 with fresh residuals and deadline) nor above
@@ -37,10 +38,7 @@ import numpy.typing as npt
 
 from cellpilot.array_types import FloatArray, Int64Array
 from cellpilot.lifetimes.lifetime_classes import NUM_LIFETIME_CLASSES, class_upper
-from cellpilot.schedule.lifetime_aware.host_pool import CORES, MEMORY, HostPool
-from cellpilot.schedule.lifetime_aware.lifetime_ledger import LifetimeLedger
-from cellpilot.schedule.lifetime_aware.lifetime_scores import best_fit_cost, lexicographic_min, temporal_cost
-from cellpilot.schedule.lifetime_aware.policies import VmRequest
+from cellpilot.schedule.lifetime_aware.host_pool import CORES, MEMORY, VmRequest
 
 EMPTY, OPEN, RECYCLING = 0, 1, 2
 STATE_NAMES = ("empty", "open", "recycling")
@@ -163,24 +161,3 @@ class LavaHosts:
                 # it steps down when they leave (Fig. 5b), like a host that filled up.
                 self.reclassified_up_open += 1
                 self.state[host] = RECYCLING
-
-
-class Lava(LavaHosts):
-    """The LAVA policy: LAVA's preference, then LAS's temporal cost (§4.2), then best fit."""
-
-    name = "lava"
-
-    def __init__(self, pool: HostPool, ledger: LifetimeLedger) -> None:
-        super().__init__(pool)
-        self.hosts_pool = pool
-        self.ledger = ledger
-
-    def choose(self, vm: VmRequest, candidates: Int64Array, now: float) -> int:
-        self.advance(now)
-        self.ledger.refresh(now)
-        pool = self.hosts_pool
-        ranks = self.ranks(vm.vm_class, candidates)
-        host_exit = np.maximum(self.ledger.host_exit()[candidates], now)
-        temporal = temporal_cost(now + vm.remaining, host_exit)
-        fit = best_fit_cost(pool.capacity[candidates], pool.used[candidates], vm.demand)
-        return int(candidates[lexicographic_min([ranks, temporal, fit])])

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import re
 import shutil
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,8 +31,8 @@ import psutil
 
 from cellpilot.borg.cgroup_v2 import CgroupUsage
 from cellpilot.borglet.hosted_task import HostedTask, Limits, ProcessPlan
+from cellpilot.platform.launch_as import launch_spec, launcher_argv, write_spec
 from cellpilot.platform.system_accounts import RunAs
-from cellpilot_services.borglet import task_launcher
 from cellpilot_services.borglet.task_cgroups import TaskCgroups
 from cellpilot_services.borglet.task_sandbox import (
     check_exec_strings,
@@ -45,8 +43,6 @@ from cellpilot_services.borglet.task_sandbox import (
 
 log = logging.getLogger(__name__)
 
-# Started in place of the task's command: joins its cgroup, becomes the task account, execs it.
-LAUNCHER = str(Path(task_launcher.__file__))
 CGROUP_REMOVE_TRIES = 40
 CGROUP_REMOVE_PAUSE_S = 0.05
 
@@ -160,24 +156,20 @@ class ProcessRunner:
         """Run the launcher (empty environment), which joins the cgroup, drops to the task account
         and execs the command with ``env``; the launch description goes through a pipe."""
         account = self.account
-        launch = {
-            "executable": executable,
-            "args": list(args),
-            "env": env,
-            "cgroup": str(cgroup) if cgroup is not None else "",
-            "uid": account.uid,
-            "gid": account.gid,
-            "groups": account.groups(),
-        }
+        launch = launch_spec(
+            executable,
+            args,
+            env,
+            uid=account.uid,
+            gid=account.gid,
+            groups=account.groups(),
+            cgroup=str(cgroup) if cgroup is not None else "",
+        )
         spec_read, spec_write = os.pipe()
         try:
             try:
                 process = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-I",
-                    "-S",
-                    LAUNCHER,
-                    str(spec_read),
+                    *launcher_argv(spec_read),
                     env={},
                     cwd=cwd,
                     stdin=asyncio.subprocess.DEVNULL,
@@ -188,12 +180,10 @@ class ProcessRunner:
                 )
             finally:
                 os.close(spec_read)
-            pending = memoryview(json.dumps(launch).encode())
-            with contextlib.suppress(BrokenPipeError):  # it died at once: its exit code says so
-                while pending:
-                    pending = pending[os.write(spec_write, pending) :]
-        finally:
+        except BaseException:
             os.close(spec_write)
+            raise
+        write_spec(spec_write, launch)
         return process
 
     def meter(self, handle: ProcessHandle) -> None:

@@ -29,6 +29,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cellpilot.platform.launch_as import start_as
 from cellpilot.platform.store_accounts import POSTGRES_SUPERUSER, REDIS_ACL_FILE
 from cellpilot.platform.system_accounts import RunAs, current_account, system_account
 from cellpilot.stack.broker_build import durable_tansu_binary
@@ -174,14 +175,15 @@ def initialise_postgres(config: StackConfig, run_as: RunAs) -> None:
         raise RuntimeError(f"{socket_dir} belongs to another user: remove it or use another data directory")
     socket_dir.chmod(0o700)  # the superuser's way in: only the server's account (and root)
     if not (data / "PG_VERSION").exists():
-        subprocess.run(
+        initdb = start_as(
             [str(postgres_bin_dir() / "initdb"), "-D", str(data), "-U", POSTGRES_SUPERUSER,
              "--auth-local=peer", "--auth-host=scram-sha-256", "-E", "UTF8"],
-            check=True,
-            capture_output=True,
-            user=run_as.uid,
-            group=run_as.gid,
+            env=os.environ, uid=run_as.uid, gid=run_as.gid, groups=run_as.groups(),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )  # fmt: skip
+        output, _ = initdb.communicate()
+        if initdb.returncode != 0:
+            raise RuntimeError(f"initdb failed ({initdb.returncode}): {output.decode(errors='replace')}")
     write_postgres_access(data, run_as)
 
 

@@ -55,11 +55,11 @@ class ServiceAccount:
     run_as: RunAs  # RunAs(): the account that runs the stack
     extra_groups: tuple[int, ...] = ()
 
-    def popen_options(self) -> dict[str, object]:
-        """``user``/``group``/``extra_groups`` for subprocess.Popen (nothing to change: empty)."""
+    def groups(self) -> list[int]:
+        """The supplementary groups its processes get: its own and the extra ones."""
         if self.run_as.uid is None:
-            return {}
-        return {"user": self.run_as.uid, "group": self.run_as.gid, "extra_groups": list(self.extra_groups)}
+            return []
+        return sorted({*self.run_as.groups(), *self.extra_groups})
 
 
 def separate_accounts_possible() -> bool:

@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 
 import cellpilot
+from cellpilot.platform.launch_as import start_as
 from cellpilot.stack.processes import ProcessHandle, StopRequest, process_alive, stop_processes
 from cellpilot.stack.service_accounts import account_of, reachable_by
 from cellpilot.stack.supervision_state import write_json_atomically
@@ -159,14 +160,16 @@ class ServiceSupervisor:
         code += [Path(services_code.origin)] if services_code and services_code.origin else []
         reachable_by(account, [self.env_file, *code])
         with open(log_path, "ab") as log:
-            process = subprocess.Popen(  # type: ignore[call-overload]
+            process = start_as(
                 [sys.executable, "-m", f"cellpilot_services.{spec.module}", *spec.args],
+                env=env,
+                uid=account.run_as.uid,
+                gid=account.run_as.gid,
+                groups=account.groups(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                env=env,
-                **account.popen_options(),
             )
         handle = ProcessHandle.started(process)
         self._handles[(spec.name, replica)] = handle

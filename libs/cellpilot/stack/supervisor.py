@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 
 from cellpilot.platform.kafka import ensure_topic_layout, ensure_topics
+from cellpilot.platform.launch_as import start_as
 from cellpilot.platform.postgres import apply_migrations, ensure_database
 from cellpilot.platform.redis_client import ping_redis
 from cellpilot.platform.store_accounts import provision_postgres_roles, write_redis_acl
@@ -250,16 +251,17 @@ class Stack:
     def _spawn(self, component: Component) -> ProcessHandle:
         log_path = self.config.data_dir / "logs" / f"{component.name}.log"
         with open(log_path, "ab") as log:
-            process = subprocess.Popen(
+            process = start_as(
                 component.argv,
                 executable=component.executable,
+                env={**os.environ, **component.env},
+                uid=component.run_as.uid,
+                gid=component.run_as.gid,
+                groups=component.run_as.groups(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                env={**os.environ, **component.env},
-                user=component.run_as.uid,
-                group=component.run_as.gid,
                 cwd=self.config.data_dir,
             )
         handle = ProcessHandle.started(process)

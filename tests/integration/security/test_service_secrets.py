@@ -10,12 +10,14 @@ supervisor starts the aggregator as that very account.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from cellpilot.platform.launch_as import start_as
 from cellpilot.stack import Stack
 from cellpilot.stack.service_accounts import ACCOUNT_PREFIX, account_of, separate_accounts_possible
 
@@ -35,15 +37,18 @@ def read_as(service: str, path: Path) -> str:
         "try:\n    open(sys.argv[1], 'rb').read(1)\nexcept PermissionError:\n    print('refused')\n"
         "else:\n    print('opens')\n"
     )
-    done = subprocess.run(
+    # Started exactly as the stack starts the service's processes (same account and groups).
+    process = start_as(
         [sys.executable, "-c", probe, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-        **account.popen_options(),  # type: ignore[arg-type]
+        env={"PATH": os.environ.get("PATH", "")},
+        uid=account.run_as.uid,
+        gid=account.run_as.gid,
+        groups=account.groups(),
+        stdout=subprocess.PIPE,
     )
-    return done.stdout.strip()
+    out, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, out
+    return out.decode().strip()
 
 
 @pytest.mark.parametrize(

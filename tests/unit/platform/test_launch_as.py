@@ -13,7 +13,10 @@ from cellpilot.platform import launch_as
 from cellpilot.platform.launch_as import launch_spec, popen_as, start_as
 from cellpilot.platform.system_accounts import system_account
 
-PRINT_IDS = "import os, sys; print(os.getuid(), os.getgid(), sorted(os.getgroups()), sys.argv[1:], os.environ.get('X'))"
+PRINT_IDS = (
+    "import os, sys; "
+    "print(os.getuid(), os.getgid(), sorted(os.getgroups()), sys.argv[1:], os.environ.get('X'))"
+)
 
 
 def run(process: subprocess.Popen[bytes]) -> tuple[int, str]:

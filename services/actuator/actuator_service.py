@@ -6,6 +6,9 @@ Borgmaster's UpdateJob, following its elected master (:mod:`cellpilot.client`).
   is skipped, and an actuation whose key was settled before (the same decision published
   again) is a no-op recorded as DUPLICATE. The key is also the UpdateJob request id, so
   even a crash between UpdateJob and the save applies nothing twice.
+* **Decisions in order.** A newer decision made on a spec version the actuator's own previous
+  update replaced goes onto the version that update produced; a change by anyone else in
+  between still refuses it (CONFLICT) (:class:`ActuationGuard`).
 * **Fenced.** The highest fencing token that reached the Borgmaster is kept; an actuation
   with an older token comes from a deposed Autopilot master and is refused (FENCED). The
   Borgmaster checks the same per job.
@@ -252,6 +255,9 @@ class Actuator:
         if wait > 0:
             await asyncio.sleep(wait)
         spec, paths = update_request.update_of(actuation)
+        # A newer decision of the master made on a version its own previous actuation replaced
+        # goes onto the version that one produced (ActuationGuard.expected_version).
+        expected = self.guard.expected_version(actuation.job_id, actuation.based_on_spec_version)
         backoff = self.settings.initial_backoff_s
         last = ""
         for attempt in range(1, self.settings.max_attempts + 1):
@@ -261,7 +267,7 @@ class Actuator:
                     actuation.job_id,
                     spec,
                     paths,
-                    expected_spec_version=actuation.based_on_spec_version,
+                    expected_spec_version=expected,
                     fencing_token=actuation.fencing_token,
                     release_hold=actuation.release_hold,
                     request_id=actuation.idempotency_key,
@@ -274,6 +280,7 @@ class Actuator:
                 backoff = min(backoff * 2, self.settings.max_backoff_s)
                 continue
             self.guard.accept_token(actuation.fencing_token)
+            self.guard.applied(actuation.job_id, expected, response.job.spec_version)
             result.spec_version = response.job.spec_version
             result.log_sequence = response.log_sequence
             return self._finish(result, actuation_pb2.ACTUATION_OUTCOME_APPLIED, "")

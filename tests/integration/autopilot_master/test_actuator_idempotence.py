@@ -24,6 +24,7 @@ from cellpilot.stack import StackEndpoints
 
 APPLIED = actuation_pb2.ACTUATION_OUTCOME_APPLIED
 FENCED = actuation_pb2.ACTUATION_OUTCOME_FENCED
+CONFLICT = actuation_pb2.ACTUATION_OUTCOME_CONFLICT
 ON = job_pb2.SCALING_MODE_ON  # the actuator may change only Autopiloted dimensions
 
 
@@ -127,3 +128,46 @@ async def _replays(act: object, key: str, count: int) -> bool:
 
 async def _count(act: object, outcome: str, count: int) -> bool:
     return bool(act.outcomes[outcome] >= count)  # type: ignore[attr-defined]
+
+
+async def test_decisions_made_on_one_spec_version_apply_in_order_until_a_user_edits_the_job(
+    fresh_database_url: str, endpoints: StackEndpoints
+) -> None:
+    """The master decides again before its previous actuation landed, so consecutive
+    actuations name the same spec version: each goes onto the version its predecessor made;
+    a change by someone else in between still refuses the next one (CONFLICT)."""
+    scenario = Scenario(endpoints)
+    await scenario.create_topics()
+    async with borgmaster(fresh_database_url, scenario) as bm, Publisher(scenario) as publish:
+        client = api_client([bm.address])
+        await grant(client, scenario.user)
+        job = await client.borgmaster.submit_job(job_spec("web", scenario.user, cpu_mode=ON, memory_mode=ON))
+        observed = (await job_status(client, job.job_id)).spec_version
+
+        def decided(key: str, cpu: int) -> actuation_pb2.Actuation:
+            actuation = _actuation(job.job_id, key, 5, cpu)
+            actuation.based_on_spec_version = observed
+            return actuation
+
+        async with actuator(scenario.actuator_settings([bm.address])) as act:
+            for key, cpu in (("d1", 600), ("d2", 700), ("d3", 800)):
+                await publish.actuation(decided(key, cpu))
+            results = [
+                await eventually(lambda k=key: act.results.result(k), 15, f"{key} settled")  # type: ignore[misc]
+                for key in ("d1", "d2", "d3")
+            ]
+            assert [r.outcome for r in results] == [APPLIED] * 3, [r.detail for r in results]
+            assert [r.spec_version for r in results] == [observed + 1, observed + 2, observed + 3]
+            status = await job_status(client, job.job_id)
+            assert status.spec.task.limits.cpu_millicores == 800
+
+            # A user edits the memory limit; a decision made before that edit is refused.
+            edit = job_pb2.JobSpec()
+            edit.task.limits.memory_bytes = 3 << 30
+            await client.borgmaster.update_job(job.job_id, edit, ["task.limits.memory_bytes"])
+            await publish.actuation(decided("d4", 900))
+            late = await eventually(lambda: act.results.result("d4"), 15, "d4 settled")
+            assert late.outcome == CONFLICT, late.detail
+            status = await job_status(client, job.job_id)
+            assert status.spec.task.limits.cpu_millicores == 800
+            assert status.spec.task.limits.memory_bytes == 3 << 30

@@ -96,3 +96,42 @@ def test_memory_round_trips_with_stabiliser_state() -> None:
     assert decode_memory(encode_memory(JobMemory())) == JobMemory()
     with pytest.raises(ValueError, match="truncated"):
         decode_memory(b"\x01")
+
+
+def test_a_newer_decision_on_a_version_its_own_predecessor_replaced_goes_onto_the_chain() -> None:
+    guard = ActuationGuard()
+    # Two decisions made on version 2 before the first reached the Borgmaster.
+    assert guard.expected_version("u/j", 2) == 2
+    guard.applied("u/j", 2, 3)
+    assert guard.expected_version("u/j", 2) == 3
+    guard.applied("u/j", 3, 4)
+    # A third decision on 2 or on 3 (all replaced by this actuator's own updates) expects 4.
+    assert guard.expected_version("u/j", 2) == 4
+    assert guard.expected_version("u/j", 3) == 4
+    # A decision on the latest version, on one older than the chain, or on another job: unchanged.
+    assert guard.expected_version("u/j", 4) == 4
+    assert guard.expected_version("u/j", 1) == 1
+    assert guard.expected_version("u/other", 2) == 2
+    assert guard.expected_version("u/j", 0) == 0  # no check asked for: none made
+
+
+def test_a_change_made_by_someone_else_starts_a_new_chain() -> None:
+    guard = ActuationGuard()
+    guard.applied("u/j", 2, 3)
+    # A user edited the job (3 -> 4); the master then decided on 4.
+    guard.applied("u/j", 4, 5)
+    assert guard.expected_version("u/j", 4) == 5
+    # Versions before the user's edit are not this actuator's chain: the Borgmaster refuses them.
+    assert guard.expected_version("u/j", 2) == 2
+    assert guard.expected_version("u/j", 3) == 3
+    # An unchecked update proves nothing about the chain.
+    guard.applied("u/j", 0, 6)
+    assert guard.expected_version("u/j", 4) == 4
+
+
+def test_chains_are_forgotten_oldest_first() -> None:
+    guard = ActuationGuard(remember_jobs=2)
+    for job in ("a", "b", "c"):
+        guard.applied(job, 1, 2)
+    assert guard.expected_version("a", 1) == 1
+    assert guard.expected_version("c", 1) == 2

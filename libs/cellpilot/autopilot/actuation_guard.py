@@ -87,4 +87,3 @@ class ActuationGuard:
         self._own_versions.move_to_end(job_id)
         while len(self._own_versions) > self.remember_jobs:
             self._own_versions.popitem(last=False)
-

@@ -16,6 +16,7 @@ built elsewhere.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -66,6 +67,22 @@ def build(say: Callable[[str], None] = print) -> Path | None:
         return None
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
+    with open(root / "build.lock", "wb") as lock:
+        # One build at a time (parallel test workers, a second `make broker`): the others wait
+        # for it and use what it built.
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"broker: another build into {root} is under way: waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        binary = durable_tansu_binary()
+        if binary is not None:
+            say(f"broker: durable Tansu {TANSU_VERSION} ({TANSU_FEATURES}) at {binary}")
+            return binary
+        return _build_into(root, say)
+
+
+def _build_into(root: Path, say: Callable[[str], None]) -> Path | None:
     log = root / "build.log"
     say(f"broker: building Tansu {TANSU_VERSION} with {TANSU_FEATURES} into {root} (20-30 min on 2 cores)")
     started = time.monotonic()

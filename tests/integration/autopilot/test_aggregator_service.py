@@ -32,6 +32,8 @@ from cellpilot.stack.config import free_port
 from cellpilot.usage.buckets import CPU_SCHEME, MEMORY_SCHEME
 from cellpilot.usage.histogram import SparseHistogram
 
+pytestmark = pytest.mark.slow  # started first (tests/conftest.py)
+
 W = 60_000
 T0 = 28_333_334 * W  # an event time on the window grid
 MIB = 1 << 20

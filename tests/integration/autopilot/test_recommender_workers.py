@@ -15,6 +15,7 @@ from __future__ import annotations
 import uuid
 
 import numpy as np
+import pytest
 import redis.asyncio as aioredis
 from autopilot_processes import ServiceProcess, new_topics, read_all, stop_all, wait_for
 from stream_writers import StreamWriter
@@ -32,6 +33,8 @@ from cellpilot.stack import StackEndpoints
 from cellpilot.stack.config import free_port
 from cellpilot.units import GIB
 from cellpilot.usage.buckets import Resource
+
+pytestmark = pytest.mark.slow  # started first (tests/conftest.py)
 
 W = 300_000
 T0 = 5_666_666 * W

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
+import pytest
 from autopilot_master_harness import (
     BORGMASTER_FAST,
     GIB,
@@ -39,6 +40,8 @@ from cellpilot.api.v1 import job_pb2, resources_pb2, state_pb2
 from cellpilot.platform.kafka import ensure_topics
 from cellpilot.platform.topics import Topic
 from cellpilot.stack import StackEndpoints
+
+pytestmark = pytest.mark.slow  # started first (tests/conftest.py)
 
 PARTITIONS = 3
 SPEEDUP = 300.0

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
+import pytest
 from autopilot_master_harness import (
     GIB,
     Scenario,
@@ -46,6 +47,8 @@ from cellpilot.usage.buckets import Resource, default_scheme
 from cellpilot.workloads.task_signals import JobTraits
 from cellpilot_services.autopilot.convert import traits_in
 from cellpilot_services.autopilot.decision_loop import policy_of
+
+pytestmark = pytest.mark.slow  # started first (tests/conftest.py)
 
 ON = job_pb2.SCALING_MODE_ON
 SPEEDUP = 1200.0  # four 5-minute windows per wall second

@@ -27,6 +27,7 @@ from typing import Any
 
 import asyncpg
 import numpy as np
+import pytest
 import redis.asyncio as aioredis
 from aiokafka.partitioner import DefaultPartitioner
 from autopilot_master_harness import (
@@ -51,6 +52,8 @@ from cellpilot.platform.postgres import asyncpg_dsn
 from cellpilot.platform.redis_client import reply_bytes, reply_text
 from cellpilot.stack import StackEndpoints
 from cellpilot.usage.buckets import CPU_SCHEME, MEMORY_SCHEME
+
+pytestmark = pytest.mark.slow  # started first (tests/conftest.py)
 
 ON = job_pb2.SCALING_MODE_ON
 APPLIED = actuation_pb2.ACTUATION_OUTCOME_APPLIED

@@ -17,6 +17,8 @@ from cellpilot.platform.redis_client import ping_redis
 from cellpilot.stack import Stack, StackConfig, StackEndpoints
 from cellpilot.stack.config import port_in_use
 
+pytestmark = pytest.mark.slow  # started first (tests/conftest.py)
+
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

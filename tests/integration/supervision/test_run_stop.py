@@ -29,6 +29,8 @@ from cellpilot.stack.services import STOP_GRACE_S as SERVICES_GRACE_S
 from cellpilot.stack.supervision_state import SupervisorState
 from cellpilot.stack.supervisor import STOP_GRACE_S as STORES_GRACE_S
 
+pytestmark = pytest.mark.slow  # started first (tests/conftest.py)
+
 # The services all at once (SIGKILL after their grace), then the stores all at once; plus a few
 # seconds for port release and a loaded machine. Serial stops (a grace per component) take 30 s+.
 STOP_BUDGET_S = SERVICES_GRACE_S + STORES_GRACE_S + 5.0

@@ -5,12 +5,14 @@
 #     1. a Debian base made with debootstrap from the mirror the host's apt uses, imported
 #        into Docker (made once; remove the image to remake it);
 #     2. a wheelhouse of the pinned runtime requirements (so image builds need no network);
-#     3. the Cellpilot services image and the Kafka-protocol (Tansu), PostgreSQL and Redis
-#        images, all from the same wheels the embedded stack uses; the Kafka image gets the
+#     3. the Cellpilot services image and the Kafka-protocol (Tansu) and Redis images, all from
+#        the same wheels the embedded stack uses, and the replicated PostgreSQL image (Patroni,
+#        etcd, PostgreSQL: Debian's packages); the Kafka image gets the
 #        durable Tansu that `make broker` builds (infra/images/broker/README.md);
 #     4. .env at the repository root pointing docker compose at these local images.
-#   infra/images/build_images.sh --registry  registry path: the services image only, on the
-#     official python:3.11-slim (pulled); compose pulls the official Kafka/PostgreSQL/Redis.
+#   infra/images/build_images.sh --registry  registry path: the services and replicated
+#     PostgreSQL images, on the official python:3.11-slim (pulled); compose pulls the official
+#     Kafka and Redis.
 #   --base-image NAME                        build on NAME instead (either path)
 # The tag is $CELLPILOT_IMAGE_TAG (default "local").
 set -euo pipefail
@@ -18,7 +20,7 @@ cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 TAG=${CELLPILOT_IMAGE_TAG:-local}
 BASE_IMAGE=""
-TARGETS="services kafka postgres redis"
+TARGETS="services kafka redis"
 while [ $# -gt 0 ]; do
   case "$1" in
     --base-image) BASE_IMAGE=${2:?--base-image needs a name}; shift 2 ;;
@@ -75,11 +77,18 @@ for target in ${TARGETS}; do
     || { tail -30 "${LOG}"; echo "docker build of ${target} failed (log: ${LOG})" >&2; exit 1; }
 done
 
+step "image cellpilot/postgres-ha:${TAG} (base ${BASE_IMAGE}; Patroni, etcd, PostgreSQL from Debian)"
+LOG=/tmp/cellpilot-image-postgres-ha.log
+docker build --build-arg "BASE_IMAGE=${BASE_IMAGE}" -t "cellpilot/postgres-ha:${TAG}" \
+  infra/images/postgres-ha > "${LOG}" 2>&1 \
+  || { tail -30 "${LOG}"; echo "docker build of postgres-ha failed (log: ${LOG})" >&2; exit 1; }
+
 {
   echo "# Written by infra/images/build_images.sh: docker compose uses these images."
   echo "COMPOSE_PROJECT_NAME=cellpilot"
   echo "CELLPILOT_BASE_IMAGE=${BASE_IMAGE}"
   echo "CELLPILOT_SERVICES_IMAGE=cellpilot/services:${TAG}"
+  echo "CELLPILOT_POSTGRES_HA_IMAGE=cellpilot/postgres-ha:${TAG}"
   if [ "${TARGETS}" != "services" ]; then
     # The local durable broker: each service as its SCRAM user over plaintext; the in-memory
     # one authenticates no one (docs/security.md).
@@ -91,7 +100,6 @@ done
     # Tansu grants no producer id to aiokafka: producers ack all, without idempotence.
     echo "CELLPILOT_KAFKA_IDEMPOTENCE=false"
     echo "CELLPILOT_KAFKA_IMAGE=cellpilot/kafka:${TAG}"
-    echo "CELLPILOT_POSTGRES_IMAGE=cellpilot/postgres:${TAG}"
     echo "CELLPILOT_REDIS_IMAGE=cellpilot/redis:${TAG}"
   fi
 } > .env

@@ -16,7 +16,7 @@ from typing import Any
 
 import asyncpg
 
-from cellpilot.platform.postgres import asyncpg_dsn
+from cellpilot.platform.postgres import CONNECT_TIMEOUT_S, STATEMENT_TIMEOUT_S, asyncpg_dsn
 from cellpilot_services.aggregator.convert import (
     JOB_HISTOGRAM_COLUMNS,
     JOB_HISTOGRAM_TYPES,
@@ -101,7 +101,13 @@ class HistoryStore:
 
     @classmethod
     async def connect(cls, url: str, max_size: int = 4) -> HistoryStore:
-        pool = await asyncpg.create_pool(asyncpg_dsn(url), min_size=1, max_size=max_size)
+        pool = await asyncpg.create_pool(
+            asyncpg_dsn(url),
+            min_size=1,
+            max_size=max_size,
+            timeout=CONNECT_TIMEOUT_S,
+            command_timeout=STATEMENT_TIMEOUT_S,
+        )
         return cls(pool)
 
     async def close(self) -> None:

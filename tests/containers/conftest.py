@@ -9,28 +9,25 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from compose_stack import (
+from compose_stack import RunningStack
+
+from cellpilot.client import CellpilotClient
+from cellpilot.client.failover import RetryPolicy
+from cellpilot.stack.compose_project import (
     PUBLISHED_PORTS,
     ComposeStack,
     DockerError,
-    RunningStack,
     docker_answers,
     port_in_use,
     run,
 )
-
-from cellpilot.client import CellpilotClient
-from cellpilot.client.failover import RetryPolicy
-from cellpilot.security.identity import ADMIN
-from cellpilot.security.tls import SecuritySettings
-from cellpilot.security.tokens import load_signer
+from cellpilot.stack.compose_project import client_options as compose_client_options
 
 
 def _publish_host() -> str:
@@ -109,21 +106,10 @@ def stack(request: pytest.FixtureRequest, artifacts_dir: Path) -> Iterator[Runni
         _report(request.config, f"containers: torn down, volumes left: {left or 'none'}")
 
 
-def _copy_certs(compose: ComposeStack, into: Path) -> Path:
-    """The CA, the `client` certificate and the token secret, copied out of a running Borgmaster
-    (its share of the certificates: each container mounts only its own)."""
-    shutil.rmtree(into, ignore_errors=True)
-    into.parent.mkdir(parents=True, exist_ok=True)
-    run(["docker", "cp", f"{compose.container_id('borgmaster-0')}:/certs", str(into)])
-    return into
-
-
 @pytest.fixture(scope="session")
 def client_options(stack: RunningStack, artifacts_dir: Path) -> dict[str, Any]:
     """mTLS with the stack's `client` certificate and an admin user's bearer token."""
-    certs = _copy_certs(stack.compose, artifacts_dir / "containers-certs")
-    token = load_signer(certs).issue_for("container-tests", kind="user", capabilities=[ADMIN], ttl_s=3600)
-    return SecuritySettings(tls_mode="mtls", certs_dir=certs, token=token).client_options()
+    return compose_client_options(stack.compose, artifacts_dir / "containers-certs", "container-tests")
 
 
 async def _master_first(options: dict[str, Any]) -> list[str]:

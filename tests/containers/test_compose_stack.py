@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import pytest
-from compose_stack import DockerError, RunningStack, run
+from compose_stack import RunningStack
 
 from cellpilot.api.v1 import (
     borgmaster_pb2,
@@ -29,6 +29,8 @@ from cellpilot.api.v1 import (
 )
 from cellpilot.client import CellpilotClient
 from cellpilot.client.errors import CellpilotError
+from cellpilot.stack.compose_project import DockerError, run
+from cellpilot.stack.store_failovers import grant_quota
 
 pytestmark = [pytest.mark.containers, pytest.mark.timeout(600)]
 
@@ -74,14 +76,6 @@ def simulated_job(
     )
 
 
-async def grant(client: CellpilotClient, user: str) -> None:
-    for band in (job_pb2.PRIORITY_BAND_PRODUCTION, job_pb2.PRIORITY_BAND_BATCH):
-        limit = resources_pb2.Resources(
-            cpu_millicores=10_000_000, memory_bytes=1 << 50, disk_bytes=1 << 50, ports=100_000
-        )
-        await client.borgmaster.set_quota(borgmaster_pb2.SetQuotaRequest(user=user, band=band, limit=limit))
-
-
 async def running_tasks(client: CellpilotClient, job_id: str) -> list[state_pb2.TaskStatus] | None:
     job = (await client.borgmaster.get_job(job_id, include_tasks=True)).job
     tasks = list(job.tasks)
@@ -110,7 +104,8 @@ def test_services_are_healthy_and_published_on_localhost_only(stack: RunningStac
         assert host.startswith("127."), f"published on {host}, not a loopback address"
         assert all(b["HostIp"] == host for b in bindings), f"{service} publishes {bindings}"
     volume_names = {v.split("_", 1)[-1] for v in stack.compose.volumes()}
-    assert "postgres-data" in volume_names, "PostgreSQL keeps its data in a named volume"
+    assert {"pg-0-data", "pg-1-data"} <= volume_names, "each PostgreSQL member keeps its data in a volume"
+    assert {"redis-0-data", "redis-1-data", "redis-2-data"} <= volume_names, "so does each Redis node"
 
 
 def test_every_service_of_the_compose_file_runs(stack: RunningStack) -> None:
@@ -130,7 +125,7 @@ async def test_jobs_submitted_through_the_published_port_run(
         return sum(1 for m in machines if m.state == UP) == expected
 
     await eventually(registered, 60, f"{expected} machines of 3 Borglet fleets registered and up")
-    await grant(client, user)
+    await grant_quota(client, user)
     reply = await client.borgmaster.submit_job(simulated_job(user, "web", tasks=6))
     assert reply.job_id == f"{user}/web"
     tasks = await eventually(lambda: running_tasks(client, reply.job_id), 60, "6 tasks running")

@@ -1,5 +1,14 @@
 """PostgreSQL through SQLAlchemy 2 (async, asyncpg driver), and the migration runner.
 
+A URL names one server (``postgresql+asyncpg://host:port/db``, the embedded stack) or every
+member of a replicated cluster, as SQLAlchemy's asyncpg dialect spells several hosts:
+``postgresql+asyncpg:///db?host=pg-0:5432&host=pg-1:5432&target_session_attrs=read-write``
+(compose: Patroni's members). asyncpg tries the hosts in turn and keeps the first that accepts
+writes, so after a failover a new connection finds the promoted primary by itself; a connection
+to a primary that failed or was cut off errs within :data:`STATEMENT_TIMEOUT_S` instead of
+hanging, and the pool's pre-ping drops it (a :class:`~cellpilot.platform.store_outage.StoreUnavailable`
+for the caller, who retries).
+
 Migrations are the numbered ``*.sql`` files of ``infra/migrations``; each is applied once,
 in name order, inside a transaction, and recorded in ``schema_migrations``. A PostgreSQL
 advisory lock serialises replicas that start at the same time.
@@ -10,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from sqlalchemy import Row, make_url, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -19,13 +29,42 @@ MIGRATIONS_DIR = REPO_ROOT / "infra" / "migrations"
 _MIGRATION_LOCK_KEY = 0x43656C6C  # any constant shared by every migrator
 
 
+# A new connection gives up on an unreachable host after this long (then tries the next one).
+CONNECT_TIMEOUT_S = 5.0
+# No statement of the services runs this long; one that does met a store that stopped answering
+# (a primary cut off the network never resets its clients' connections).
+STATEMENT_TIMEOUT_S = 20.0
+
+
 def asyncpg_dsn(url: str) -> str:
-    """A SQLAlchemy URL (``postgresql+asyncpg://...``) as a plain libpq DSN for asyncpg."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    """A SQLAlchemy URL (``postgresql+asyncpg://...``) as a plain libpq DSN for asyncpg; the
+    hosts of a multi-host URL (``?host=a:5432&host=b:5432``) become asyncpg's ``a:5432,b:5432``."""
+    parsed = make_url(url)
+    hosts = parsed.query.get("host")
+    if not hosts:
+        return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+    hosts = (hosts,) if isinstance(hosts, str) else tuple(hosts)
+    rest = {key: value for key, value in parsed.query.items() if key != "host"}
+    login = ""
+    if parsed.username:
+        login = quote(parsed.username, safe="")
+        if parsed.password:
+            login += ":" + quote(str(parsed.password), safe="")
+        login += "@"
+    query_text = urlencode(rest, doseq=True)
+    return f"postgresql://{login}{','.join(hosts)}/{parsed.database or ''}" + (
+        f"?{query_text}" if query_text else ""
+    )
 
 
 def create_engine(url: str, pool_size: int = 5) -> AsyncEngine:
-    return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    return create_async_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        connect_args={"timeout": CONNECT_TIMEOUT_S, "command_timeout": STATEMENT_TIMEOUT_S},
+    )
 
 
 async def query(

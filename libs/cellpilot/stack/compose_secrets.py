@@ -8,8 +8,9 @@ password, the CA certificate, the token secret (every service verifies bearer to
 and the ``client`` certificate its health check presents (transport only: it grants nothing
 without a user's token) — never another service's key or password.
 
-Infrastructure gets only its own: PostgreSQL the superuser's password, Redis its ACL file (hashes
-only), the broker its TLS key and certificate, the one-shot jobs the credentials they set up.
+Infrastructure gets only its own: PostgreSQL the superuser's password (also its replication
+role's), Redis its ACL file and the admin password its replicas and Sentinels log in with, the
+broker its TLS key and certificate, the one-shot jobs the credentials they set up.
 Their files are readable by any user of their container (0644): the official images run their
 servers as other users than the job that writes the files, and no other container sees them.
 """
@@ -75,7 +76,9 @@ BUNDLES: tuple[Bundle, ...] = (
     service_bundle("actuator", "actuator", "actuator"),
     service_bundle("dashboard", "dashboard", "dashboard"),
     Bundle("postgres", _passwords([ADMIN_ACCOUNT]), 0o644, ()),
-    Bundle("redis", (REDIS_ACL_FILE,), 0o644, ()),
+    # Every Redis node and Sentinel: the ACL file, and the admin password the replicas and the
+    # Sentinels log in with (replication, failover).
+    Bundle("redis", (REDIS_ACL_FILE, *_passwords([ADMIN_ACCOUNT])), 0o644, ()),
     # The superuser's password and the passwords of the roles it provisions.
     Bundle("postgres-setup", _passwords([ADMIN_ACCOUNT, *POSTGRES_ACCOUNTS]), 0o600, ()),
     Bundle("kafka-topics", (CA_CERT, *_passwords([ADMIN_ACCOUNT])), 0o600, ()),

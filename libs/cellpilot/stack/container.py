@@ -9,9 +9,6 @@ started the way the official images start them, so docker-compose.yml works with
   in-memory build, which loses its log on every restart and authenticates no one. Every start
   creates Cellpilot's topics (idempotent) and only then marks the broker ready
   (``TOPICS_READY``, which the ``cellpilot-healthcheck kafka`` check reads);
-* ``postgres``: initdb on first start (``$POSTGRES_USER``, ``$POSTGRES_PASSWORD`` or
-  ``$POSTGRES_PASSWORD_FILE``, ``$POSTGRES_DB``, data in ``$PGDATA``), then the server on
-  0.0.0.0:5432 as user postgres, SCRAM-SHA-256 passwords over TCP;
 * ``database``: as the superuser (the ``admin`` store password), create the database, apply
   the migrations and give the service roles LOGIN and their passwords: compose's one-shot
   ``postgres-setup``, after which each service connects as its own role;
@@ -22,19 +19,18 @@ started the way the official images start them, so docker-compose.yml works with
   brokers, which also refuse a topic until all three have registered: the job retries);
 * ``secrets``: copy each container's share of the certificates directory into its own volume
   (:mod:`cellpilot.stack.compose_secrets`), after compose's one-shot ``certs`` issued them;
-* ``link-postgres-tools`` / ``link-redis-tools``: put ``pg_isready``, ``redis-server`` and
-  ``redis-cli`` on PATH at image build time.
+* ``link-redis-tools``: put ``redis-server`` and ``redis-cli`` on PATH at image build time.
+
+(PostgreSQL runs replicated, from Debian's packages under Patroni: infra/images/postgres-ha.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import pwd
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -155,59 +151,6 @@ def _durable_broker(listen: list[str], attempts: int = 3) -> tuple[subprocess.Po
     raise SystemExit(f"kafka: the durable broker refused {', '.join(pending)} after {attempts} attempts")
 
 
-def postgres() -> None:
-    data = Path(os.environ.get("PGDATA", "/var/lib/postgresql/data"))
-    user = os.environ.get("POSTGRES_USER", "postgres")
-    password = os.environ.get("POSTGRES_PASSWORD", "")
-    if not password and os.environ.get("POSTGRES_PASSWORD_FILE"):
-        password = Path(os.environ["POSTGRES_PASSWORD_FILE"]).read_text().strip()
-    database = os.environ.get("POSTGRES_DB", user)
-    account = pwd.getpwnam("postgres")
-    bin_dir = components.postgres_bin_dir()
-    uid, gid = account.pw_uid, account.pw_gid
-    data.mkdir(parents=True, exist_ok=True)
-    os.chown(data, uid, gid)
-    data.chmod(0o700)
-    if not (data / "PG_VERSION").exists():
-        with tempfile.NamedTemporaryFile("w", delete=False, dir="/tmp") as pwfile:
-            pwfile.write(password or "postgres")
-        os.chown(pwfile.name, uid, gid)
-        subprocess.run(
-            [str(bin_dir / "initdb"), "-D", str(data), "-U", user, f"--pwfile={pwfile.name}",
-             "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8"],
-            check=True, user=uid, group=gid,
-        )  # fmt: skip
-        os.unlink(pwfile.name)
-        with open(data / "pg_hba.conf", "a") as hba:
-            hba.write("host all all 0.0.0.0/0 scram-sha-256\nhost all all ::/0 scram-sha-256\n")
-    server = subprocess.Popen(
-        [str(bin_dir / "postgres"), "-D", str(data), "-c", "listen_addresses=*", "-k", "/tmp"],
-        user=uid,
-        group=gid,
-    )
-    signal.signal(signal.SIGTERM, lambda *_: server.send_signal(signal.SIGINT))
-    signal.signal(signal.SIGINT, lambda *_: server.send_signal(signal.SIGINT))
-    for _ in range(600):
-        ready = subprocess.run([str(bin_dir / "pg_isready"), "-h", "/tmp"], capture_output=True)
-        if ready.returncode == 0 or server.poll() is not None:
-            break
-        time.sleep(0.1)
-    if server.poll() is None and database != "postgres":
-        subprocess.run(
-            [str(bin_dir / "createdb"), "-h", "/tmp", "-U", user, database],
-            capture_output=True,
-            user=uid,
-            group=gid,
-        )  # fails harmlessly when the database exists
-    sys.exit(server.wait())
-
-
-def link_postgres_tools() -> None:
-    for name in ("pg_isready", "psql", "createdb"):
-        if (components.postgres_bin_dir() / name).exists():
-            _link(components.postgres_bin_dir() / name, name)
-
-
 def link_redis_tools() -> None:
     server = components.redis_server_binary()
     _link(server, "redis-server")
@@ -303,11 +246,9 @@ def _retrying(
 
 COMMANDS = {
     "kafka": kafka,
-    "postgres": postgres,
     "database": database,
     "topics": topics,
     "secrets": secrets,
-    "link-postgres-tools": link_postgres_tools,
     "link-redis-tools": link_redis_tools,
 }
 

@@ -238,8 +238,10 @@ async def _under_load(
     runner = asyncio.create_task(stream.run())
     what = f"{settle_acks} writes before the fault"
     await stream.wait(lambda: len(stream.acknowledged) >= settle_acks, 120, what)
-    faulted_at = time.monotonic()
     await asyncio.to_thread(fault)
+    # From when the fault is done (the container dead, or off the network): a request sent
+    # before it may still have been acknowledged by the old primary.
+    faulted_at = time.monotonic()
     return stream, faulted_at, runner
 
 

@@ -176,6 +176,9 @@ def secrets(bundles_root: Path = Path("/bundles")) -> None:
 
 
 def database(attempts: int = 60, interval_s: float = 1.0) -> None:
+    import asyncpg
+    from sqlalchemy.exc import DBAPIError
+
     from cellpilot.platform.postgres import apply_migrations, ensure_database
     from cellpilot.platform.settings import PlatformSettings
     from cellpilot.platform.store_accounts import admin_postgres_url, provision_postgres_roles
@@ -193,7 +196,9 @@ def database(attempts: int = 60, interval_s: float = 1.0) -> None:
         what="postgres",
         goal="prepare the database",
         done=lambda roles: f"migrated; roles with their passwords: {', '.join(roles)}",
-        retried=(OSError,),  # the server may still be starting
+        # The server may still be starting; a replicated one may have no primary yet, or
+        # Patroni may not have set the superuser's password yet (its health check passes first).
+        retried=(OSError, DBAPIError, asyncpg.PostgresError, asyncpg.InterfaceError),
         attempts=attempts,
         interval_s=interval_s,
     )

@@ -43,6 +43,8 @@ return 1
 
 
 SENTINEL_SCHEME = "redis+sentinel"
+# No command of the services blocks in Redis: one this slow met a server that is gone.
+SOCKET_TIMEOUT_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,11 @@ def connect_redis(url: str) -> aioredis.Redis:
     target = SentinelTarget.parse(url)
     if target is None:
         return aioredis.Redis.from_url(url, decode_responses=False, health_check_interval=10)
-    sentinel = aiosentinel.Sentinel(list(target.sentinels), socket_timeout=5.0, socket_connect_timeout=5.0)
+    sentinel = aiosentinel.Sentinel(
+        list(target.sentinels), socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S
+    )
+    # A master that died mid-command never answers (no reset from a vanished host): the command
+    # times out, the client asks the Sentinels again and finds the promoted replica.
     return sentinel.master_for(
         target.master_name,
         db=target.db,
@@ -93,6 +99,8 @@ def connect_redis(url: str) -> aioredis.Redis:
         password=target.password,
         decode_responses=False,
         health_check_interval=10,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_connect_timeout=SOCKET_TIMEOUT_S,
     )
 
 

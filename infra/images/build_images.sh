@@ -77,9 +77,12 @@ for target in ${TARGETS}; do
     || { tail -30 "${LOG}"; echo "docker build of ${target} failed (log: ${LOG})" >&2; exit 1; }
 done
 
-step "image cellpilot/postgres-ha:${TAG} (base ${BASE_IMAGE}; Patroni, etcd, PostgreSQL from Debian)"
+# Debian 12 (bookworm), whose Patroni/etcd/PostgreSQL the member's configuration is written
+# for: the debootstrapped base offline, debian:bookworm-slim on the registry path.
+if [ "${TARGETS}" = "services" ]; then HA_BASE_IMAGE=debian:bookworm-slim; else HA_BASE_IMAGE=${BASE_IMAGE}; fi
+step "image cellpilot/postgres-ha:${TAG} (base ${HA_BASE_IMAGE}; Patroni, etcd, PostgreSQL from Debian)"
 LOG=/tmp/cellpilot-image-postgres-ha.log
-docker build --build-arg "BASE_IMAGE=${BASE_IMAGE}" -t "cellpilot/postgres-ha:${TAG}" \
+docker build --build-arg "BASE_IMAGE=${HA_BASE_IMAGE}" -t "cellpilot/postgres-ha:${TAG}" \
   infra/images/postgres-ha > "${LOG}" 2>&1 \
   || { tail -30 "${LOG}"; echo "docker build of postgres-ha failed (log: ${LOG})" >&2; exit 1; }
 
@@ -89,6 +92,7 @@ docker build --build-arg "BASE_IMAGE=${BASE_IMAGE}" -t "cellpilot/postgres-ha:${
   echo "CELLPILOT_BASE_IMAGE=${BASE_IMAGE}"
   echo "CELLPILOT_SERVICES_IMAGE=cellpilot/services:${TAG}"
   echo "CELLPILOT_POSTGRES_HA_IMAGE=cellpilot/postgres-ha:${TAG}"
+  echo "CELLPILOT_POSTGRES_HA_BASE_IMAGE=${HA_BASE_IMAGE}"
   if [ "${TARGETS}" != "services" ]; then
     # The local durable broker: each service as its SCRAM user over plaintext; the in-memory
     # one authenticates no one (docs/security.md).

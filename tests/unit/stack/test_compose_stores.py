@@ -24,7 +24,7 @@ from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 from cellpilot.platform.postgres import asyncpg_dsn
 from cellpilot.platform.redis_client import SentinelTarget
 
-needs_compose = pytest.mark.skipif(not compose_commands(), reason="no docker compose / docker-compose installed")
+needs_compose = pytest.mark.skipif(not compose_commands(), reason="no docker compose / docker-compose")
 
 PG_MEMBERS = ("pg-0", "pg-1")
 ETCD_MEMBERS = ("etcd-0", "etcd-1", "etcd-2")
@@ -46,7 +46,8 @@ def patroni_node(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """infra/images/postgres-ha/patroni_node.py, its PostgreSQL found in a stand-in directory."""
     path = REPO_ROOT / "infra" / "images" / "postgres-ha" / "patroni_node.py"
     spec = importlib.util.spec_from_file_location("patroni_node", path)
-    assert spec and spec.loader
+    assert spec
+    assert spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     monkeypatch.setattr(module, "bin_dir", lambda: "/usr/lib/postgresql/15/bin")
@@ -58,7 +59,8 @@ def test_a_patroni_member_replicates_synchronously_and_can_rewind(monkeypatch: p
     config = patroni_node(monkeypatch).configuration("pg-1", "secret")
     dcs = config["bootstrap"]["dcs"]
     assert dcs["synchronous_mode"] is True, "a commit is acknowledged only once a standby has it"
-    assert dcs["postgresql"]["use_pg_rewind"] and dcs["postgresql"]["parameters"]["wal_log_hints"] == "on"
+    assert dcs["postgresql"]["use_pg_rewind"]
+    assert dcs["postgresql"]["parameters"]["wal_log_hints"] == "on"
     # Patroni refuses a configuration where the loop and two retries outlast the leader key.
     assert dcs["loop_wait"] + 2 * dcs["retry_timeout"] <= dcs["ttl"]
     assert config["etcd3"]["hosts"] == ["etcd-0:2379", "etcd-1:2379", "etcd-2:2379"]
@@ -84,10 +86,12 @@ def test_every_service_connects_to_whichever_postgres_member_accepts_writes() ->
     for service in (*CELLPILOT_SERVICES, "postgres-setup"):
         url = make_url(env(service)["CELLPILOT_POSTGRES_URL"])
         args = asyncpg_dialect().create_connect_args(url.set(username="u", password="p"))[1]
-        assert args["host"] == list(PG_MEMBERS) and args["port"] == [5432, 5432]
+        assert args["host"] == list(PG_MEMBERS)
+        assert args["port"] == [5432, 5432]
         assert args["target_session_attrs"] == "read-write", service
         dsn = asyncpg_dsn(env(service)["CELLPILOT_POSTGRES_URL"])
-        assert "pg-0:5432,pg-1:5432" in dsn and "target_session_attrs=read-write" in dsn
+        assert "pg-0:5432,pg-1:5432" in dsn
+        assert "target_session_attrs=read-write" in dsn
 
 
 @needs_compose
@@ -114,9 +118,9 @@ def test_two_redis_replicas_and_the_autopilot_token_waited_onto_one() -> None:
 @needs_compose
 def test_each_store_member_keeps_its_data_on_a_volume_of_its_own() -> None:
     data_paths = {
-        **{m: "/var/lib/postgresql/data" for m in PG_MEMBERS},
-        **{m: "/var/lib/etcd" for m in ETCD_MEMBERS},
-        **{m: "/data" for m in REDIS_NODES},
+        **dict.fromkeys(PG_MEMBERS, "/var/lib/postgresql/data"),
+        **dict.fromkeys(ETCD_MEMBERS, "/var/lib/etcd"),
+        **dict.fromkeys(REDIS_NODES, "/data"),
     }
     volumes = [mounts(services()[m])[path] for m, path in data_paths.items()]
     assert len(set(volumes)) == len(volumes), volumes

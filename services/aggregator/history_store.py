@@ -16,7 +16,12 @@ from typing import Any
 
 import asyncpg
 
-from cellpilot.platform.postgres import CONNECT_TIMEOUT_S, STATEMENT_TIMEOUT_S, asyncpg_dsn
+from cellpilot.platform.postgres import (
+    CONNECT_TIMEOUT_S,
+    STATEMENT_TIMEOUT_S,
+    asyncpg_dsn,
+    init_asyncpg_connection,
+)
 from cellpilot_services.aggregator.convert import (
     JOB_HISTOGRAM_COLUMNS,
     JOB_HISTOGRAM_TYPES,
@@ -107,6 +112,7 @@ class HistoryStore:
             max_size=max_size,
             timeout=CONNECT_TIMEOUT_S,
             command_timeout=STATEMENT_TIMEOUT_S,
+            init=init_asyncpg_connection,
         )
         return cls(pool)
 

@@ -4,10 +4,12 @@ A URL names one server (``postgresql+asyncpg://host:port/db``, the embedded stac
 member of a replicated cluster, as SQLAlchemy's asyncpg dialect spells several hosts:
 ``postgresql+asyncpg:///db?host=pg-0:5432&host=pg-1:5432&target_session_attrs=read-write``
 (compose: Patroni's members). asyncpg tries the hosts in turn and keeps the first that accepts
-writes, so after a failover a new connection finds the promoted primary by itself; a connection
-to a primary that failed or was cut off errs within :data:`STATEMENT_TIMEOUT_S` instead of
-hanging, and the pool's pre-ping drops it (a :class:`~cellpilot.platform.store_outage.StoreUnavailable`
-for the caller, who retries).
+writes, so after a failover a new connection finds the promoted primary by itself. A connection
+to a primary that failed or was cut off errs instead of hanging (a primary cut off the network
+never resets its clients' connections): the kernel gives up on data the server has not
+acknowledged within :data:`UNACKNOWLEDGED_SEND_TIMEOUT_S` (``TCP_USER_TIMEOUT``, Linux), and no
+statement runs longer than :data:`STATEMENT_TIMEOUT_S`; the pool's pre-ping then drops it (a
+:class:`~cellpilot.platform.store_outage.StoreUnavailable` for the caller, who retries).
 
 Migrations are the numbered ``*.sql`` files of ``infra/migrations``; each is applied once,
 in name order, inside a transaction, and recorded in ``schema_migrations``. A PostgreSQL
@@ -16,12 +18,14 @@ advisory lock serialises replicas that start at the same time.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from sqlalchemy import Row, make_url, text
+import asyncpg
+from sqlalchemy import Row, event, make_url, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -31,9 +35,28 @@ _MIGRATION_LOCK_KEY = 0x43656C6C  # any constant shared by every migrator
 
 # A new connection gives up on an unreachable host after this long (then tries the next one).
 CONNECT_TIMEOUT_S = 5.0
+# A server that has not acknowledged (at the TCP level) what was sent to it this long is gone,
+# however long its statement may run.
+UNACKNOWLEDGED_SEND_TIMEOUT_S = 6.0
 # No statement of the services runs this long; one that does met a store that stopped answering
-# (a primary cut off the network never resets its clients' connections).
-STATEMENT_TIMEOUT_S = 20.0
+# while its host still acknowledges (a primary waiting for a synchronous standby that is gone).
+STATEMENT_TIMEOUT_S = 30.0
+
+
+def fail_unacknowledged_sends(connection: asyncpg.Connection) -> None:
+    """Make ``connection``'s socket give up on data unacknowledged for
+    :data:`UNACKNOWLEDGED_SEND_TIMEOUT_S` (where the platform has ``TCP_USER_TIMEOUT``)."""
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    transport = getattr(connection, "_transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if option is None or sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, option, int(UNACKNOWLEDGED_SEND_TIMEOUT_S * 1000))
+
+
+async def init_asyncpg_connection(connection: asyncpg.Connection) -> None:
+    """``init`` for an asyncpg pool: :func:`fail_unacknowledged_sends`."""
+    fail_unacknowledged_sends(connection)
 
 
 def asyncpg_dsn(url: str) -> str:
@@ -58,13 +81,19 @@ def asyncpg_dsn(url: str) -> str:
 
 
 def create_engine(url: str, pool_size: int = 5) -> AsyncEngine:
-    return create_async_engine(
+    engine = create_async_engine(
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_pre_ping=True,
         connect_args={"timeout": CONNECT_TIMEOUT_S, "command_timeout": STATEMENT_TIMEOUT_S},
     )
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        fail_unacknowledged_sends(dbapi_connection.driver_connection)
+
+    return engine
 
 
 async def query(

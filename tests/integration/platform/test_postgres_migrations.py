@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
-from cellpilot.platform.postgres import apply_migrations, create_engine, migration_files
+from cellpilot.platform.postgres import (
+    UNACKNOWLEDGED_SEND_TIMEOUT_S,
+    apply_migrations,
+    create_engine,
+    migration_files,
+)
 from cellpilot.stack import StackEndpoints
 
 
@@ -43,4 +50,20 @@ async def test_checkpoint_log_rows_round_trip_and_seq_is_unique(endpoints: Stack
     finally:
         async with engine.begin() as conn:
             await conn.execute(text("DELETE FROM checkpoint_log WHERE seq >= 1000000"))
+        await engine.dispose()
+
+
+async def test_engine_connections_give_up_on_unacknowledged_sends(endpoints: StackEndpoints) -> None:
+    """A primary cut off the network never resets its clients' connections: each connection's
+    socket carries TCP_USER_TIMEOUT, so a send it never acknowledges fails instead of hanging."""
+    engine = create_engine(endpoints.postgres_url)
+    try:
+        async with engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            sock = raw.driver_connection._transport.get_extra_info("socket")  # type: ignore[union-attr]
+            if sock.family not in (socket.AF_INET, socket.AF_INET6):
+                pytest.skip("the stack's PostgreSQL is reached over a Unix socket here")
+            value = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
+        assert value == int(UNACKNOWLEDGED_SEND_TIMEOUT_S * 1000)
+    finally:
         await engine.dispose()

@@ -61,12 +61,13 @@ async def init_asyncpg_connection(connection: asyncpg.Connection) -> None:
 
 def asyncpg_dsn(url: str) -> str:
     """A SQLAlchemy URL (``postgresql+asyncpg://...``) as a plain libpq DSN for asyncpg; the
-    hosts of a multi-host URL (``?host=a:5432&host=b:5432``) become asyncpg's ``a:5432,b:5432``."""
+    hosts of a multi-host URL (``?host=a:5432&host=b:5432``) become asyncpg's ``a:5432,b:5432``
+    (one ``?host=``, e.g. the embedded stack's socket directory, is left as it is)."""
     parsed = make_url(url)
     hosts = parsed.query.get("host")
-    if not hosts:
+    hosts = (hosts,) if isinstance(hosts, str) else tuple(hosts or ())
+    if len(hosts) <= 1:  # one host (a Unix socket directory too): asyncpg reads ?host= itself
         return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
-    hosts = (hosts,) if isinstance(hosts, str) else tuple(hosts)
     rest = {key: value for key, value in parsed.query.items() if key != "host"}
     login = ""
     if parsed.username:

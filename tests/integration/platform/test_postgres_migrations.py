@@ -14,7 +14,8 @@ from cellpilot.platform.postgres import (
     create_engine,
     migration_files,
 )
-from cellpilot.stack import StackEndpoints
+from cellpilot.platform.settings import PlatformSettings
+from cellpilot.stack import Stack, StackEndpoints
 
 
 async def test_every_migration_is_recorded_and_reapplying_is_a_no_op(endpoints: StackEndpoints) -> None:
@@ -53,16 +54,19 @@ async def test_checkpoint_log_rows_round_trip_and_seq_is_unique(endpoints: Stack
         await engine.dispose()
 
 
-async def test_engine_connections_give_up_on_unacknowledged_sends(endpoints: StackEndpoints) -> None:
+async def test_engine_connections_give_up_on_unacknowledged_sends(embedded_stack: Stack) -> None:
     """A primary cut off the network never resets its clients' connections: each connection's
-    socket carries TCP_USER_TIMEOUT, so a send it never acknowledges fails instead of hanging."""
-    engine = create_engine(endpoints.postgres_url)
+    socket carries TCP_USER_TIMEOUT, so a send it never acknowledges fails instead of hanging.
+    As a service connects: over TCP, as its own role."""
+    settings = PlatformSettings(
+        postgres_url=embedded_stack.endpoints.postgres_url, certs_dir=embedded_stack.config.certs_dir
+    )
+    engine = create_engine(settings.postgres_url_for("borgmaster"))
     try:
         async with engine.connect() as conn:
             raw = await conn.get_raw_connection()
             sock = raw.driver_connection._transport.get_extra_info("socket")  # type: ignore[union-attr]
-            if sock.family not in (socket.AF_INET, socket.AF_INET6):
-                pytest.skip("the stack's PostgreSQL is reached over a Unix socket here")
+            assert sock.family in (socket.AF_INET, socket.AF_INET6)
             value = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
         assert value == int(UNACKNOWLEDGED_SEND_TIMEOUT_S * 1000)
     finally:

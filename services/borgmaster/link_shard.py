@@ -25,7 +25,7 @@ import grpc
 
 from cellpilot.api.v1 import borglet_pb2, link_shard_pb2, link_shard_pb2_grpc
 from cellpilot.borg.lifecycle import MachineState
-from cellpilot.borg.link_shards import Membership, ReportDigest, must_forward, report_digest
+from cellpilot.borg.link_shards import Membership, ReportDigest, must_forward
 from cellpilot.borg_wire import borglet_polls
 from cellpilot.platform.grpc_channels import open_channel
 from cellpilot.platform.request_validation import InvalidField
@@ -170,12 +170,11 @@ class LinkShard:
             if i and i % YIELD_EVERY == 0:
                 await asyncio.sleep(0)
             machine_id = response.machine_id
-            try:
-                report = borglet_polls.report_in(response)
+            try:  # the digest only: the master converts (and checks) what is forwarded
+                digest = borglet_polls.digest_in(response, self.poller.acked_event.get(machine_id, 0))
             except InvalidField:
                 out.append((response, None))  # the master says what is wrong with it
                 continue
-            digest = report_digest(report, self.poller.acked_event.get(machine_id, 0))
             machine = state.machines.get(machine_id)
             if must_forward(
                 self.digests.get(machine_id),

@@ -20,13 +20,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
 from cellpilot.api.v1 import borgmaster_pb2, borgmaster_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from cellpilot.borg.lifetime_tracker import LifetimeTracker
 from cellpilot.borg.proposals import PlacementProposal
+from cellpilot.borg.records import TaskKey
 from cellpilot.borg.scheduler_copy import SchedulerCopy
 from cellpilot.borg.scheduling_view import Plan
 from cellpilot.borg_wire.proposals import proposal_out, soft_state_in
@@ -128,61 +129,112 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the loop
     async def run(self, stop: asyncio.Event) -> None:
+        """Passes and proposals, pipelined: while the master judges one proposal, the next pass is
+        planned on the copy (the tasks in flight left out), so neither waits for the other."""
         idle_at_seq = -1
         restart_at = 0  # the earliest restart of a backing-off task after the last pass
         last_forced = last_soft = last_lifetimes = 0.0
         delay = self.settings.tail_interval_s
-        while not stop.is_set():
-            try:
-                await self.catch_up()
-                master = self.master or await self.find_master()
-                if master is None:
-                    await self._wait(stop, 0.2)
-                    continue
-                now = time.monotonic()
-                if now - last_soft >= self.settings.soft_state_interval_s:
-                    await self.take_soft_state(master)
-                    last_soft = now
-                if now - last_lifetimes >= self.lifetime_interval_s:
-                    last_lifetimes = now
-                    tick = self.copy.lifetimes_tick(now_ms(), master.epoch)
-                    if tick is not None:
-                        await self.propose(master, tick, Plan((), 0, 0, 0, frozenset()))
-                state = self.copy.state
-                forced = now - last_forced >= self.settings.force_pass_interval_s
-                event_now = self.copy.event_now_ms(now_ms())
-                restart_due = 0 < restart_at <= event_now
-                if not state.pending or (
-                    state.last_sequence == idle_at_seq and not forced and not restart_due
-                ):
-                    await self._wait(stop, self.settings.tail_interval_s)
-                    continue
-                if forced:
-                    last_forced = now
-                started = time.monotonic()
-                proposal, plan = await asyncio.to_thread(
-                    self.copy.plan, now_ms(), master.epoch, self.settings.max_tasks_per_pass
-                )
-                restart_at = state.next_restart_ms(event_now)
-                self.stats.passes += 1
-                self.stats.last_pass_s = time.monotonic() - started
-                self.stats.pass_s_total += self.stats.last_pass_s
-                if proposal is None:
-                    idle_at_seq = state.last_sequence
-                    continue
-                idle_at_seq = -1
-                await self.propose(master, proposal, plan)
-                delay = self.settings.tail_interval_s
-            except asyncio.CancelledError:
-                raise
-            except MasterGone as error:
-                log.info("the master changed; finding it again", extra={"reason": str(error)})
-                self.master = None
-            except Exception as error:
-                log.warning("scheduler loop error; retrying", extra={"error": describe(error)})
-                self.master = None
-                await self._wait(stop, delay)
-                delay = min(delay * 2, 5.0)
+        flight: InFlight | None = None
+        try:
+            while not stop.is_set():
+                try:
+                    await self.catch_up()
+                    master = self.master or await self.find_master()
+                    if master is None:
+                        await self._settle(flight)
+                        flight = None
+                        await self._wait(stop, 0.2)
+                        continue
+                    now = time.monotonic()
+                    if now - last_soft >= self.settings.soft_state_interval_s:
+                        await self.take_soft_state(master)
+                        last_soft = now
+                    if now - last_lifetimes >= self.lifetime_interval_s:
+                        last_lifetimes = now
+                        tick = self.copy.lifetimes_tick(now_ms(), master.epoch)
+                        if tick is not None:
+                            await self._settle(flight)
+                            flight = None
+                            await self.propose(master, tick, Plan((), 0, 0, 0, frozenset()))
+                    state = self.copy.state
+                    forced = now - last_forced >= self.settings.force_pass_interval_s
+                    event_now = self.copy.event_now_ms(now_ms())
+                    restart_due = 0 < restart_at <= event_now
+                    if not state.pending or (
+                        state.last_sequence == idle_at_seq and not forced and not restart_due
+                    ):
+                        if flight is not None:  # its verdict moves the log: the next pass at once
+                            await self._settle(flight)
+                            flight = None
+                            continue
+                        await self._wait(stop, self.settings.tail_interval_s)
+                        continue
+                    if forced:
+                        last_forced = now
+                    planned_at = state.last_sequence
+                    started = time.monotonic()
+                    proposal, plan = await asyncio.to_thread(
+                        self.copy.plan,
+                        now_ms(),
+                        master.epoch,
+                        self.settings.max_tasks_per_pass,
+                        flight.keys if flight is not None else frozenset(),
+                    )
+                    restart_at = state.next_restart_ms(event_now)
+                    self.stats.passes += 1
+                    self.stats.last_pass_s = time.monotonic() - started
+                    self.stats.pass_s_total += self.stats.last_pass_s
+                    answered = flight is not None
+                    try:
+                        await self._settle(flight)
+                    except BaseException:
+                        self.copy.reconcile(plan)  # planned but never sent: its bindings go
+                        raise
+                    finally:
+                        flight = None
+                    if proposal is None:
+                        # Idle until the log moves, unless a verdict just put refused tasks back.
+                        idle_at_seq = -1 if answered else planned_at
+                        continue
+                    idle_at_seq = -1
+                    flight = InFlight.launch(self, master, proposal, plan)
+                    delay = self.settings.tail_interval_s
+                except asyncio.CancelledError:
+                    raise
+                except MasterGone as error:
+                    log.info("the master changed; finding it again", extra={"reason": str(error)})
+                    self.master = None
+                    await self._abandon(flight)
+                    flight = None
+                except Exception as error:
+                    log.warning("scheduler loop error; retrying", extra={"error": describe(error)})
+                    self.master = None
+                    await self._abandon(flight)
+                    flight = None
+                    await self._wait(stop, delay)
+                    delay = min(delay * 2, 5.0)
+        finally:
+            if flight is not None:
+                flight.sending.cancel()
+
+    async def _settle(self, flight: InFlight | None) -> None:
+        """Waits for the master's verdict on ``flight`` (its errors, e.g. MasterGone, raised);
+        then the log up to it is read and the copy reconciled with what the master committed."""
+        if flight is None:
+            return
+        try:
+            await flight.sending
+        finally:
+            # Whatever was committed is in the log; whatever was not goes back to pending.
+            with contextlib.suppress(Exception):
+                await self.catch_up(at_least=flight.committed_to)
+            self.copy.reconcile(flight.plan)
+
+    async def _abandon(self, flight: InFlight | None) -> None:
+        """``flight`` settled after a failure: its own error is already being handled."""
+        with contextlib.suppress(Exception):
+            await self._settle(flight)
 
     @staticmethod
     async def _wait(stop: asyncio.Event, seconds: float) -> None:
@@ -254,39 +306,54 @@ class Scheduler:
         self.copy.take_soft(master.epoch, response.version, response.event_time_ms, soft_state_in(response))
 
     async def propose(self, master: Master, proposal: PlacementProposal, plan: Plan) -> None:
-        """Sends the proposal in ``proposal_max`` batches; then reads the log up to the master's
-        last answer and reconciles the copy with what it committed."""
+        """Sends the proposal and waits for the master's verdict (:meth:`_settle`)."""
+        await self._settle(InFlight.launch(self, master, proposal, plan))
+
+    async def send(self, master: Master, proposal: PlacementProposal, flight: InFlight) -> None:
+        """Sends the proposal in ``proposal_max`` batches, noting in ``flight`` how far the log
+        holds what the master committed."""
         placements = proposal.placements
         size = self.settings.proposal_max
         batches = [placements[i : i + size] for i in range(0, len(placements), size)] or [()]
-        committed_to = 0
-        try:
-            for i, batch in enumerate(batches):
-                part = PlacementProposal(
-                    proposal.scheduler_id,
-                    proposal.epoch,
-                    proposal.based_on_seq,
-                    batch,
-                    proposal.lava_hosts if i == 0 else None,
+        for i, batch in enumerate(batches):
+            part = PlacementProposal(
+                proposal.scheduler_id,
+                proposal.epoch,
+                proposal.based_on_seq,
+                batch,
+                proposal.lava_hosts if i == 0 else None,
+            )
+            response = await self._call(
+                self._link(master).ProposePlacements(
+                    proposal_out(part), timeout=self.settings.call_timeout_s, metadata=self.metadata
                 )
-                response = await self._call(
-                    self._link(master).ProposePlacements(
-                        proposal_out(part), timeout=self.settings.call_timeout_s, metadata=self.metadata
-                    )
-                )
-                assert isinstance(response, scheduler_pb2.ProposePlacementsResponse)
-                self.stats.proposed += len(batch)
-                self.stats.accepted += response.accepted
-                self.stats.stale += len(response.refused)
-                self.stats.preempted += response.preempted
-                committed_to = max(committed_to, response.log_sequence)
-                if response.master_epoch != master.epoch:
-                    raise MasterGone(f"the master's epoch is {response.master_epoch}, not {master.epoch}")
-        finally:
-            # Whatever was committed is in the log; whatever was not goes back to pending.
-            with contextlib.suppress(Exception):
-                await self.catch_up(at_least=committed_to)
-            self.copy.reconcile(plan)
+            )
+            assert isinstance(response, scheduler_pb2.ProposePlacementsResponse)
+            self.stats.proposed += len(batch)
+            self.stats.accepted += response.accepted
+            self.stats.stale += len(response.refused)
+            self.stats.preempted += response.preempted
+            flight.committed_to = max(flight.committed_to, response.log_sequence)
+            if response.master_epoch != master.epoch:
+                raise MasterGone(f"the master's epoch is {response.master_epoch}, not {master.epoch}")
+
+
+@dataclass
+class InFlight:
+    """A proposal the master is judging, sent by a task of its own while the next pass plans."""
+
+    plan: Plan
+    keys: frozenset[TaskKey]
+    sending: asyncio.Task[None] = field(init=False)
+    committed_to: int = 0  # the log position of the master's last answer
+
+    @classmethod
+    def launch(
+        cls, scheduler: Scheduler, master: Master, proposal: PlacementProposal, plan: Plan
+    ) -> InFlight:
+        flight = cls(plan, frozenset(SchedulerCopy.placed_by(plan)))
+        flight.sending = asyncio.create_task(scheduler.send(master, proposal, flight))
+        return flight
 
 
 async def serve(settings: SchedulerSettings, stop: asyncio.Event, telemetry: Telemetry | None = None) -> None:

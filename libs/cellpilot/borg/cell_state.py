@@ -144,7 +144,8 @@ class CellState:
         return [(self.jobs[j], self.jobs[j].tasks[i]) for j, i in sorted(machine.tasks)]
 
     def ports_in_use(self, machine_id: str) -> set[int]:
-        return {port for _, task in self.tasks_on(machine_id) for port in task.ports}
+        jobs = self.jobs
+        return {port for j, i in self.machines[machine_id].tasks for port in jobs[j].tasks[i].ports}
 
     def quota_used(self, user: str, band: PriorityBand) -> Resources:
         return self.quota_book.used(user, band)

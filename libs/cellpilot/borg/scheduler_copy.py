@@ -16,6 +16,8 @@ repredictions and deadlines) changes travel with the proposal.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from cellpilot.borg.cell_copy import CellCopy
 from cellpilot.borg.lifetime_tracker import LifetimeTracker
 from cellpilot.borg.mutations import LavaHost, LavaHostsChanged, TaskScheduled, TaskStateChanged
@@ -60,14 +62,17 @@ class SchedulerCopy(CellCopy):
         return max(wall_ms, self.cell_event_ms)
 
     # ------------------------------------------------------------------ passes
-    def plan(self, wall_ms: int, epoch: int, max_tasks: int) -> tuple[PlacementProposal | None, Plan]:
+    def plan(
+        self, wall_ms: int, epoch: int, max_tasks: int, in_flight: Collection[TaskKey] = ()
+    ) -> tuple[PlacementProposal | None, Plan]:
         """One pass over the pending queue on this copy, as a proposal to the master of ``epoch``
         (None when it placed nothing and changed no LAVA host). The placements stay bound in the
-        copy until the verdict says otherwise."""
+        copy until the verdict says otherwise; ``in_flight``, the tasks a proposal the master has
+        not answered yet placed, are not placed again."""
         now = self.event_now_ms(wall_ms)
         self._follow_lifetimes(now)
         self.lifetimes.expect_pending(self.state, self.view.cell, now)
-        plan = self.view.plan(self.state, now, max_tasks, now)
+        plan = self.view.plan(self.state, now, max_tasks, now, skip=in_flight)
         self._follow_lifetimes(now)
         hosts = self._host_changes()
         return self._proposal(epoch, plan, hosts), plan
@@ -82,15 +87,17 @@ class SchedulerCopy(CellCopy):
         hosts = self._host_changes()
         return None if hosts is None else self._proposal(epoch, Plan((), 0, 0, 0, frozenset()), hosts)
 
+    @staticmethod
+    def placed_by(plan: Plan) -> tuple[TaskKey, ...]:
+        """The tasks ``plan`` placed or preempted, in its order: what a proposal of it has in flight."""
+        moved = (m for m in plan.mutations if isinstance(m, TaskScheduled | TaskStateChanged))
+        keys = ((m.job_id, m.task_index) for m in moved)
+        return tuple(dict.fromkeys(keys))
+
     def reconcile(self, plan: Plan) -> None:
         """After the verdict (and the log up to it is applied): the copy's bindings of every task
         the pass placed or preempted match the state again."""
-        keys: list[TaskKey] = [
-            (m.job_id, m.task_index)
-            for m in plan.mutations
-            if isinstance(m, TaskScheduled | TaskStateChanged)
-        ]
-        self.view.reconcile(self.state, keys)
+        self.view.reconcile(self.state, self.placed_by(plan))
 
     # ------------------------------------------------------------------ internals
     def _follow_lifetimes(self, now_ms: int) -> None:

@@ -28,7 +28,7 @@ master starts without them (tasks count at their CPU limits) and re-learns them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -54,7 +54,7 @@ from cellpilot.schedule import (
     SchedulerConfig,
     TaskShape,
     default_profile,
-    pending_order,
+    priority_round_robin,
 )
 from cellpilot.schedule.cell import COUNT, LIMIT, NUM_LEVELS, RESERVATION, placement_basis
 from cellpilot.schedule.cpu_demand import CpuDemandMoments, CpuLearning, OverflowMeter, pooled_moments
@@ -177,6 +177,7 @@ class SchedulingView:
         self.cpu_moments: CpuDemandMoments[tuple[str, int]] = CpuDemandMoments(cpu_learning)
         self.cpu_overflow = OverflowMeter(self.cpu_moments.learning.overflow_window)
         self._job_cpu: dict[str, tuple[float, float]] = {}  # pooled (mean, std) per job
+        self._cpu_swept: tuple[int, int] = (-1, -1)  # (the rebuild, its unbinds) at the last sweep
         self.feed = SoftFeed()  # the master's soft state for its schedulers (soft_feed.py)
         self.generation = 0  # rebuilds so far: a scheduler re-takes the whole feed after one
 
@@ -341,22 +342,33 @@ class SchedulingView:
 
     # ------------------------------------------------------------------ scheduling
     def plan(
-        self, state: CellState, now_ms: int, max_tasks: int = 10_000, event_now_ms: int | None = None
+        self,
+        state: CellState,
+        now_ms: int,
+        max_tasks: int = 10_000,
+        event_now_ms: int | None = None,
+        skip: Collection[tuple[str, int]] = (),
     ) -> Plan:
         """One pass over the pending queue, high to low priority, round-robin across users (§3.2).
 
         ``event_now_ms`` is the cell's event time (default ``now_ms``): tasks backing off after a
         failure until later are left pending, and avoidances that have expired are dropped.
+        ``skip``: pending tasks already placed in this copy by a proposal still in flight (a
+        scheduler plans its next pass while the master judges the last one). The pass takes the
+        first ``max_tasks`` of the queue's order and builds the placement requests of those only.
         """
         if self.stale:
             self.rebuild(state)
         if self.uses_gpa:
             self.refresh_cpu_stats()
         event_now = now_ms if event_now_ms is None else event_now_ms
-        candidates = [
-            self._task_spec(job, task, event_now) for job, task in state.schedulable_pending(event_now)
+        queue = [
+            (job, task)
+            for job, task in state.schedulable_pending(event_now)
+            if not skip or (job.job_id, task.index) not in skip
         ]
-        pending = pending_order(candidates)[:max_tasks]
+        this_pass = priority_round_robin(queue, lambda jt: (jt[0].spec.priority, jt[0].spec.user))[:max_tasks]
+        pending = [self._task_spec(job, task, event_now) for job, task in this_pass]
         if not pending:
             return Plan((), 0, 0, 0, frozenset())
         result = self.scheduler.schedule(self.cell, pending, now_ms / 1000.0)
@@ -372,7 +384,7 @@ class SchedulingView:
             touched |= {placement.machine_name, *self._victim_machines(state, placement)}
         placed = sum(1 for m in mutations if isinstance(m, TaskScheduled))
         preempted = len(mutations) - placed
-        unschedulable = len(result.unschedulable) + len(candidates) - len(pending)
+        unschedulable = len(result.unschedulable) + len(queue) - len(pending)
         return Plan(tuple(mutations), placed, preempted, unschedulable, frozenset(touched))
 
     def accept(
@@ -427,11 +439,14 @@ class SchedulingView:
             if victim is not None and victim.machine_id:
                 taken.setdefault(victim.machine_id, state.ports_in_use(victim.machine_id))
                 taken[victim.machine_id].difference_update(victim.ports)
-        ports_taken = taken.setdefault(machine_id, state.ports_in_use(machine_id))
-        ports = allocate_ports(state.machines[machine_id].spec, ports_taken, int(job.spec.task.limits.ports))
-        if ports is None:
-            return None
-        ports_taken.update(ports)
+        wanted = int(job.spec.task.limits.ports)
+        ports: tuple[int, ...] | None = ()
+        if wanted > 0:  # the machine's ports in use are listed only for a task that asks for some
+            ports_taken = taken.setdefault(machine_id, state.ports_in_use(machine_id))
+            ports = allocate_ports(state.machines[machine_id].spec, ports_taken, wanted)
+            if ports is None:
+                return None
+            ports_taken.update(ports)
         mutations: list[Mutation] = [
             TaskStateChanged(
                 victim.job_id,
@@ -584,11 +599,17 @@ class SchedulingView:
             demand.extend(tasks.values())
             sums.append(sum(tasks.values()))
             capacities.append(capacity)
+        bound = self.cell.task_handle
         if keys:
-            self.cpu_moments.observe(keys, np.maximum(np.array(demand), 0.0))
+            kept = [i for i, k in enumerate(keys) if task_id(*k) in bound]  # samples of bound tasks only
+            self.cpu_moments.observe([keys[i] for i in kept], np.maximum(np.array(demand)[kept], 0.0))
             self.cpu_overflow.observe(sums, capacities)
-        # Tasks that stopped running (or moved without being sampled yet) are forgotten.
-        self.cpu_moments.retain(k for k in self.cpu_moments.tasks() if task_id(*k) in self.cell.task_handle)
+        # Tasks that stopped running (or moved without being sampled yet) are forgotten: a sweep
+        # over every known task, needed only once some task left the bindings since the last one.
+        swept = (self.generation, self.cell.unbinds)
+        if swept != self._cpu_swept:
+            self.cpu_moments.retain(k for k in self.cpu_moments.tasks() if task_id(*k) in bound)
+            self._cpu_swept = swept
 
     def forget_cpu(self) -> None:
         """Drops the learned moments and overflow counts (a master stepping down)."""

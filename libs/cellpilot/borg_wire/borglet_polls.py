@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from cellpilot.api.v1 import borglet_pb2, job_pb2, state_pb2
 from cellpilot.borg.cell_state import JobRecord, TaskRecord
 from cellpilot.borg.lifecycle import TaskState
+from cellpilot.borg.link_shards import ReportDigest
 from cellpilot.borg.poll_diff import MachineReport, ReportedEvent, ReportedTask
 from cellpilot.borg_wire.specs import (
     enum_in,
@@ -79,4 +80,23 @@ def report_in(response: borglet_pb2.PollResponse) -> MachineReport:
         tuple(events),
         resources_in(response.usage, f"{f}.usage"),
         tuple(response.cached_package_ids),
+    )
+
+
+def digest_in(response: borglet_pb2.PollResponse, acked_sequence: int = 0) -> ReportDigest:
+    """``report_digest(report_in(response), acked_sequence)`` read straight off the message: the
+    fields the digest holds, without building every task's usage. A link shard digests every
+    poll and converts only what it forwards (Borg §3.3). InvalidField as report_in's."""
+    f = "poll"
+    tasks = []
+    for t in response.tasks:
+        state = enum_in(TaskState, state_pb2.TaskState, t.state, f)
+        exit_reason = None
+        if state is TaskState.DEAD and t.exit_reason:
+            exit_reason = task_event_in(t.exit_reason, TaskState.PENDING, f)
+        tasks.append((t.job_id, t.task_index, t.incarnation, state, exit_reason, t.ready))
+    return ReportDigest(
+        response.desired_version,
+        frozenset(tasks),
+        tuple(sorted(e.sequence for e in response.events if e.sequence > acked_sequence)),
     )

@@ -35,6 +35,7 @@ from cellpilot.schedule.scheduler import (
     SchedulerConfig,
     Unschedulable,
     pending_order,
+    priority_round_robin,
 )
 from cellpilot.schedule.scorers import (
     BestFit,
@@ -107,5 +108,6 @@ __all__ = [
     "pending_order",
     "placement_basis",
     "preemption_threshold",
+    "priority_round_robin",
     "registered",
 ]

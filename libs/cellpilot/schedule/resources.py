@@ -24,6 +24,7 @@ UNITS: tuple[str, ...] = ("milli-cores", "bytes", "bytes", "ports")
 
 # Comparisons of resource sums tolerate this much rounding (in each dimension's unit).
 EPSILON = 1e-6
+_INF = float("inf")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,15 @@ class Resources:
     ports: float = 0.0
 
     def __post_init__(self) -> None:
+        # One chained comparison per field (NaN fails it too): built for every task report and
+        # log record, so it stays off numpy.
+        if (
+            0.0 <= self.cpu < _INF
+            and 0.0 <= self.ram < _INF
+            and 0.0 <= self.disk < _INF
+            and 0.0 <= self.ports < _INF
+        ):
+            return
         for name in RESOURCE_NAMES:
             value = getattr(self, name)
             if not np.isfinite(value) or value < 0:

@@ -24,7 +24,7 @@ With all three off, every task evaluates every machine (the "naive" scheduler).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -38,6 +38,7 @@ from cellpilot.schedule.profile import Profile
 from cellpilot.schedule.resources import EPSILON, Resources
 
 K = TypeVar("K")
+ItemT = TypeVar("ItemT")
 V = TypeVar("V")
 
 # A memo of compiled requests or channel vectors is emptied whole past this many entries.
@@ -126,10 +127,17 @@ class _Pool:
 
 def pending_order(tasks: Sequence[PlacementTask]) -> list[PlacementTask]:
     """High to low priority; round-robin across users within a priority (§3.2)."""
-    by_priority: dict[int, dict[str, list[PlacementTask]]] = {}
-    for task in tasks:
-        by_priority.setdefault(task.priority, {}).setdefault(task.user, []).append(task)
-    ordered: list[PlacementTask] = []
+    return priority_round_robin(tasks, lambda task: (task.priority, task.user))
+
+
+def priority_round_robin(items: Iterable[ItemT], key: Callable[[ItemT], tuple[int, str]]) -> list[ItemT]:
+    """``items`` high to low priority, round-robin across users within a priority (Borg §3.2);
+    ``key`` gives an item's (priority, user). Stable: a user's items keep their order."""
+    by_priority: dict[int, dict[str, list[ItemT]]] = {}
+    for item in items:
+        priority, user = key(item)
+        by_priority.setdefault(priority, {}).setdefault(user, []).append(item)
+    ordered: list[ItemT] = []
     for priority in sorted(by_priority, reverse=True):
         queues = list(by_priority[priority].values())
         longest = max(len(q) for q in queues)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from cellpilot.api.v1 import borglet_pb2, resources_pb2, state_pb2
 from cellpilot.borg.lifecycle import TaskEvent, TaskState
 from cellpilot.borg.link_shards import (
     Membership,
@@ -14,6 +15,7 @@ from cellpilot.borg.link_shards import (
     shard_owner,
 )
 from cellpilot.borg.poll_diff import MachineReport, ReportedEvent, ReportedTask
+from cellpilot.borg_wire.borglet_polls import digest_in, report_in
 from cellpilot.schedule import Resources
 
 MACHINES = [f"machine-r0-{i:04d}" for i in range(3_000)]
@@ -131,3 +133,48 @@ def test_events_already_recorded_are_no_news() -> None:
     with_event = _report(events=[ReportedEvent(9, "alice/web", 0, 3, TaskEvent.OOM)])
     assert report_digest(with_event, acked_sequence=9) == BASE
     assert report_digest(with_event, acked_sequence=8) != BASE
+
+
+def test_the_digest_read_off_the_poll_message_is_the_reports_digest() -> None:
+    """A link shard digests every poll straight off the message (no usage converted); it must
+    be the digest of the converted report, or a shard would forward too much or too little."""
+    usage = resources_pb2.Resources(cpu_millicores=300, memory_bytes=1 << 20)
+    response = borglet_pb2.PollResponse(
+        machine_id="m0",
+        desired_version=7,
+        tasks=[
+            borglet_pb2.TaskReport(
+                job_id="a/web",
+                task_index=0,
+                incarnation=2,
+                state=state_pb2.TASK_STATE_RUNNING,
+                usage=usage,
+                ready=True,
+            ),
+            borglet_pb2.TaskReport(
+                job_id="a/web",
+                task_index=1,
+                incarnation=1,
+                state=state_pb2.TASK_STATE_DEAD,
+                exit_reason=state_pb2.TASK_EVENT_KIND_FAILED,
+                exit_code=3,
+            ),
+        ],
+        events=[
+            borglet_pb2.ReportedEvent(
+                sequence=s,
+                event=state_pb2.TaskEvent(
+                    job_id="a/web", task_index=1, kind=state_pb2.TASK_EVENT_KIND_FAILED
+                ),
+            )
+            for s in (4, 9)
+        ],
+    )
+    for acked in (0, 4, 9):
+        assert digest_in(response, acked) == report_digest(report_in(response), acked)
+    moved = borglet_pb2.PollResponse()
+    moved.CopyFrom(response)
+    moved.tasks[0].usage.cpu_millicores = 900  # usage is not news
+    assert digest_in(moved) == digest_in(response)
+    moved.tasks[1].exit_reason = state_pb2.TASK_EVENT_KIND_OOM  # how a task ended is
+    assert digest_in(moved) != digest_in(response)

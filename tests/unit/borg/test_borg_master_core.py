@@ -254,6 +254,48 @@ def test_a_second_scheduler_on_a_stale_copy_is_refused_and_reconciles() -> None:
     assert second.view.tasks_running() == 2, "and nothing it proposed stays bound twice"
 
 
+def test_a_pass_planned_while_a_proposal_is_in_flight_leaves_its_tasks_out() -> None:
+    """Pipelined passes (Borg §3.4): the next pass is planned before the master answered the
+    last proposal; it places the other pending tasks, never the ones in flight, and both
+    proposals are accepted whole."""
+    shell = Shell()
+    shell.cell(machines=2, cpu=4000)
+    shell.submit(SubmitJob("s", job_spec("web", task_count=4, cpu=1000)))
+    copy = SchedulerCopy("a", SchedulingView())
+    copy.apply(shell.log)
+    first, first_plan = copy.plan(WALL_MS, 1, 2)
+    assert first is not None
+    in_flight = SchedulerCopy.placed_by(first_plan)
+    assert len(in_flight) == 2
+    second, second_plan = copy.plan(WALL_MS, 1, 2, in_flight=set(in_flight))
+    assert second is not None
+    assert not set(SchedulerCopy.placed_by(second_plan)) & set(in_flight)
+    assert len(shell.propose(*first.placements).accepted) == 2
+    assert len(shell.propose(*second.placements).accepted) == 2
+    copy.apply(shell.log[copy.state.last_sequence :])
+    copy.reconcile(first_plan)
+    copy.reconcile(second_plan)
+    assert copy.view.tasks_running() == 4
+    assert not copy.state.pending
+
+
+def test_a_pass_never_sent_is_reconciled_away() -> None:
+    """A plan whose proposal never reached a master (it stepped down meanwhile) gives its room
+    back: once reconciled, the next pass places the same tasks again."""
+    shell = Shell()
+    shell.cell(machines=1, cpu=2000)
+    shell.submit(SubmitJob("s", job_spec("web", task_count=2, cpu=1000)))
+    copy = SchedulerCopy("a", SchedulingView())
+    copy.apply(shell.log)
+    _, lost_plan = copy.plan(WALL_MS, 1, 100)
+    assert len(SchedulerCopy.placed_by(lost_plan)) == 2
+    copy.reconcile(lost_plan)
+    assert copy.view.tasks_running() == 0
+    again, _ = copy.plan(WALL_MS, 1, 100)
+    assert again is not None
+    assert len(shell.propose(*again.placements).accepted) == 2
+
+
 def test_an_update_through_the_batch_still_sees_the_masters_view() -> None:
     shell = Shell()
     shell.cell(machines=1, cpu=4000)

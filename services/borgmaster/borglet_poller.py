@@ -63,6 +63,7 @@ class BorgletPoller:
         self.acked_event: dict[str, int] = {}
         self.resend: set[str] = set()
         self.urgent: set[str] = set()
+        self._desired_sets: dict[str, borglet_pb2.DesiredTasks] = {}
         self.wake = asyncio.Event()
         self.last_cycle: CycleStats | None = None
         replica.listeners.append(self._on_applied)
@@ -115,10 +116,17 @@ class BorgletPoller:
         reported = self.reported_version.get(machine_id)
         # Never an older set than the Borglet applied (a standby's copy of the state may lag).
         if reported is None or reported < machine.desired_version or machine_id in self.resend:
-            request.desired.CopyFrom(
-                borglet_polls.desired_out(machine.desired_version, desired_tasks(state, machine_id))
-            )
+            request.desired.CopyFrom(self._desired(machine_id, machine.desired_version))
         return machine.spec.borglet_address, request
+
+    def _desired(self, machine_id: str, version: int) -> borglet_pb2.DesiredTasks:
+        """The machine's desired set at ``version`` (the log position of its last change, so
+        one version is one set): built once, then reused until the Borglet reports it applied."""
+        cached = self._desired_sets.get(machine_id)
+        if cached is None or cached.version != version:
+            cached = borglet_polls.desired_out(version, desired_tasks(self.replica.state, machine_id))
+            self._desired_sets[machine_id] = cached
+        return cached
 
     async def poll(
         self, machine_ids: list[str], epoch: int, count_misses: bool = True

@@ -26,7 +26,10 @@ class SchedulerSettings(MeteredReplicaSettings):
     tail_interval_s: float = Field(default=0.05, gt=0)  # how often an idle scheduler reads the log
     soft_state_interval_s: float = Field(default=1.0, gt=0)  # the master's reservations and moments
     force_pass_interval_s: float = Field(default=2.0, gt=0)  # a pass even if the log did not move
-    max_tasks_per_pass: int = Field(default=10_000, ge=1)
+    # Tasks one pass takes from the head of the pending queue. Passes are pipelined with the
+    # proposals (the next plans while the master judges the last), so a smaller pass starts the
+    # flow of placements sooner (after a restart, or a burst of submissions) at no loss of rate.
+    max_tasks_per_pass: int = Field(default=2_000, ge=1)
     # Placements per ProposePlacements call: the master judges one call in one batch, so a
     # smaller call keeps its other work (client writes, Borglet reports) flowing between them.
     proposal_max: int = Field(default=500, ge=1)

@@ -177,7 +177,6 @@ class SchedulingView:
         self.cpu_moments: CpuDemandMoments[tuple[str, int]] = CpuDemandMoments(cpu_learning)
         self.cpu_overflow = OverflowMeter(self.cpu_moments.learning.overflow_window)
         self._job_cpu: dict[str, tuple[float, float]] = {}  # pooled (mean, std) per job
-        self._cpu_swept: tuple[int, int] = (-1, -1)  # (the rebuild, its unbinds) at the last sweep
         self.feed = SoftFeed()  # the master's soft state for its schedulers (soft_feed.py)
         self.generation = 0  # rebuilds so far: a scheduler re-takes the whole feed after one
 
@@ -211,6 +210,7 @@ class SchedulingView:
         running.sort(key=lambda jt: (not jt[0].spec.is_alloc_set, jt[0].job_id, jt[1].index))
         for job, task in running:
             self._bind(job, task, now)
+        self.cpu_moments.retain((job.job_id, task.index) for job, task in running)
         self.stale = False
 
     def shape(self, spec: JobSpec) -> TaskShape:
@@ -317,6 +317,7 @@ class SchedulingView:
                 self._bind(job, task, now)
         elif change.state is not TaskState.RUNNING and handle is not None:
             self.cell.unbind(handle)
+            self.cpu_moments.forget((change.job_id, change.task_index))  # it stopped running
 
     def reconcile(self, state: CellState, keys: Iterable[tuple[str, int]]) -> None:
         """Makes the bindings of ``keys`` match the state: a scheduler's speculative placements
@@ -339,6 +340,8 @@ class SchedulingView:
                 self.cell.unbind(handle)
             if running_on and job is not None and task is not None:
                 self._bind(job, task, now)
+            else:
+                self.cpu_moments.forget(key)
 
     # ------------------------------------------------------------------ scheduling
     def plan(
@@ -604,12 +607,8 @@ class SchedulingView:
             kept = [i for i, k in enumerate(keys) if task_id(*k) in bound]  # samples of bound tasks only
             self.cpu_moments.observe([keys[i] for i in kept], np.maximum(np.array(demand)[kept], 0.0))
             self.cpu_overflow.observe(sums, capacities)
-        # Tasks that stopped running (or moved without being sampled yet) are forgotten: a sweep
-        # over every known task, needed only once some task left the bindings since the last one.
-        swept = (self.generation, self.cell.unbinds)
-        if swept != self._cpu_swept:
-            self.cpu_moments.retain(k for k in self.cpu_moments.tasks() if task_id(*k) in bound)
-            self._cpu_swept = swept
+        # Only bound tasks learn; a task's moments are forgotten when it stops running
+        # (:meth:`observe`, :meth:`reconcile`) and a rebuild keeps those of the running ones.
 
     def forget_cpu(self) -> None:
         """Drops the learned moments and overflow counts (a master stepping down)."""

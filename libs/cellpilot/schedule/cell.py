@@ -86,7 +86,6 @@ class Cell:
         self.anticipated_shape = np.ones(NUM_RESOURCES)
         self._limit_sum = np.zeros(NUM_RESOURCES)
         self._task_total = 0
-        self.unbinds = 0  # tasks removed so far: a follower of the bindings knows when to sweep
 
         t = max(task_hint, 1)
         self.t_alive = np.zeros(t, dtype=bool)
@@ -307,7 +306,6 @@ class Cell:
         if not (0 <= handle < self.t_alive.shape[0] and self.t_alive[handle]):
             raise KeyError(f"no live task {handle}")
         removed: list[PlacementTask] = []
-        self.unbinds += 1
         for member in sorted(self.alloc_members.get(handle, ())):
             removed += self.unbind(member)
         spec = self.t_spec[handle]

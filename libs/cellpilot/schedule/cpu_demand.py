@@ -118,6 +118,12 @@ class CpuDemandMoments(Generic[K]):
     def tasks(self) -> list[K]:
         return list(self._row)
 
+    def forget(self, key: K) -> None:
+        """Forgets one task (it stopped running); nothing if it was not known."""
+        row = self._row.pop(key, None)
+        if row is not None:
+            self._free.append(row)
+
     def retain(self, keys: Iterable[K]) -> None:
         """Forgets every task not in ``keys`` (tasks that stopped running)."""
         keep = set(keys)

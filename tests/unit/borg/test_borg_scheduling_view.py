@@ -222,3 +222,23 @@ def test_gpa_places_non_prod_tasks_by_learned_cpu_moments_and_limits_without_it(
     master.view.forget_cpu()  # a master stepping down: soft state gone
     assert master.view.cpu_stats() == {}
     assert master.view.cpu_overflow.counts().machine_samples == 0
+
+
+def test_a_task_that_stops_running_forgets_its_cpu_moments_and_unbound_tasks_learn_nothing() -> None:
+    import numpy as np
+
+    from cellpilot.borg.decisions import KillJob
+
+    rng = np.random.default_rng(5)
+    master = _gpa_master(0.0)
+    master.schedule()
+    _poll(master, rng, 10)
+    # A sample of a task the view does not run (a stale report) teaches nothing.
+    master.view.observe_cpu([({("nobody/ghost", 0): 100.0}, 8000.0)] * 10)
+    assert ("nobody/ghost", 0) not in master.view.cpu_moments.tasks()
+    learned = len(master.view.cpu_moments.tasks())
+    master.accept(KillJob("k", "bob/batch"))
+    assert not [key for key in master.view.cpu_moments.tasks() if key[0] == "bob/batch"], (
+        "a killed job's tasks are forgotten as they stop, without a sweep"
+    )
+    assert learned > 0

@@ -230,6 +230,16 @@ CDF_FIGURES = (
 )
 
 
+def _cell_label(cell: Mapping[str, float] | None) -> str:
+    """`` (cell model: NAME, overcommit X)`` for a replay's cell (empty if not recorded): the
+    goals hold under the cell model the study ran."""
+    if not cell:
+        return ""
+    overcommit = float(cell["overcommit"])
+    named = [n for n, m in CELL_MODELS.items() if m.overcommit == overcommit]
+    return f" (cell model: {named[0] if named else 'custom'}, overcommit {overcommit:g})"
+
+
 def _sections(result: StudyResult, description: str) -> list[str]:
     summaries = result.summaries
     population = result.settings["population"]
@@ -250,7 +260,7 @@ def _sections(result: StudyResult, description: str) -> list[str]:
         markdown_table(rows, MAIN_COLUMNS, FORMATS),
         "## Job-days seriously impacted by OOMs (Table 2)\n",
         markdown_table(table2, ("threshold", *summaries)),
-        "## Goals\n",
+        f"## Goals{_cell_label(result.settings['replay'].get('cell'))}\n",
         markdown_table(goal_rows, ("goal", "met", "numbers")),
     ]
     if any("cpu_relative_slack_mean" in s for s in summaries.values()):

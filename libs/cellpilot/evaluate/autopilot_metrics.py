@@ -355,42 +355,77 @@ def add_bound_ratios(summaries: dict[str, dict[str, Any]], bound: str = BOUND) -
             ratio(part, base.get("breakdown", {}).get(key, {}))
 
 
-def goals(summaries: Mapping[str, Mapping[str, Any]]) -> list[Goal]:
-    """The goals, checked on whichever recommenders were replayed.
+OOM_FREE_GOAL = 0.995  # §4.3: "over 99.5% of Autopilot job-days see no OOMs"
+LIMIT_CHANGES_FACTOR = 2.0  # ML's limit changes per job-day (mean) at most this times the window's
+SLACK_KEY = "relative_slack_mean"
+OOM_KEY = "relative_oom_rate_per_task_day"
+CHANGES_KEY = "limit_changes_per_job_day"
+FREE_KEY = "oom_free_job_days_fraction"
 
-    1. relative slack (mean): manual-hard > manual-soft > moving window > ML (§4.2);
-    2. ML keeps >= 99.5 % of job-days OOM-free (§4.3: "over 99.5% of Autopilot job-days
-       see no OOMs");
-    3. ML has lower relative slack than VPA at an equal or lower relative OOM rate;
-    4. ML's absolute slack within 1.5x the clairvoyant bound's.
+
+def goals(summaries: Mapping[str, Mapping[str, Any]]) -> list[Goal]:
+    """The goals, under whichever cell model the study ran, checked on the deciders replayed
+    (a goal whose deciders are missing is left out). Each row gives its numbers, met or not:
+
+    1. ML's relative slack (mean, §4.1.1) below the moving window's (§4.2), at a relative OOM
+       rate no higher than the window's and at most :data:`LIMIT_CHANGES_FACTOR` times its
+       limit changes per job-day (mean; Figure 7 reports similar change counts);
+    2. ML's relative slack below VPA's at a relative OOM rate no higher than VPA's;
+    3. relative slack manual-hard > manual-soft > moving window (§4.2, Figure 3a);
+    4. ML and the moving window each keep >= 99.5 % of job-days OOM-free (§4.3);
+    5. the clairvoyant bound's relative slack >= 0 (it bounds the others from below).
     """
     out: list[Goal] = []
-    order = [n for n in ("manual-hard", "manual-soft", "moving-window", "ml") if n in summaries]
-    if len(order) >= 2:
-        values = [summaries[n].get("relative_slack_mean") for n in order]
-        ok = all(a is not None and b is not None and a > b for a, b in pairwise(values))
-        detail = " > ".join(
-            f"{n} {v:.3f}" if v is not None else f"{n} n/a" for n, v in zip(order, values, strict=True)
-        )
-        out.append(Goal("relative slack ordering " + " > ".join(order), ok, detail))
-    if "ml" in summaries:
-        free = float(summaries["ml"].get("oom_free_job_days_fraction", 0.0))
-        out.append(Goal("ml: >= 99.5 % of job-days OOM-free", free >= 0.995, f"{free:.4%}"))
-    if "ml" in summaries and "vpa" in summaries:
-        ml, vpa = summaries["ml"], summaries["vpa"]
-        slack_ok = (ml.get("relative_slack_mean") or 1.0) < (vpa.get("relative_slack_mean") or 0.0)
-        ml_oom, vpa_oom = ml["relative_oom_rate_per_task_day"], vpa["relative_oom_rate_per_task_day"]
-        oom_ok = ml_oom <= vpa_oom
+
+    def value(name: str, key: str) -> float:
+        v = summaries[name].get(key)
+        return float("nan") if v is None else float(v)
+
+    if "ml" in summaries and "moving-window" in summaries:
+        slack, window_slack = value("ml", SLACK_KEY), value("moving-window", SLACK_KEY)
+        oom, window_oom = value("ml", OOM_KEY), value("moving-window", OOM_KEY)
+        changes = value("ml", CHANGES_KEY)
+        allowed = LIMIT_CHANGES_FACTOR * value("moving-window", CHANGES_KEY)
         out.append(
             Goal(
-                "ml: lower relative slack than vpa at an equal or lower relative OOM rate",
-                bool(slack_ok and oom_ok),
-                f"slack ml {ml.get('relative_slack_mean', float('nan')):.3f} vs vpa "
-                f"{vpa.get('relative_slack_mean', float('nan')):.3f}; OOMs/task-day ml "
-                f"{ml_oom:.4g} vs vpa {vpa_oom:.4g}",
+                "ml: relative slack < moving-window's at an OOM rate <= its and "
+                f"<= {LIMIT_CHANGES_FACTOR:g}x its limit changes per job-day",
+                bool(slack < window_slack and oom <= window_oom and changes <= allowed),
+                f"slack {slack:.3f} vs {window_slack:.3f}; OOMs/task-day {oom:.4f} vs {window_oom:.4f}; "
+                f"limit changes/job-day {changes:.2f} vs {allowed:.2f} allowed",
             )
         )
-    if "ml" in summaries and BOUND_RATIO in summaries["ml"]:
-        r = float(summaries["ml"][BOUND_RATIO])
-        out.append(Goal("ml: absolute slack within 1.5x the clairvoyant bound's", r <= 1.5, f"{r:.2f}x"))
+    if "ml" in summaries and "vpa" in summaries:
+        slack, vpa_slack = value("ml", SLACK_KEY), value("vpa", SLACK_KEY)
+        oom, vpa_oom = value("ml", OOM_KEY), value("vpa", OOM_KEY)
+        out.append(
+            Goal(
+                "ml: relative slack < vpa's at an OOM rate <= vpa's",
+                bool(slack < vpa_slack and oom <= vpa_oom),
+                f"slack {slack:.3f} vs {vpa_slack:.3f}; OOMs/task-day {oom:.4f} vs {vpa_oom:.4f}",
+            )
+        )
+    order = [n for n in ("manual-hard", "manual-soft", "moving-window") if n in summaries]
+    if len(order) >= 2:
+        values = [value(n, SLACK_KEY) for n in order]
+        out.append(
+            Goal(
+                "relative slack " + " > ".join(order),
+                all(a > b for a, b in pairwise(values)),
+                " > ".join(f"{n} {v:.3f}" for n, v in zip(order, values, strict=True)),
+            )
+        )
+    free = [n for n in ("ml", "moving-window") if n in summaries]
+    if free:
+        fractions = [value(n, FREE_KEY) for n in free]
+        out.append(
+            Goal(
+                f"{' and '.join(free)}: >= {OOM_FREE_GOAL:.1%} of job-days OOM-free",
+                all(f >= OOM_FREE_GOAL for f in fractions),
+                ", ".join(f"{n} {f:.2%}" for n, f in zip(free, fractions, strict=True)),
+            )
+        )
+    if BOUND in summaries:
+        bound = value(BOUND, SLACK_KEY)
+        out.append(Goal("clairvoyant bound: relative slack >= 0", bool(bound >= 0.0), f"{bound:.3f}"))
     return out

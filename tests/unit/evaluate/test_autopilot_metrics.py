@@ -219,35 +219,97 @@ def _with_bound(
     return out
 
 
-@pytest.mark.parametrize(
-    ("summaries", "expected"),
-    [
-        (
-            {
-                "manual-hard": _summary(0.6),
-                "manual-soft": _summary(0.46),
-                "moving-window": _summary(0.31, 0.996),
-                "ml": _summary(0.23, 0.997, 0.01, absolute=14.0),
-                "vpa": _summary(0.3, 0.99, 0.02),
-            },
-            [True, True, True, True],
-        ),
-        (
-            {
-                "manual-hard": _summary(0.6),
-                "manual-soft": _summary(0.46),
-                "moving-window": _summary(0.2, 0.99),
-                "ml": _summary(0.23, 0.994, 0.03, absolute=16.0),
-                "vpa": _summary(0.3, 0.99, 0.02),
-            },
-            [False, False, False, False],
-        ),
-    ],
-    ids=["paper-like", "missed"],
+def _decider(slack: float, oom: float, free: float, changes: float) -> dict[str, float]:
+    return {
+        "relative_slack_mean": slack,
+        "relative_oom_rate_per_task_day": oom,
+        "oom_free_job_days_fraction": free,
+        "limit_changes_per_job_day": changes,
+    }
+
+
+# Every goal met: ML below the window (OOMs level, 1.9x its 1.0 changes) and below VPA;
+# hard > soft > window; ML and window >= 99.5 % OOM-free; the bound's slack >= 0.
+MET = {
+    "manual-hard": _decider(0.60, 0.01, 0.98, 0.0),
+    "manual-soft": _decider(0.45, 0.001, 0.999, 0.0),
+    "moving-window": _decider(0.25, 0.002, 0.996, 1.0),
+    "ml": _decider(0.24, 0.002, 0.997, 1.9),
+    "vpa": _decider(0.27, 0.003, 0.99, 2.0),
+    "clairvoyant": _decider(0.0, 0.0, 1.0, 100.0),
+}
+GOAL_NAMES = (
+    "ml: relative slack < moving-window's at an OOM rate <= its and <= 2x its limit changes per job-day",
+    "ml: relative slack < vpa's at an OOM rate <= vpa's",
+    "relative slack manual-hard > manual-soft > moving-window",
+    "ml and moving-window: >= 99.5% of job-days OOM-free",
+    "clairvoyant bound: relative slack >= 0",
 )
-def test_goals(summaries: dict[str, dict[str, float]], expected: list[bool]) -> None:
-    """Slack ordering; ML >= 99.5 % OOM-free; ML below VPA at no more OOMs; ML within 1.5x the bound."""
-    assert [g.met for g in goals(_with_bound(summaries, bound_slack=10.0))] == expected
+
+
+def _changed(**changes: dict[str, float]) -> dict[str, dict[str, float]]:
+    return {name: {**MET[name], **changes.get(name.replace("-", "_"), {})} for name in MET}
+
+
+@pytest.mark.parametrize(
+    ("summaries", "missed"),
+    [
+        (MET, set()),
+        # ML's slack above the window's; at exactly the window's slack the strict < fails too.
+        (_changed(ml={"relative_slack_mean": 0.26}), {0}),
+        (_changed(ml={"relative_slack_mean": 0.25}), {0}),
+        # Below the window in slack but at more OOMs (goal 1), or at > 2x its limit changes.
+        (_changed(ml={"relative_oom_rate_per_task_day": 0.0025}), {0}),
+        (_changed(ml={"limit_changes_per_job_day": 2.01}), {0}),
+        # ML above VPA's slack, or below it at more OOMs than VPA (and than the window).
+        (_changed(vpa={"relative_slack_mean": 0.23}), {1}),
+        (_changed(ml={"relative_oom_rate_per_task_day": 0.004}), {0, 1}),
+        # The ordering: soft above hard, or the window above soft.
+        (_changed(manual_soft={"relative_slack_mean": 0.61}), {2}),
+        (_changed(moving_window={"relative_slack_mean": 0.5}, ml={"relative_slack_mean": 0.24}), {2}),
+        # OOM-free: ML or the window below 99.5 %.
+        (_changed(ml={"oom_free_job_days_fraction": 0.9949}), {3}),
+        (_changed(moving_window={"oom_free_job_days_fraction": 0.99}), {3}),
+        # The bound below 0.
+        (_changed(clairvoyant={"relative_slack_mean": -0.01}), {4}),
+    ],
+    ids=[
+        "all-met",
+        "ml-slack-above-window",
+        "ml-slack-level-with-window",
+        "ml-more-ooms-than-window",
+        "ml-too-many-changes",
+        "ml-slack-above-vpa",
+        "ml-more-ooms-than-vpa",
+        "soft-above-hard",
+        "window-above-soft",
+        "ml-not-oom-free",
+        "window-not-oom-free",
+        "negative-bound",
+    ],
+)
+def test_goals(summaries: dict[str, dict[str, float]], missed: set[int]) -> None:
+    """Each of the goals, met, and missed on exactly the number that breaks it."""
+    checked = goals(summaries)
+    assert tuple(g.name for g in checked) == GOAL_NAMES
+    assert {i for i, g in enumerate(checked) if not g.met} == missed
+
+
+def test_goals_give_their_numbers() -> None:
+    checked = {g.name: g.detail for g in goals(MET)}
+    assert checked[GOAL_NAMES[0]] == (
+        "slack 0.240 vs 0.250; OOMs/task-day 0.0020 vs 0.0020; limit changes/job-day 1.90 vs 2.00 allowed"
+    )
+    assert checked[GOAL_NAMES[1]] == "slack 0.240 vs 0.270; OOMs/task-day 0.0020 vs 0.0030"
+    assert checked[GOAL_NAMES[2]] == "manual-hard 0.600 > manual-soft 0.450 > moving-window 0.250"
+    assert checked[GOAL_NAMES[3]] == "ml 99.70%, moving-window 99.60%"
+    assert checked[GOAL_NAMES[4]] == "0.000"
+
+
+def test_goals_leave_out_what_was_not_replayed() -> None:
+    only = {k: MET[k] for k in ("ml", "vpa")}
+    assert [g.name for g in goals(only)] == [GOAL_NAMES[1], "ml: >= 99.5% of job-days OOM-free"]
+    assert goals({}) == []
 
 
 def test_bound_ratio_is_absolute_slack_over_the_bounds() -> None:

@@ -235,7 +235,7 @@ def report_sections(summary: dict[str, Any], plots: list[str]) -> list[str]:
             growth=d["max_initializing_fraction"],
         ),
         *frontier_sections(summary, plots),
-        "## Goals at the default settings\n",
+        "## Goals (the frontier check above, per workload)\n",
         markdown_table(goal_rows(summary), ("workload", "autopilot", "goal", "met", "detail")),
         "## Results at the default settings (means over seeds)\n",
     ]

@@ -22,7 +22,6 @@ FloatArray = npt.NDArray[np.float64]
 DAY_S = 86_400
 DECIDERS = ("autopilot-cpu", "autopilot-target-size", "hpa", "bound", "fixed-peak", "fixed-mean")
 AUTOPILOT = ("autopilot-cpu", "autopilot-target-size")
-BOUND_FACTOR_GOAL = 1.3
 MAX_DAYS = 60
 MAX_SEEDS = 100
 MAX_TASKS = 10_000

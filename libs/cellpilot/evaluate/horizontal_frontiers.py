@@ -9,7 +9,8 @@ goal: every point of that frontier is *covered* by some Autopilot setting, withi
 task-hours at no more overloaded minutes (:func:`cellpilot.evaluate.frontier.covering`).
 
 The functions here take the study's rows (means over seeds, one per workload, decider and
-setting) and return plain data for ``horizontal.json`` and the report.
+setting) and return plain data for ``horizontal.json`` and the report; :func:`frontier_goals`
+turns the check into the study's goal rows.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cellpilot.evaluate.frontier import covering, nearest_misses, pareto_frontier
+from cellpilot.evaluate.horizontal_config import AUTOPILOT
 
 COST_SLACK = 0.05  # an Autopilot setting may use up to 5 % more task-hours than the HPA's point
 HPA = "hpa"
-AUTOPILOT_DECIDERS = ("autopilot-cpu", "autopilot-target-size")
+AUTOPILOT_DECIDERS = AUTOPILOT
 _LABELS = {
     "target_utilisation": ("r*=", "{:g}"),
     "horizon_h": ("T=", "{:g}h"),
@@ -139,3 +141,28 @@ def frontier_report(rows: Sequence[Mapping[str, Any]], cost_slack: float = COST_
         "recommended": recommended_settings(rows, cost_slack) if out else [],
         "met": all(w["met"] for w in out) if out else None,
     }
+
+
+def frontier_goals(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The horizontal goal, one row per workload of a :func:`frontier_report`: every point of the
+    HPA's frontier covered by some Autopilot setting within ``cost_slack`` of its task-hours at
+    no more overloaded minutes (met or missed, with how many points are covered)."""
+    slack = float(report["cost_slack"])
+    goal = (
+        f"every HPA frontier point covered by an Autopilot setting within {slack:.0%} of its "
+        "task-hours at no more overloaded minutes"
+    )
+    out = []
+    for check in report["workloads"]:
+        points = check["hpa_frontier"]
+        covered = sum(1 for p in points if p["covered"])
+        out.append(
+            {
+                "workload": check["workload"],
+                "autopilot": "any setting of " + ", ".join(AUTOPILOT_DECIDERS),
+                "goal": goal,
+                "met": bool(check["met"]),
+                "detail": f"{covered} of {len(points)} HPA frontier points covered",
+            }
+        )
+    return out

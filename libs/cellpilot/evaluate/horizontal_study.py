@@ -40,7 +40,6 @@ against the HPA's task-hours/overload frontier (:mod:`cellpilot.evaluate.horizon
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -50,8 +49,6 @@ import numpy.typing as npt
 
 from cellpilot.autopilot.decisions import HorizontalConfig
 from cellpilot.evaluate.horizontal_config import (
-    AUTOPILOT,
-    BOUND_FACTOR_GOAL,
     MAX_TASKS,
     TASK_BASE,
     HorizontalStudyConfig,
@@ -67,7 +64,7 @@ from cellpilot.evaluate.horizontal_deciders import (
     hpa_config,
     make_decider,
 )
-from cellpilot.evaluate.horizontal_frontiers import frontier_report
+from cellpilot.evaluate.horizontal_frontiers import frontier_goals, frontier_report
 from cellpilot.evaluate.horizontal_metrics import series_metrics
 from cellpilot.evaluate.hpa import HpaConfig, HpaRules
 from cellpilot.evaluate.sharding import IN_PROCESS, ShardRunner, counting_shards
@@ -229,7 +226,8 @@ def run_study(
     plot series per workload and decider at its default setting).
 
     ``rows`` hold the means over seeds; the row of a decider's default setting has ``default``
-    true (one per workload and decider, what ``goals`` and the per-workload tables use)."""
+    true (one per workload and decider, what the per-workload tables use); ``goals`` are the
+    frontier check's (:func:`~cellpilot.evaluate.horizontal_frontiers.frontier_goals`)."""
     plan = shards(config)
     results = runner.map(run_shard, config, plan, on_done=counting_shards(progress))
     by_key: dict[tuple[int, str, Setting], list[dict[str, Any]]] = {}
@@ -251,11 +249,11 @@ def run_study(
         for decider in config.deciders
         for i, setting in enumerate(config.settings(decider))
     ]
-    defaults = [row for row in rows if row["default"]]
+    frontier = frontier_report(rows)
     summary = {
         "rows": rows,
-        "goals": goals(defaults),
-        "frontier": frontier_report(rows),
+        "goals": frontier_goals(frontier),
+        "frontier": frontier,
         "settings": settings(config),
     }
     return summary, series
@@ -266,46 +264,6 @@ def _mean_over_seeds(metrics: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for key in metrics[0]:
         values = [m[key] for m in metrics]
         out[key] = None if any(v is None for v in values) else float(np.mean(values))
-    return out
-
-
-def goals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per workload and Autopilot source: fewer task-hours than the HPA at no more overload
-    minutes; task-hours within 1.3x the clairvoyant bound's."""
-    found = {(row["workload"], row["decider"]): row for row in rows}
-    out: list[dict[str, Any]] = []
-    for workload in dict.fromkeys(row["workload"] for row in rows):
-        hpa, bound = found.get((workload, "hpa")), found.get((workload, "bound"))
-        for source in AUTOPILOT:
-            ap = found.get((workload, source))
-            if ap is None:
-                continue
-            if hpa is not None:
-                met = (
-                    ap["task_hours"] < hpa["task_hours"]
-                    and ap["overloaded_minutes"] <= hpa["overloaded_minutes"]
-                )
-                out.append(
-                    {
-                        "workload": workload,
-                        "autopilot": source,
-                        "goal": "fewer task-hours than HPA at no more overload minutes",
-                        "met": met,
-                        "detail": f"{ap['task_hours']:.0f} vs {hpa['task_hours']:.0f} task-h; "
-                        f"{ap['overloaded_minutes']:.1f} vs {hpa['overloaded_minutes']:.1f} overloaded min",
-                    }
-                )
-            if bound is not None:
-                ratio = ap["task_hours"] / bound["task_hours"] if bound["task_hours"] > 0 else math.inf
-                out.append(
-                    {
-                        "workload": workload,
-                        "autopilot": source,
-                        "goal": f"within {BOUND_FACTOR_GOAL}x the bound's task-hours",
-                        "met": ratio <= BOUND_FACTOR_GOAL,
-                        "detail": f"{ratio:.2f}x: {ap['task_hours']:.0f} vs {bound['task_hours']:.0f} task-h",
-                    }
-                )
     return out
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from cellpilot.evaluate.frontier import covering, dominates, nearest_misses, pareto_frontier
 from cellpilot.evaluate.horizontal_frontiers import (
+    frontier_goals,
     frontier_report,
     recommended_settings,
     setting_label,
@@ -109,6 +110,25 @@ def test_report_is_met_only_when_every_workload_frontier_is_covered() -> None:
     assert frontier_report([_hpa("a", 0.6, 100.0, 1.0)]) == {
         "cost_slack": 0.05, "workloads": [], "recommended": [], "met": None
     }  # fmt: skip
+
+
+def test_goals_are_the_frontier_check_met_or_missed_per_workload() -> None:
+    rows = [
+        _hpa("a", 0.6, 100.0, 1.0), _hpa("a", 0.8, 70.0, 9.0),
+        _ap("a", 0.6, 105.0, 1.0), _ap("a", 0.8, 73.0, 9.0),  # both covered, at exactly 1.05x
+        _hpa("b", 0.6, 100.0, 0.0), _hpa("b", 0.8, 80.0, 4.0),
+        _ap("b", 0.6, 104.0, 0.0), _ap("b", 0.8, 80.0, 4.5),  # b@80: no more than 4 min overload missed
+    ]  # fmt: skip
+    checked = frontier_goals(frontier_report(rows))
+    assert [(g["workload"], g["met"], g["detail"]) for g in checked] == [
+        ("a", True, "2 of 2 HPA frontier points covered"),
+        ("b", False, "1 of 2 HPA frontier points covered"),
+    ]
+    assert checked[0]["goal"] == (
+        "every HPA frontier point covered by an Autopilot setting within 5% of its task-hours "
+        "at no more overloaded minutes"
+    )
+    assert frontier_goals(frontier_report([_hpa("a", 0.6, 100.0, 1.0)])) == []
 
 
 def test_recommended_settings_rank_by_frontier_points_covered_over_all_workloads() -> None:

@@ -120,11 +120,13 @@ def test_eval_horizontal_end_to_end_on_a_tiny_horizon(tmp_path: Path) -> None:
     command = (out / "horizontal.md").read_text()
     assert "--workloads step --trace" in command
     assert "--autopilot-deferrals 0.5,48 --out DIR" in command
-    assert {g["goal"] for g in summary["goals"]} == {
-        "fewer task-hours than HPA at no more overload minutes", "within 1.3x the bound's task-hours"
-    }  # fmt: skip
+    # The goal is the frontier check's, one row per workload, met exactly when it covers every point.
+    assert [(g["workload"], g["met"]) for g in summary["goals"]] == [
+        (w["workload"], w["met"]) for w in summary["frontier"]["workloads"]
+    ]
+    assert all(g["goal"].startswith("every HPA frontier point covered") for g in summary["goals"])
     assert all(r["overloaded_minutes"] == 0 for r in summary["rows"] if r["decider"] == "bound")
-    assert "## Goals at the default settings" in (out / "horizontal.md").read_text()
+    assert "## Goals (the frontier check above, per workload)" in (out / "horizontal.md").read_text()
     assert (out / "horizontal_step.png").stat().st_size > 0
     assert (out / "horizontal_trace_job.png").exists()
 

@@ -443,12 +443,13 @@ class SchedulingView:
                 taken.setdefault(victim.machine_id, state.ports_in_use(victim.machine_id))
                 taken[victim.machine_id].difference_update(victim.ports)
         wanted = int(job.spec.task.limits.ports)
-        ports: tuple[int, ...] | None = ()
+        ports: tuple[int, ...] = ()
         if wanted > 0:  # the machine's ports in use are listed only for a task that asks for some
             ports_taken = taken.setdefault(machine_id, state.ports_in_use(machine_id))
-            ports = allocate_ports(state.machines[machine_id].spec, ports_taken, wanted)
-            if ports is None:
+            allocated = allocate_ports(state.machines[machine_id].spec, ports_taken, wanted)
+            if allocated is None:
                 return None
+            ports = allocated
             ports_taken.update(ports)
         mutations: list[Mutation] = [
             TaskStateChanged(

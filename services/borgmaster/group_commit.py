@@ -9,6 +9,9 @@ the next batch collects, and one flusher turns each batch into a single fenced a
   (:class:`cellpilot.borg.master_core.MasterBatch`): client commands share batches (quota
   carried through; one that overlaps an earlier one waits for the next batch); any other
   stimulus is a batch of its own;
+* after a batch of its own (a report, a proposal, a timer), the client commands queued behind
+  other such stimuli go first: a write waits for at most one of them, not for every report
+  and proposal queued before it (nothing jumps ahead of an election, which opens a term);
 * a refusal, a retry of an applied request or a no-op costs the others nothing; a stimulus
   whose decision raises fails alone;
 * the batch's records are appended together, then applied, then each stimulus is answered —
@@ -27,7 +30,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cellpilot.borg.master_core import Outcome, Stimulus
+from cellpilot.borg.decisions import ClientCommand
+from cellpilot.borg.master_core import Elected, Outcome, Stimulus
 
 if TYPE_CHECKING:
     from cellpilot_services.borgmaster.replica import Replica
@@ -68,6 +72,7 @@ class GroupCommit:
         self.max_batch = max_batch
         self._queue: deque[PendingStimulus] = deque()
         self._flusher: asyncio.Task[None] | None = None
+        self._last_alone = False  # the last batch was a stimulus of its own
         self.stats = CommitStats()
 
     @property
@@ -103,12 +108,20 @@ class GroupCommit:
             batch = replica.core.batch(int(time.time() * 1000))
             taken: list[PendingStimulus] = []
             waiting: list[PendingStimulus] = []
+            commands_first = self._last_alone and self._commands_queued()
             while self._queue and len(taken) < self.max_batch:
                 pending = self._queue.popleft()
                 if pending.answer.done():  # the caller gave up
                     continue
+                if commands_first and isinstance(pending.stimulus, Elected):
+                    self._queue.appendleft(pending)  # nothing goes ahead of a new term
+                    break
+                if commands_first and not isinstance(pending.stimulus, ClientCommand):
+                    waiting.append(pending)  # keeps its place for the next batch
+                    continue
                 (taken if batch.admits(pending.stimulus) else waiting).append(pending)
             self._queue.extendleft(reversed(waiting))
+            self._last_alone = bool(taken) and not isinstance(taken[0].stimulus, ClientCommand)
             decided: list[tuple[PendingStimulus, Outcome]] = []
             for pending in taken:
                 try:
@@ -130,6 +143,15 @@ class GroupCommit:
                 )
                 for pending, _ in decided:
                     pending.fail(error)
+
+    def _commands_queued(self) -> bool:
+        """Whether a client command waits in the queue before any election."""
+        for pending in self._queue:
+            if isinstance(pending.stimulus, Elected):
+                return False
+            if isinstance(pending.stimulus, ClientCommand):
+                return True
+        return False
 
     async def _commit(self, decided: list[tuple[PendingStimulus, Outcome]]) -> None:
         replica = self.replica

@@ -11,6 +11,7 @@ from borgmaster_harness import grant, leader_of, replicas, simulated_job, stub
 
 from cellpilot.api.v1 import borgmaster_pb2
 from cellpilot.borg.decisions import SubmitJob
+from cellpilot.borg.master_core import Stimulus, Tick
 from cellpilot.borg_wire import specs
 from cellpilot.checkpoint_store import PostgresCheckpointStore
 from cellpilot.platform.postgres import create_engine
@@ -117,3 +118,36 @@ async def test_a_fenced_batch_acknowledges_none_of_its_writes(
 
     logged = await _logged_request_ids(fresh_database_url)
     assert not any(r.startswith("late-") for r in logged)
+
+
+async def test_a_write_waits_for_one_batch_of_its_own_not_for_every_one_queued_before_it(
+    fresh_database_url: str, endpoints: StackEndpoints
+) -> None:
+    """Reports, proposals and timers are batches of their own; a client write queued behind
+    several of them goes after the first, not after all (the master's writes stay quick while
+    Borglet reports pour in)."""
+    async with replicas(fresh_database_url, endpoints, 1) as masters:
+        master = await leader_of(masters)
+        channel, client = stub(master.address)
+        async with channel:
+            await grant(client, "alice")
+        replica = master.replica
+        finished: list[str] = []
+        tasks = []
+        async with replica._changing:  # the flusher waits here while the queue fills
+            stimuli: list[tuple[str, Stimulus]] = [(f"tick-{i}", Tick(f"tick-{i}")) for i in range(4)]
+            stimuli.append(("write", SubmitJob("write", specs.job_spec_in(simulated_job("jumps")))))
+            for name, stimulus in stimuli:
+                task = asyncio.create_task(replica.group_commit.submit(stimulus, name))
+                task.add_done_callback(lambda _, name=name: finished.append(name))
+                tasks.append(task)
+            deadline = asyncio.get_running_loop().time() + 30
+            while replica.group_commit.queued < len(stimuli):
+                assert asyncio.get_running_loop().time() < deadline, "the stimuli never queued"
+                await asyncio.sleep(0.01)
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
+        assert finished.index("write") == 1, finished
+        assert [n for n in finished if n != "write"] == [f"tick-{i}" for i in range(4)], (
+            "ticks keep their order"
+        )
+        assert "alice/jumps" in replica.state.jobs

@@ -144,13 +144,14 @@ def diff_report(
             if reported.state is TaskState.RUNNING:
                 duplicates.append(reported.identity)
             continue
-        seen.add(task.key)
+        key = task.key
+        seen.add(key)
         if reported.state is TaskState.RUNNING:
             if reported.usage is not None:
-                usage[task.key] = reported.usage
+                usage[key] = reported.usage
                 if report.event_time_ms - reported.started_ms >= FIRST_SAMPLE_MS or not reported.started_ms:
-                    cpu_demand[task.key] = reported.usage.cpu + reported.cpu_unmet_millicores
-            ready[task.key] = reported.ready
+                    cpu_demand[key] = reported.usage.cpu + reported.cpu_unmet_millicores
+            ready[key] = reported.ready
             if not task.started:
                 mutations.append(
                     TaskStateChanged(

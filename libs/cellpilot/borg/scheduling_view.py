@@ -560,18 +560,20 @@ class SchedulingView:
 
     def update_usage(self, usage: Mapping[tuple[str, int], Resources], now_ms: int) -> None:
         """Reservations follow measured usage (Borg §5.5); ports stay held while a task runs."""
+        bound = self.cell.task_handle
         handles, rows, keys = [], [], []
         for (job_id, index), used in usage.items():
-            handle = self.cell.task_handle.get(task_id(job_id, index))
+            handle = bound.get(task_id(job_id, index))
             if handle is None:
                 continue
-            row = used.array()
-            row[PORTS] = self.cell.t_amount[handle, LIMIT][PORTS]
             handles.append(handle)
-            rows.append(row)
+            rows.append((used.cpu, used.ram, used.disk, 0.0))
             keys.append((job_id, index))
         if handles:
-            self.cell.update_usage(np.array(handles, dtype=np.intp), np.array(rows), now_ms / 1000.0)
+            at = np.array(handles, dtype=np.intp)
+            amounts = np.array(rows, dtype=np.float64)
+            amounts[:, PORTS] = self.cell.t_amount[at, LIMIT][:, PORTS]
+            self.cell.update_usage(at, amounts, now_ms / 1000.0)
             self.feed.note(self.cell, keys, handles, self.cpu_moments.known() if self.uses_gpa else None)
 
     def handle_of(self, key: tuple[str, int]) -> int | None:
